@@ -1,0 +1,193 @@
+"""Reading a Hugging Face checkpoint folder: config, safetensors index, and parameters placed on the mesh.
+
+Tensors are read one at a time (``safe_open``), re-laid out per the family's weight map, cast to the requested
+dtype and handed shard by shard to ``jax.make_array_from_callback``: the host never holds a second full copy of the
+model.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import pathlib
+import re
+from typing import Iterable
+
+import jax
+import jax.numpy as jnp
+import ml_dtypes
+import numpy as np
+from flax import nnx
+from safetensors import safe_open
+
+from app.errors import CheckpointError
+from app.weights import ParamPath, TensorSpec
+from decoder.sharding import named_sharding
+
+log = logging.getLogger(__name__)
+
+_NUMPY_DTYPES = {"float32": np.float32, "bfloat16": ml_dtypes.bfloat16, "float16": np.float16}
+
+
+def numpy_dtype(name: str):
+    try:
+        return _NUMPY_DTYPES[str(name)]
+    except KeyError:
+        raise ValueError(f"unsupported dtype {name!r}; use one of {sorted(_NUMPY_DTYPES)}") from None
+
+
+def checkpoint_folder(path) -> pathlib.Path:
+    folder = pathlib.Path(path).expanduser()
+    if not folder.exists():
+        raise CheckpointError(f"checkpoint folder {str(folder)!r} does not exist")
+    if not folder.is_dir():
+        raise CheckpointError(f"checkpoint path {str(folder)!r} is not a folder")
+    return folder
+
+
+def read_json(folder: pathlib.Path, name: str, *, required: bool = True) -> dict | None:
+    file = folder / name
+    if not file.exists():
+        if required:
+            raise CheckpointError(f"{name} is missing from checkpoint folder {str(folder)!r}")
+        return None
+    try:
+        return json.loads(file.read_text())
+    except (OSError, ValueError) as e:
+        raise CheckpointError(f"{file} is not readable JSON: {e}") from e
+
+
+class TensorIndex:
+    """Which safetensors file holds each tensor, with on-disk key spellings normalised by ``aliases``.
+
+    aliases: ordered (regex, replacement) rewrites from other published spellings of a key to the canonical one.
+    """
+
+    def __init__(self, folder: pathlib.Path, aliases: Iterable[tuple[str, str]] = ()):
+        self.folder = folder
+        self._aliases = [(re.compile(p), r) for p, r in aliases]
+        index = read_json(folder, "model.safetensors.index.json", required=False)
+        if index is not None:
+            try:
+                files_by_key = dict(index["weight_map"])
+            except (KeyError, TypeError) as e:
+                raise CheckpointError(f"{folder / 'model.safetensors.index.json'} has no weight_map") from e
+        else:
+            single = folder / "model.safetensors"
+            if not single.exists():
+                raise CheckpointError(f"no model.safetensors or model.safetensors.index.json in {str(folder)!r}")
+            files_by_key = {k: "model.safetensors" for k in self._keys_of(single)}
+        for name in set(files_by_key.values()):
+            if not (folder / name).exists():
+                raise CheckpointError(f"weight file {name} named in the index is missing from {str(folder)!r}")
+        self.disk_key = {}  # canonical key -> (file name, on-disk key)
+        for key, file in files_by_key.items():
+            canonical = self.canonical(key)
+            if canonical in self.disk_key:
+                raise CheckpointError(f"tensor {key!r} appears twice in {str(folder)!r} (as {canonical!r})")
+            self.disk_key[canonical] = (file, key)
+        self._open: dict[str, object] = {}
+
+    @staticmethod
+    def _keys_of(file: pathlib.Path) -> list[str]:
+        try:
+            with safe_open(str(file), framework="numpy") as f:
+                return list(f.keys())
+        except Exception as e:  # safetensors raises its own error types
+            raise CheckpointError(f"{file} is not a readable safetensors file: {e}") from e
+
+    def canonical(self, key: str) -> str:
+        for pattern, replacement in self._aliases:
+            key = pattern.sub(replacement, key)
+        return key
+
+    def keys(self) -> set[str]:
+        return set(self.disk_key)
+
+    def shape(self, key: str) -> tuple[int, ...]:
+        handle, disk = self._handle(key)
+        return tuple(handle.get_slice(disk).get_shape())
+
+    def read(self, key: str) -> np.ndarray:
+        handle, disk = self._handle(key)
+        try:
+            return handle.get_tensor(disk)
+        except Exception as e:
+            raise CheckpointError(f"tensor {key!r} could not be read from {str(self.folder)!r}: {e}") from e
+
+    def _handle(self, key: str):
+        if key not in self.disk_key:
+            raise CheckpointError(f"tensor {key!r} is missing from checkpoint {str(self.folder)!r}")
+        file, disk = self.disk_key[key]
+        if file not in self._open:
+            try:
+                self._open[file] = safe_open(str(self.folder / file), framework="numpy")
+            except Exception as e:
+                raise CheckpointError(f"{self.folder / file} is not a readable safetensors file: {e}") from e
+        return self._open[file], disk
+
+    def close(self):
+        self._open.clear()
+
+
+def abstract_params(abstract_model: nnx.Module) -> tuple[nnx.GraphDef, dict[ParamPath, tuple[tuple, tuple]]]:
+    """(graphdef, {param path: (shape, logical axes)}) of a model built under ``nnx.eval_shape``."""
+    graphdef, state = nnx.split(abstract_model)
+    flat = {}
+    for path, var in nnx.to_flat_state(state):
+        value = var.get_value()
+        axes = var.get_metadata().get("axes") or (None,) * len(value.shape)
+        flat[tuple(path)] = (tuple(value.shape), tuple(axes))
+    return graphdef, flat
+
+
+def check_weight_map(params: dict[ParamPath, tuple[tuple, tuple]], weight_map: dict[ParamPath, TensorSpec],
+                     disk_keys: set[str], unused_patterns: Iterable[str] = ()) -> list[str]:
+    """Validate that parameters, weight map and checkpoint agree; returns the on-disk keys skipped as unused.
+
+    Raises CheckpointError naming every missing tensor or unexpected tensor.
+    """
+    unmapped = sorted(set(params) - set(weight_map))
+    if unmapped:
+        raise CheckpointError(f"no checkpoint tensor is mapped to parameters {['/'.join(map(str, p)) for p in unmapped][:5]}")
+    needed = {spec.key for path, spec in weight_map.items() if path in params}
+    missing = sorted(needed - disk_keys)
+    if missing:
+        raise CheckpointError(f"checkpoint is missing {len(missing)} tensor(s), e.g. {missing[:5]}")
+    unused_re = [re.compile(p) for p in unused_patterns]
+    extra = sorted(disk_keys - needed)
+    skipped = [k for k in extra if any(r.fullmatch(k) for r in unused_re)]
+    unexpected = [k for k in extra if k not in set(skipped)]
+    if unexpected:
+        raise CheckpointError(f"checkpoint has {len(unexpected)} unexpected tensor(s) that this model does not use, "
+                              f"e.g. {unexpected[:5]}")
+    return skipped
+
+
+def load_params(index: TensorIndex, params: dict[ParamPath, tuple[tuple, tuple]],
+                weight_map: dict[ParamPath, TensorSpec], *, dtype: str, mesh,
+                unused_patterns: Iterable[str] = ()) -> dict:
+    """Read every parameter into a sharded device array; returns the nested pure-dict params pytree."""
+    skipped = check_weight_map(params, weight_map, index.keys(), unused_patterns)
+    if skipped:
+        log.info("skipping %d checkpoint tensors this model does not use (e.g. %s)", len(skipped), skipped[0])
+    target = numpy_dtype(dtype)
+    tree: dict = {}
+    for path, (shape, axes) in params.items():
+        spec = weight_map[path]
+        array = spec.apply(index.read(spec.key))
+        if tuple(array.shape) != tuple(shape):
+            raise CheckpointError(f"tensor {spec.key!r} has shape {list(array.shape)} after layout change, "
+                                  f"expected {list(shape)} for parameter {'/'.join(map(str, path))}")
+        if not np.issubdtype(array.dtype, np.floating) and array.dtype != ml_dtypes.bfloat16:
+            raise CheckpointError(f"tensor {spec.key!r} has non-float dtype {array.dtype}")
+        array = np.ascontiguousarray(array.astype(target, copy=False))
+        sharding = named_sharding(axes, shape, mesh)
+        value = jax.make_array_from_callback(shape, sharding, lambda idx, a=array: a[idx])
+        del array
+        node = tree
+        for part in path[:-1]:
+            node = node.setdefault(part, {})
+        node[path[-1]] = value
+    index.close()
+    return tree

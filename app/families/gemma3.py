@@ -1,0 +1,212 @@
+"""Gemma 3 (Gemma3ForConditionalGeneration): SigLIP image tower + projector, Gemma 3 text decoder."""
+
+from __future__ import annotations
+
+import math
+import pathlib
+
+import numpy as np
+from flax import nnx
+
+from app.errors import CheckpointError, PromptError
+from app.families.spec import FamilySpec, ModelConfig, PreparedPrompt
+from app.weights import linear, plain, prefixed
+from decoder.config import DecoderConfig, RopeConfig
+from encoders.gemma3_projector import Gemma3Projector, gemma3_projector_weight_map
+from encoders.siglip import SiglipVisionConfig, SiglipVisionTower, siglip_unused_keys, siglip_weight_map
+from preprocess.gemma3_image import Gemma3ImageConfig, process_images
+from preprocess.images import load_image
+from preprocess.prompts import media_of, normalize_messages, render_chat
+from preprocess.tokenizer import load_tokenizer
+
+TEXT_PREFIX = "language_model.model."
+VISION_PREFIX = "vision_tower."
+PROJECTOR_PREFIX = "multi_modal_projector."
+
+# Other published spellings of the same tensors -> the canonical one written by transformers 5 save_pretrained.
+KEY_ALIASES = (
+    (r"^model\.language_model\.", TEXT_PREFIX),
+    (r"^model\.vision_tower\.", VISION_PREFIX),
+    (r"^model\.multi_modal_projector\.", PROJECTOR_PREFIX),
+    (r"^vision_tower\.vision_model\.", VISION_PREFIX),
+    (r"^lm_head\.", "language_model.lm_head."),
+)
+
+_LAYER_TYPE = {"sliding_attention": "sliding", "full_attention": "full"}
+
+
+def _layer_types(tc: dict) -> tuple[str, ...]:
+    n = tc["num_hidden_layers"]
+    if tc.get("layer_types"):
+        return tuple(_LAYER_TYPE[t] for t in tc["layer_types"])
+    pattern = tc.get("sliding_window_pattern", tc.get("_sliding_window_pattern", 6))
+    return tuple("full" if (i + 1) % pattern == 0 else "sliding" for i in range(n))
+
+
+def _rope_config(params: dict | None, default_theta: float) -> RopeConfig:
+    params = params or {}
+    kind = params.get("rope_type", params.get("type", "default"))
+    return RopeConfig(theta=float(params.get("rope_theta", default_theta)), kind=kind,
+                      factor=float(params.get("factor", 1.0)))
+
+
+def _rope(tc: dict) -> tuple[tuple[str, RopeConfig], ...]:
+    params = tc.get("rope_parameters")
+    if params and "full_attention" in params:  # transformers 5 layout: one entry per layer type
+        return (("full", _rope_config(params["full_attention"], 1e6)),
+                ("sliding", _rope_config(params.get("sliding_attention"), 1e4)))
+    # transformers 4 layout: rope_theta + rope_scaling for full layers, rope_local_base_freq for sliding ones
+    full = dict(tc.get("rope_scaling") or {}, rope_theta=tc.get("rope_theta", 1e6))
+    return (("full", _rope_config(full, 1e6)),
+            ("sliding", RopeConfig(theta=float(tc.get("rope_local_base_freq", 1e4)))))
+
+
+def decoder_config(tc: dict) -> DecoderConfig:
+    hidden = tc["hidden_size"]
+    heads = tc["num_attention_heads"]
+    head_dim = tc.get("head_dim") or hidden // heads
+    layer_types = _layer_types(tc)
+    return DecoderConfig(
+        vocab_size=tc["vocab_size"], hidden_size=hidden, intermediate_size=tc["intermediate_size"],
+        num_layers=tc["num_hidden_layers"], num_heads=heads, num_kv_heads=tc.get("num_key_value_heads", heads),
+        head_dim=head_dim, layer_types=layer_types, rope=_rope(tc), sliding_window=tc.get("sliding_window"),
+        rms_norm_eps=tc.get("rms_norm_eps", 1e-6), norm_plus_one=True, qk_norm=True, sandwich_norm=True,
+        activation="gelu_tanh" if "tanh" in tc.get("hidden_activation", "gelu_pytorch_tanh") else "gelu",
+        embed_scale=float(np.float32(hidden) ** np.float32(0.5)),
+        attn_scale=tc.get("query_pre_attn_scalar", head_dim) ** -0.5,
+        attn_logit_softcap=tc.get("attn_logit_softcapping"), final_logit_softcap=tc.get("final_logit_softcapping"),
+        tie_embeddings=tc.get("tie_word_embeddings", True),
+        bidirectional_layer_types=frozenset({"sliding", "full"}),
+    )
+
+
+def parse_config(hf: dict) -> ModelConfig:
+    try:
+        tc = hf["text_config"]
+        vision = SiglipVisionConfig.from_hf(hf.get("vision_config") or {})
+        image_token = hf.get("image_token_index", hf.get("image_token_id"))
+        eos = tc.get("eos_token_id", hf.get("eos_token_id", 1))
+        return ModelConfig(
+            family="gemma3", decoder=decoder_config(tc),
+            encoders=(("image", (vision, hf.get("mm_tokens_per_image", 256))),),
+            media_token_ids=(("image", int(image_token)),),
+            eos_ids=tuple(eos) if isinstance(eos, list) else (int(eos),),
+            pad_id=int(tc.get("pad_token_id", 0) or 0),
+            max_context=int(tc.get("max_position_embeddings", 131072)),
+        )
+    except (KeyError, TypeError, ValueError) as e:
+        raise CheckpointError(f"config.json is not a valid Gemma 3 config: {e!r}") from e
+
+
+class Gemma3ImageEncoder(nnx.Module):
+    """pixels [images, 3, H, W] -> soft tokens [images, mm_tokens_per_image, text hidden]."""
+
+    def __init__(self, vision: SiglipVisionConfig, mm_tokens: int, text_hidden: int, *, rngs: nnx.Rngs):
+        self.tower = SiglipVisionTower(vision, rngs=rngs)
+        self.projector = Gemma3Projector(vision.hidden_size, text_hidden, vision.image_size // vision.patch_size,
+                                         math.isqrt(mm_tokens), vision.layer_norm_eps, rngs=rngs)
+
+    def __call__(self, pixels_NCHW):
+        return self.projector(self.tower(pixels_NCHW))
+
+
+def build_encoders(cfg: ModelConfig, *, rngs: nnx.Rngs) -> dict:
+    vision, mm_tokens = cfg.encoder_config("image")
+    return {"image": Gemma3ImageEncoder(vision, mm_tokens, cfg.decoder.hidden_size, rngs=rngs)}
+
+
+def decoder_weight_map(cfg: DecoderConfig, prefix: str = TEXT_PREFIX) -> dict:
+    """Decoder parameter paths -> Gemma 3 text tensors (relative to the model's ``decoder`` subtree)."""
+    wm = {("embedder", "embedding"): plain(f"{prefix}embed_tokens.weight"),
+          ("final_norm", "weight"): plain(f"{prefix}norm.weight")}
+    if not cfg.tie_embeddings:
+        wm[("embedder", "lm_head")] = linear("language_model.lm_head")
+    norms = {"attn_norm_in": "input_layernorm", "attn_norm_out": "post_attention_layernorm",
+             "mlp_norm_in": "pre_feedforward_layernorm", "mlp_norm_out": "post_feedforward_layernorm"}
+    for i in range(cfg.num_layers):
+        p = f"{prefix}layers.{i}."
+        layer = {(ours, "weight"): plain(f"{p}{theirs}.weight") for ours, theirs in norms.items()}
+        for proj in ("q_proj", "k_proj", "v_proj", "o_proj"):
+            layer[("attn", proj, "kernel")] = linear(f"{p}self_attn.{proj}")
+        for norm in ("q_norm", "k_norm"):
+            layer[("attn", norm, "weight")] = plain(f"{p}self_attn.{norm}.weight")
+        for proj in ("gate_proj", "up_proj", "down_proj"):
+            layer[("mlp", proj, "kernel")] = linear(f"{p}mlp.{proj}")
+        wm.update(prefixed(layer, ("layers", i)))
+    return wm
+
+
+def weight_map(cfg: ModelConfig) -> dict:
+    vision, _ = cfg.encoder_config("image")
+    wm = prefixed(decoder_weight_map(cfg.decoder), ("decoder",))
+    wm.update(prefixed(siglip_weight_map(vision, key_prefix=VISION_PREFIX), ("encoders", "image", "tower")))
+    wm.update(prefixed(gemma3_projector_weight_map(key_prefix=PROJECTOR_PREFIX), ("encoders", "image", "projector")))
+    return wm
+
+
+def unused_keys(cfg: ModelConfig, hf: dict) -> list[str]:
+    vision, _ = cfg.encoder_config("image")
+    patterns = list(siglip_unused_keys(vision, hf.get("vision_config") or {}, VISION_PREFIX))
+    if cfg.decoder.tie_embeddings:
+        patterns.append(r"language_model\.lm_head\.weight")  # a tied copy some exports write
+    return patterns
+
+
+class Gemma3Processor:
+    """Gemma 3 prompts: chat template, `<start_of_image>` expanded to the image's soft tokens, pixel values."""
+
+    def __init__(self, folder: pathlib.Path, cfg: ModelConfig):
+        self.tokenizer = load_tokenizer(folder)
+        if not getattr(self.tokenizer, "chat_template", None):
+            raise CheckpointError(f"no chat template found in {str(folder)!r}")
+        self.image_cfg = Gemma3ImageConfig.from_folder(folder)
+        _, self.mm_tokens = cfg.encoder_config("image")
+        self.image_token_id = cfg.media_token_id("image")
+        vocab = self.tokenizer.get_vocab()
+        self.boi = getattr(self.tokenizer, "boi_token", None) or "<start_of_image>"
+        self.eoi = getattr(self.tokenizer, "eoi_token", None) or "<end_of_image>"
+        inv = {v: k for k, v in vocab.items()}
+        if self.image_token_id not in inv:
+            raise CheckpointError(f"image token id {self.image_token_id} is not in the tokenizer's vocabulary")
+        self.image_token = inv[self.image_token_id]
+        for token in (self.boi, self.eoi):
+            if token not in vocab:
+                raise CheckpointError(f"the tokenizer has no {token!r} token")
+        self.full_image = f"\n\n{self.boi}{self.image_token * self.mm_tokens}{self.eoi}\n\n"
+
+    def image_text(self, num_crops: int) -> str:
+        if not num_crops:
+            return self.full_image
+        return (f"Here is the original image {self.full_image} and here are some crops to help you see better "
+                + " ".join([self.full_image] * num_crops))
+
+    def prepare(self, messages) -> PreparedPrompt:
+        messages = normalize_messages(messages)
+        if media_of(messages, "audio"):
+            raise PromptError("Gemma 3 takes no audio input")
+        images = [load_image(source) for source in media_of(messages, "image")]
+        text = render_chat(self.tokenizer, messages)
+        pieces = text.split(self.boi)
+        if len(pieces) - 1 != len(images):
+            raise PromptError(f"the prompt has {len(pieces) - 1} image markers for {len(images)} images")
+        pixels: list[np.ndarray] = []
+        if images:
+            values, num_crops = process_images(images, self.image_cfg)
+            pixels = list(values)
+            text = pieces[0] + "".join(self.image_text(n) + rest for n, rest in zip(num_crops, pieces[1:]))
+        ids = np.asarray(self.tokenizer(text, add_special_tokens=False)["input_ids"], np.int32)
+        n_tokens = int((ids == self.image_token_id).sum())
+        if n_tokens != len(pixels) * self.mm_tokens:
+            raise PromptError(f"the prompt holds {n_tokens} image tokens for {len(pixels)} images of "
+                              f"{self.mm_tokens} tokens each")
+        return PreparedPrompt(token_ids=ids, media={"image": pixels} if pixels else {},
+                              bidirectional=ids == self.image_token_id)
+
+    def decode(self, token_ids) -> str:
+        return self.tokenizer.decode(list(token_ids), skip_special_tokens=True)
+
+
+SPEC = FamilySpec(
+    name="gemma3", model_types=("gemma3",), parse_config=parse_config, build_encoders=build_encoders,
+    weight_map=weight_map, unused_keys=unused_keys, key_aliases=KEY_ALIASES, make_processor=Gemma3Processor,
+)

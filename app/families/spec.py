@@ -1,0 +1,87 @@
+"""A model family described as data: how to read its config, build its encoders, map its weights, prepare prompts.
+
+Adding a family means writing one module in app/families that returns a ``FamilySpec`` and registering it in
+app/families/__init__.py; the decoder stack, generation loop, loader and front ends stay untouched.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any, Callable, Protocol
+
+import numpy as np
+
+from decoder.config import DecoderConfig
+
+
+@dataclasses.dataclass(frozen=True)
+class ModelConfig:
+    """A checkpoint's model, as omnijax needs it.
+
+    media_token_ids: (modality, placeholder id in input ids) pairs; features of that modality land there.
+    encoders: (modality, encoder config) pairs.
+    """
+
+    family: str
+    decoder: DecoderConfig
+    encoders: tuple[tuple[str, Any], ...]
+    media_token_ids: tuple[tuple[str, int], ...]
+    eos_ids: tuple[int, ...]
+    pad_id: int
+    max_context: int
+
+    @property
+    def modalities(self) -> tuple[str, ...]:
+        return tuple(m for m, _ in self.encoders)
+
+    def encoder_config(self, modality: str):
+        return dict(self.encoders)[modality]
+
+    def media_token_id(self, modality: str) -> int:
+        return dict(self.media_token_ids)[modality]
+
+
+@dataclasses.dataclass
+class PreparedPrompt:
+    """One conversation ready for the model.
+
+    token_ids: [seq] int32 with media placeholders already expanded.
+    media: modality -> encoder input arrays, one per media item in order of appearance (e.g. pixel values
+        [3, H, W] per image or crop).
+    bidirectional: [seq] bool, True for tokens that attend to their whole block both ways (media soft tokens).
+    """
+
+    token_ids: np.ndarray
+    media: dict[str, list[np.ndarray]]
+    bidirectional: np.ndarray
+
+
+class Processor(Protocol):
+    """Turns chat messages into PreparedPrompts and token ids back into text."""
+
+    def prepare(self, messages: list[dict]) -> PreparedPrompt: ...
+
+    def decode(self, token_ids) -> str: ...
+
+
+@dataclasses.dataclass(frozen=True)
+class FamilySpec:
+    """Everything family-specific, as data and small pure functions.
+
+    model_types: values of config.json's "model_type" this family reads.
+    parse_config: config.json dict -> ModelConfig.
+    build_encoders: (ModelConfig, rngs) -> {modality: nnx.Module mapping encoder inputs to [items, tokens, hidden]}.
+    weight_map: ModelConfig -> {param path: TensorSpec} for the whole model (paths start with "decoder"/"encoders").
+    unused_keys: (ModelConfig, config dict) -> regexes of checkpoint keys present on disk that the model ignores.
+    key_aliases: (regex, replacement) rewrites from other published key spellings to the canonical one.
+    make_processor: (checkpoint folder, ModelConfig) -> Processor.
+    """
+
+    name: str
+    model_types: tuple[str, ...]
+    parse_config: Callable[[dict], ModelConfig]
+    build_encoders: Callable[..., dict]
+    weight_map: Callable[[ModelConfig], dict]
+    unused_keys: Callable[[ModelConfig, dict], list[str]]
+    key_aliases: tuple[tuple[str, str], ...]
+    make_processor: Callable[..., Processor]

@@ -1,0 +1,21 @@
+"""The model every family shares: per-modality encoders feeding one decoder stack."""
+
+from __future__ import annotations
+
+from flax import nnx
+
+from app.families.spec import FamilySpec, ModelConfig
+from decoder.stack import Decoder
+
+
+class MultimodalModel(nnx.Module):
+    """``encoders[modality](inputs) -> [items, tokens, hidden]`` and ``decoder`` (see decoder/stack.py)."""
+
+    def __init__(self, cfg: ModelConfig, spec: FamilySpec, *, rngs: nnx.Rngs):
+        self.decoder = Decoder(cfg.decoder, rngs=rngs)
+        self.encoders = nnx.Dict(spec.build_encoders(cfg, rngs=rngs))
+
+
+def abstract_model(cfg: ModelConfig, spec: FamilySpec) -> MultimodalModel:
+    """The model with shapes only (no memory for weights): the skeleton the checkpoint fills."""
+    return nnx.eval_shape(lambda: MultimodalModel(cfg, spec, rngs=nnx.Rngs(0)))

@@ -1,0 +1,148 @@
+"""The Python API: ``Pipeline.from_pretrained(folder)`` then ``generate`` / ``stream`` on chat messages."""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import pathlib
+import time
+from typing import Any, Iterator, Sequence
+
+import jax.numpy as jnp
+import numpy as np
+
+from app.checkpoint import TensorIndex, abstract_params, checkpoint_folder, load_params, read_json
+from app.errors import PromptError
+from app.families import family_for_config
+from app.generation import Engine
+from app.model import abstract_model
+from app.sampling import SamplingParams
+from app.stops import StopChecker
+from decoder.sharding import make_mesh
+
+log = logging.getLogger(__name__)
+
+_JAX_DTYPES = {"float32": jnp.float32, "bfloat16": jnp.bfloat16, "float16": jnp.float16}
+
+
+@dataclasses.dataclass
+class GenerationResult:
+    """text: the answer (special tokens removed, cut before a stop string); token_ids: generated ids (an EOS that
+    ended the answer included, as transformers' generate returns it); finish_reason: "eos", "stop" or "length"."""
+
+    text: str
+    token_ids: list[int]
+    prompt_tokens: int
+    finish_reason: str
+    seconds: float = 0.0
+
+
+def _is_batch(messages: Any) -> bool:
+    return isinstance(messages, (list, tuple)) and bool(messages) and isinstance(messages[0], (list, tuple))
+
+
+class Pipeline:
+    def __init__(self, folder: pathlib.Path, spec, cfg, engine: Engine, processor, hf_config: dict):
+        self.folder = folder
+        self.spec = spec
+        self.config = cfg
+        self.engine = engine
+        self.processor = processor
+        self.hf_config = hf_config
+
+    @property
+    def family(self) -> str:
+        return self.spec.name
+
+    @property
+    def name(self) -> str:
+        return self.folder.name
+
+    @classmethod
+    def from_pretrained(cls, path, *, dtype: str = "float32", mesh=None, model_axis: int | None = None,
+                        max_context: int | None = None) -> "Pipeline":
+        """Load a local Hugging Face checkpoint folder.
+
+        dtype: parameter dtype ("float32", "bfloat16", "float16"). mesh: a ("data", "model") jax Mesh; default:
+        all devices with ``model_axis`` of them (default all) sharding the weights. max_context: context budget
+        in tokens (prompt + new tokens), at most the model's own limit.
+        """
+        if dtype not in _JAX_DTYPES:
+            raise ValueError(f"unsupported dtype {dtype!r}; use one of {sorted(_JAX_DTYPES)}")
+        folder = checkpoint_folder(path)
+        hf_config = read_json(folder, "config.json")
+        spec = family_for_config(hf_config)
+        cfg = spec.parse_config(hf_config)
+        generation_config = read_json(folder, "generation_config.json", required=False) or {}
+        eos = generation_config.get("eos_token_id")
+        if eos is not None:
+            cfg = dataclasses.replace(cfg, eos_ids=tuple(eos) if isinstance(eos, list) else (int(eos),))
+        processor = spec.make_processor(folder, cfg)
+        mesh = mesh if mesh is not None else make_mesh(model_axis)
+        graphdef, shapes = abstract_params(abstract_model(cfg, spec))
+        index = TensorIndex(folder, spec.key_aliases)
+        start = time.perf_counter()
+        params = load_params(index, shapes, spec.weight_map(cfg), dtype=dtype, mesh=mesh,
+                             unused_patterns=spec.unused_keys(cfg, hf_config))
+        log.info("loaded %s (%s) in %.1fs", folder, spec.name, time.perf_counter() - start)
+        engine = Engine(cfg, graphdef, params, mesh, dtype=_JAX_DTYPES[dtype], max_context=max_context)
+        return cls(folder, spec, cfg, engine, processor, hf_config)
+
+    def prepare(self, messages):
+        return self.processor.prepare(messages)
+
+    def generate(self, messages, *, max_new_tokens: int = 64, temperature: float = 0.0, top_k: int = 0,
+                 top_p: float = 1.0, seed: int = 0, stop: Sequence[str] | None = None):
+        """One conversation -> GenerationResult; a list of conversations -> list of GenerationResult."""
+        batch = _is_batch(messages)
+        conversations = list(messages) if batch else [messages]
+        sampling = SamplingParams(temperature=temperature, top_k=top_k, top_p=top_p, seed=seed)
+        start = time.perf_counter()
+        prompts = [self.prepare(c) for c in conversations]
+        tokens = self.engine.generate(prompts, max_new_tokens, sampling)
+        seconds = time.perf_counter() - start
+        results = [self._result(row, len(p.token_ids), max_new_tokens, stop, seconds)
+                   for row, p in zip(tokens, prompts)]
+        return results if batch else results[0]
+
+    def _result(self, row: np.ndarray, prompt_tokens: int, max_new: int, stop, seconds: float) -> GenerationResult:
+        ids: list[int] = []
+        reason = "length"
+        checker = StopChecker(self.processor.decode, stop)
+        for t in row.tolist():
+            ids.append(int(t))
+            if t in self.config.eos_ids:
+                reason = "eos"
+                break
+            if checker.push(int(t)):
+                reason = "stop"
+                break
+        text = checker.text(ids) if reason == "stop" else self.processor.decode(ids)
+        if reason == "stop":
+            ids = checker.ids
+        return GenerationResult(text=text, token_ids=ids, prompt_tokens=prompt_tokens, finish_reason=reason,
+                                seconds=seconds)
+
+    def stream(self, messages, *, max_new_tokens: int = 64, temperature: float = 0.0, top_k: int = 0,
+               top_p: float = 1.0, seed: int = 0, stop: Sequence[str] | None = None) -> Iterator[str]:
+        """Text pieces of one conversation's answer as they are generated."""
+        if _is_batch(messages):
+            raise PromptError("stream takes one conversation; use generate for a batch")
+        sampling = SamplingParams(temperature=temperature, top_k=top_k, top_p=top_p, seed=seed)
+        prompt = self.prepare(messages)
+        checker = StopChecker(self.processor.decode, stop)
+        ids: list[int] = []
+        sent = ""
+        for tok in self.engine.stream([prompt], max_new_tokens, sampling):
+            t = int(tok[0])
+            if t in self.config.eos_ids:
+                break
+            ids.append(t)
+            stopped = checker.push(t)
+            text = checker.text(ids) if stopped else self.processor.decode(ids)
+            if stopped or not text.endswith("\ufffd"):  # hold back a partial UTF-8 character
+                if text.startswith(sent) and len(text) > len(sent):
+                    yield text[len(sent):]
+                    sent = text
+            if stopped:
+                break

@@ -1,0 +1,73 @@
+"""Multi-head attention with grouped KV heads, optional q/k norm, RoPE and a KV cache."""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+from flax import nnx
+
+from decoder.config import DecoderConfig
+from decoder.linear import Linear
+from decoder.norms import RMSNorm
+from decoder.rope import apply_rotary
+from decoder.sharding import constrain
+
+
+def dot_attention(q_BLNH: jax.Array, k_BSKH: jax.Array, v_BSKH: jax.Array, mask_BLS: jax.Array, *, scale: float,
+                  softcap: float | None = None) -> jax.Array:
+    """softmax(q.k * scale [softcapped] + mask) . v with N query heads sharing K kv heads -> [batch, q_len, N, H]."""
+    b, l, n, h = q_BLNH.shape
+    kv = k_BSKH.shape[2]
+    q = q_BLNH.reshape(b, l, kv, n // kv, h)
+    scores = jnp.einsum("blkgh,bskh->bkgls", q, k_BSKH, preferred_element_type=jnp.float32) * scale
+    if softcap is not None:
+        scores = jnp.tanh(scores / softcap) * softcap
+    scores = jnp.where(mask_BLS[:, None, None, :, :], scores, jnp.finfo(jnp.float32).min)
+    probs = jax.nn.softmax(scores, axis=-1).astype(v_BSKH.dtype)
+    out = jnp.einsum("bkgls,bskh->blkgh", probs, v_BSKH)
+    return out.reshape(b, l, n, h)
+
+
+class Attention(nnx.Module):
+    def __init__(self, cfg: DecoderConfig, *, rngs: nnx.Rngs):
+        d, n, kv, h = cfg.hidden_size, cfg.num_heads, cfg.num_kv_heads, cfg.head_dim
+        self.num_heads, self.num_kv_heads, self.head_dim = n, kv, h
+        self.scale = cfg.scale
+        self.softcap = cfg.attn_logit_softcap
+        self.q_proj = Linear(d, n * h, axes=("embed", "heads"), rngs=rngs)
+        self.k_proj = Linear(d, kv * h, axes=("embed", "kv_heads"), rngs=rngs)
+        self.v_proj = Linear(d, kv * h, axes=("embed", "kv_heads"), rngs=rngs)
+        self.o_proj = Linear(n * h, d, axes=("heads", "embed"), rngs=rngs)
+        if cfg.qk_norm:
+            self.q_norm = RMSNorm(h, eps=cfg.rms_norm_eps, plus_one=cfg.norm_plus_one, axis_name="head_dim")
+            self.k_norm = RMSNorm(h, eps=cfg.rms_norm_eps, plus_one=cfg.norm_plus_one, axis_name="head_dim")
+        else:
+            self.q_norm = self.k_norm = None
+
+    def __call__(self, x_BLD: jax.Array, cos_BLH: jax.Array, sin_BLH: jax.Array, mask_BLS: jax.Array,
+                 cache_k_BTKH: jax.Array, cache_v_BTKH: jax.Array, write_index: jax.Array, *,
+                 attend_cache: bool) -> tuple[jax.Array, jax.Array, jax.Array]:
+        """Returns (output [B, L, D], updated cache k, updated cache v).
+
+        The new keys/values are written into the cache at slot ``write_index``. With ``attend_cache`` the queries
+        attend over the whole cache (decode; mask [B, L, T]); without it only over the new keys (prefill of an
+        empty cache; mask [B, L, L]).
+        """
+        b, l, _ = x_BLD.shape
+        q = self.q_proj(x_BLD).reshape(b, l, self.num_heads, self.head_dim)
+        k = self.k_proj(x_BLD).reshape(b, l, self.num_kv_heads, self.head_dim)
+        v = self.v_proj(x_BLD).reshape(b, l, self.num_kv_heads, self.head_dim)
+        if self.q_norm is not None:
+            q, k = self.q_norm(q), self.k_norm(k)
+        q = apply_rotary(q, cos_BLH, sin_BLH)
+        k = apply_rotary(k, cos_BLH, sin_BLH)
+        q = constrain(q, ("batch", "length", "heads", "head_dim"))
+        zero = jnp.zeros((), jnp.int32)
+        cache_k = jax.lax.dynamic_update_slice(cache_k_BTKH, k.astype(cache_k_BTKH.dtype), (zero, write_index, zero, zero))
+        cache_v = jax.lax.dynamic_update_slice(cache_v_BTKH, v.astype(cache_v_BTKH.dtype), (zero, write_index, zero, zero))
+        cache_k = constrain(cache_k, ("batch", "cache_len", "kv_heads", "head_dim"))
+        cache_v = constrain(cache_v, ("batch", "cache_len", "kv_heads", "head_dim"))
+        keys, values = (cache_k, cache_v) if attend_cache else (k, v)
+        out = dot_attention(q, keys.astype(q.dtype), values.astype(q.dtype), mask_BLS, scale=self.scale,
+                            softcap=self.softcap)
+        return self.o_proj(out.reshape(b, l, self.num_heads * self.head_dim)), cache_k, cache_v

@@ -1,0 +1,45 @@
+"""Token embedding (scaled, guarded against out-of-table placeholder ids), media merge, and output logits."""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+from flax import nnx
+
+from decoder.linear import param
+
+
+class Embedder(nnx.Module):
+    def __init__(self, vocab_size: int, hidden: int, *, embed_scale: float = 1.0, tie: bool = True,
+                 rngs: nnx.Rngs):
+        self.vocab_size = vocab_size
+        self.embed_scale = embed_scale
+        self.embedding = param(rngs, (vocab_size, hidden), ("vocab", "embed"))
+        self.lm_head = None if tie else param(rngs, (hidden, vocab_size), ("embed", "vocab"))
+
+    def encode(self, tokens_BL: jax.Array) -> jax.Array:
+        """Scaled embeddings [batch, seq, hidden]; ids outside the table (media placeholders) read row 0."""
+        table = self.embedding[...]
+        safe = jnp.where((tokens_BL >= 0) & (tokens_BL < self.vocab_size), tokens_BL, 0)
+        x = jnp.take(table, safe, axis=0)
+        return x * jnp.asarray(self.embed_scale, jnp.float32).astype(table.dtype)
+
+    def logits(self, h_BLD: jax.Array) -> jax.Array:
+        """Logits [batch, seq, vocab] in float32."""
+        if self.lm_head is None:
+            w = self.embedding[...]
+            return jnp.einsum("bld,vd->blv", h_BLD, w.astype(h_BLD.dtype), preferred_element_type=jnp.float32)
+        return jnp.einsum("bld,dv->blv", h_BLD, self.lm_head[...].astype(h_BLD.dtype),
+                          preferred_element_type=jnp.float32)
+
+
+def merge_media(x_BLD: jax.Array, is_placeholder_BL: jax.Array, features_MD: jax.Array) -> jax.Array:
+    """Put the j-th feature row at the j-th placeholder position (row-major over the batch).
+
+    features_MD [num_rows, hidden]; rows past the number of placeholders (bucket padding) are never read.
+    """
+    b, l, d = x_BLD.shape
+    flat = is_placeholder_BL.reshape(-1)
+    idx = jnp.clip(jnp.cumsum(flat.astype(jnp.int32)) - 1, 0, features_MD.shape[0] - 1)
+    gathered = jnp.take(features_MD, idx, axis=0).reshape(b, l, d).astype(x_BLD.dtype)
+    return jnp.where(is_placeholder_BL[..., None], gathered, x_BLD)

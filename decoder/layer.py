@@ -1,0 +1,37 @@
+"""One decoder layer: pre-norm attention and MLP, with Gemma's optional post ("sandwich") norms."""
+
+from __future__ import annotations
+
+import jax
+from flax import nnx
+
+from decoder.attention import Attention
+from decoder.config import DecoderConfig
+from decoder.mlp import GatedMLP
+from decoder.norms import RMSNorm
+from decoder.sharding import constrain
+
+
+class DecoderLayer(nnx.Module):
+    def __init__(self, cfg: DecoderConfig, layer_type: str, *, rngs: nnx.Rngs):
+        self.layer_type = layer_type
+        norm = lambda: RMSNorm(cfg.hidden_size, eps=cfg.rms_norm_eps, plus_one=cfg.norm_plus_one, axis_name="embed")
+        self.attn_norm_in = norm()
+        self.attn = Attention(cfg, rngs=rngs)
+        self.attn_norm_out = norm() if cfg.sandwich_norm else None
+        self.mlp_norm_in = norm()
+        self.mlp = GatedMLP(cfg.hidden_size, cfg.intermediate_size, cfg.activation, rngs=rngs)
+        self.mlp_norm_out = norm() if cfg.sandwich_norm else None
+
+    def __call__(self, x_BLD: jax.Array, cos_BLH, sin_BLH, mask_BLS, cache_k, cache_v, write_index, *,
+                 attend_cache: bool):
+        h, cache_k, cache_v = self.attn(self.attn_norm_in(x_BLD), cos_BLH, sin_BLH, mask_BLS, cache_k, cache_v,
+                                        write_index, attend_cache=attend_cache)
+        if self.attn_norm_out is not None:
+            h = self.attn_norm_out(h)
+        x_BLD = x_BLD + h
+        h = self.mlp(self.mlp_norm_in(x_BLD))
+        if self.mlp_norm_out is not None:
+            h = self.mlp_norm_out(h)
+        x_BLD = constrain(x_BLD + h, ("batch", "length", "embed"))
+        return x_BLD, cache_k, cache_v

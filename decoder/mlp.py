@@ -1,0 +1,36 @@
+"""Gated feed-forward blocks (GeGLU / SwiGLU)."""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+from flax import nnx
+
+from decoder.linear import Linear
+
+ACTIVATIONS = {
+    "gelu_tanh": lambda x: jax.nn.gelu(x, approximate=True),
+    "gelu": lambda x: jax.nn.gelu(x, approximate=False),
+    "silu": jax.nn.silu,
+}
+
+
+def activation(name: str):
+    try:
+        return ACTIVATIONS[name]
+    except KeyError:
+        raise ValueError(f"unknown activation {name!r}; known: {sorted(ACTIVATIONS)}") from None
+
+
+class GatedMLP(nnx.Module):
+    """down(act(gate(x)) * up(x)); x [batch, seq, embed] -> [batch, seq, embed]."""
+
+    def __init__(self, hidden: int, intermediate: int, act: str, *, rngs: nnx.Rngs):
+        self.gate_proj = Linear(hidden, intermediate, axes=("embed", "mlp"), rngs=rngs)
+        self.up_proj = Linear(hidden, intermediate, axes=("embed", "mlp"), rngs=rngs)
+        self.down_proj = Linear(intermediate, hidden, axes=("mlp", "embed"), rngs=rngs)
+        self.act = act
+
+    def __call__(self, x_BLD: jax.Array) -> jax.Array:
+        h = activation(self.act)(self.gate_proj(x_BLD)) * self.up_proj(x_BLD)
+        return self.down_proj(h)

@@ -1,0 +1,60 @@
+"""The decoder stack: embeddings in, layers with per-layer-type RoPE and masks, final norm, logits out."""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+from flax import nnx
+
+from decoder.config import DecoderConfig
+from decoder.embed import Embedder
+from decoder.kv_cache import write_positions
+from decoder.layer import DecoderLayer
+from decoder.masks import attention_mask
+from decoder.norms import RMSNorm
+from decoder.rope import cos_sin, inverse_frequencies
+from decoder.sharding import constrain
+
+
+class Decoder(nnx.Module):
+    def __init__(self, cfg: DecoderConfig, *, rngs: nnx.Rngs):
+        self.cfg = cfg
+        self.embedder = Embedder(cfg.vocab_size, cfg.hidden_size, embed_scale=cfg.embed_scale,
+                                 tie=cfg.tie_embeddings, rngs=rngs)
+        self.layers = nnx.List([DecoderLayer(cfg, t, rngs=rngs) for t in cfg.layer_types])
+        self.final_norm = RMSNorm(cfg.hidden_size, eps=cfg.rms_norm_eps, plus_one=cfg.norm_plus_one,
+                                  axis_name="embed")
+
+    def __call__(self, x_BLD: jax.Array, *, seq_pos_BL: jax.Array, block_BL: jax.Array, cache: dict,
+                 write_index: jax.Array, attend_cache: bool) -> tuple[jax.Array, dict]:
+        """Run the layers on input embeddings; returns (final-normed hidden [B, L, D], updated cache).
+
+        seq_pos_BL: sequence position of each input token (-1 for padding); also the RoPE position.
+        block_BL: media block id per token (-1 for text), for bidirectional attention inside a block.
+        """
+        cfg = self.cfg
+        x_BLD = constrain(x_BLD, ("batch", "length", "embed"))
+        cache = write_positions(cache, seq_pos_BL, block_BL, write_index)
+        k_pos, k_block = (cache["pos"], cache["block"]) if attend_cache else (seq_pos_BL, block_BL)
+        rope_pos = jnp.maximum(seq_pos_BL, 0)
+        rope = {t: cos_sin(rope_pos, inverse_frequencies(r, cfg.head_dim)) for t, r in cfg.rope_by_type.items()}
+        masks = {t: attention_mask(seq_pos_BL, k_pos, block_BL, k_block, window=cfg.window_of(t),
+                                   bidirectional=t in cfg.bidirectional_layer_types)
+                 for t in set(cfg.layer_types)}
+        new_k, new_v = [], []
+        for i, layer in enumerate(self.layers):
+            t = cfg.layer_types[i]
+            cos, sin = rope[t]
+            x_BLD, k, v = layer(x_BLD, cos, sin, masks[t], cache["k"][i], cache["v"][i], write_index,
+                                attend_cache=attend_cache)
+            new_k.append(k)
+            new_v.append(v)
+        cache = dict(cache, k=tuple(new_k), v=tuple(new_v))
+        return self.final_norm(x_BLD), cache
+
+    def logits(self, h_BLD: jax.Array) -> jax.Array:
+        logits = self.embedder.logits(h_BLD)
+        if self.cfg.final_logit_softcap is not None:
+            cap = self.cfg.final_logit_softcap
+            logits = jnp.tanh(logits / cap) * cap
+        return logits

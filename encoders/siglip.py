@@ -1,0 +1,242 @@
+"""SigLIP vision tower (the image encoder of Gemma 3), matching Hugging Face ``SiglipVisionModel``.
+
+Output: post-layernorm hidden states [N, num_patches, D] (``last_hidden_state``). The attention-pooling head is not
+built: Gemma 3 never uses its output, so its checkpoint tensors are reported by ``siglip_unused_keys``.
+
+Parameter tree (paths in the NNX state)::
+
+    ("patch_embed", "kernel")    [C*p*p, D]   conv weight [D, C, p, p] -> transpose (1, 2, 3, 0) -> reshape
+    ("patch_embed", "bias")      [D]
+    ("pos_embed",)               [num_patches, D]
+    ("layers", i, "layer_norm1" | "layer_norm2", "weight" | "bias")
+    ("layers", i, "self_attn", "q_proj" | "k_proj" | "v_proj" | "out_proj", "kernel" | "bias")
+    ("layers", i, "mlp", "fc1" | "fc2", "kernel" | "bias")
+    ("post_layernorm", "weight" | "bias")
+
+Patches are unfolded in (channel, row-in-patch, column-in-patch) order, which is the row-major flattening of the
+torch conv weight's [C, p, p] trailing axes, and patches are ordered row-major over the grid (torch's
+``flatten(2).transpose(1, 2)``).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import re
+
+import jax
+import jax.numpy as jnp
+from flax import nnx
+
+from app.weights import ParamPath, TensorSpec, linear, plain
+from decoder.linear import Linear, param
+from decoder.norms import LayerNorm
+
+
+def _as_int(value) -> int:
+    """HF allows ``image_size``/``patch_size`` as an int or a (h, w) pair; only square sizes are supported."""
+    if isinstance(value, (list, tuple)):
+        if len(set(value)) != 1:
+            raise ValueError(f"non-square size {value} is not supported")
+        return int(value[0])
+    return int(value)
+
+
+@dataclasses.dataclass(frozen=True)
+class SiglipVisionConfig:
+    hidden_size: int = 768
+    intermediate_size: int = 3072
+    num_hidden_layers: int = 12
+    num_attention_heads: int = 12
+    num_channels: int = 3
+    image_size: int = 224
+    patch_size: int = 16
+    layer_norm_eps: float = 1e-6
+    hidden_act: str = "gelu_pytorch_tanh"
+
+    @classmethod
+    def from_hf(cls, d: dict) -> "SiglipVisionConfig":
+        """From a HF ``vision_config`` dict; missing keys take HF ``SiglipVisionConfig`` defaults."""
+        defaults = cls()
+        get = lambda name: d.get(name, getattr(defaults, name))  # noqa: E731
+        return cls(
+            hidden_size=int(get("hidden_size")),
+            intermediate_size=int(get("intermediate_size")),
+            num_hidden_layers=int(get("num_hidden_layers")),
+            num_attention_heads=int(get("num_attention_heads")),
+            num_channels=int(get("num_channels")),
+            image_size=_as_int(get("image_size")),
+            patch_size=_as_int(get("patch_size")),
+            layer_norm_eps=float(get("layer_norm_eps")),
+            hidden_act=str(get("hidden_act")),
+        )
+
+    @property
+    def head_dim(self) -> int:
+        return self.hidden_size // self.num_attention_heads
+
+    @property
+    def patches_per_side(self) -> int:
+        return self.image_size // self.patch_size
+
+    @property
+    def num_patches(self) -> int:
+        return self.patches_per_side ** 2
+
+
+_ACTIVATIONS = {
+    "gelu_pytorch_tanh": lambda x: jax.nn.gelu(x, approximate=True),
+    "gelu_new": lambda x: jax.nn.gelu(x, approximate=True),
+    "gelu_fast": lambda x: jax.nn.gelu(x, approximate=True),
+    "gelu": lambda x: jax.nn.gelu(x, approximate=False),
+    "quick_gelu": lambda x: x * jax.nn.sigmoid(1.702 * x),
+}
+
+
+def _activation(name: str):
+    try:
+        return _ACTIVATIONS[name]
+    except KeyError:
+        raise ValueError(f"unsupported SigLIP hidden_act {name!r}") from None
+
+
+class SiglipAttention(nnx.Module):
+    """Bidirectional multi-head self-attention with biases; scores scaled by head_dim**-0.5, softmax in float32."""
+
+    def __init__(self, cfg: SiglipVisionConfig, *, rngs: nnx.Rngs):
+        d = cfg.hidden_size
+        if cfg.head_dim * cfg.num_attention_heads != d:
+            raise ValueError(f"hidden_size {d} is not divisible by num_attention_heads {cfg.num_attention_heads}")
+        self.num_heads = cfg.num_attention_heads
+        self.head_dim = cfg.head_dim
+        self.q_proj = Linear(d, d, axes=("vision_embed", "vision_heads"), use_bias=True, rngs=rngs)
+        self.k_proj = Linear(d, d, axes=("vision_embed", "vision_heads"), use_bias=True, rngs=rngs)
+        self.v_proj = Linear(d, d, axes=("vision_embed", "vision_heads"), use_bias=True, rngs=rngs)
+        self.out_proj = Linear(d, d, axes=("vision_heads", "vision_embed"), use_bias=True, rngs=rngs)
+
+    def __call__(self, x: jax.Array) -> jax.Array:
+        n, t, _ = x.shape
+        split = lambda y: y.reshape(n, t, self.num_heads, self.head_dim)  # noqa: E731
+        q, k, v = split(self.q_proj(x)), split(self.k_proj(x)), split(self.v_proj(x))
+        scores = jnp.einsum("nqhd,nkhd->nhqk", q, k) * (self.head_dim ** -0.5)
+        probs = jax.nn.softmax(scores.astype(jnp.float32), axis=-1).astype(v.dtype)
+        out = jnp.einsum("nhqk,nkhd->nqhd", probs, v).reshape(n, t, self.num_heads * self.head_dim)
+        return self.out_proj(out)
+
+
+class SiglipMLP(nnx.Module):
+    def __init__(self, cfg: SiglipVisionConfig, *, rngs: nnx.Rngs):
+        self.act = _activation(cfg.hidden_act)
+        self.fc1 = Linear(cfg.hidden_size, cfg.intermediate_size, axes=("vision_embed", "vision_mlp"),
+                          use_bias=True, rngs=rngs)
+        self.fc2 = Linear(cfg.intermediate_size, cfg.hidden_size, axes=("vision_mlp", "vision_embed"),
+                          use_bias=True, rngs=rngs)
+
+    def __call__(self, x: jax.Array) -> jax.Array:
+        return self.fc2(self.act(self.fc1(x)))
+
+
+class SiglipEncoderLayer(nnx.Module):
+    """Pre-LN transformer block: x + attn(ln1(x)), then x + mlp(ln2(x))."""
+
+    def __init__(self, cfg: SiglipVisionConfig, *, rngs: nnx.Rngs):
+        self.layer_norm1 = LayerNorm(cfg.hidden_size, eps=cfg.layer_norm_eps, axis_name="vision_embed")
+        self.self_attn = SiglipAttention(cfg, rngs=rngs)
+        self.layer_norm2 = LayerNorm(cfg.hidden_size, eps=cfg.layer_norm_eps, axis_name="vision_embed")
+        self.mlp = SiglipMLP(cfg, rngs=rngs)
+
+    def __call__(self, x: jax.Array) -> jax.Array:
+        x = x + self.self_attn(self.layer_norm1(x))
+        return x + self.mlp(self.layer_norm2(x))
+
+
+def unfold_patches(pixels_NCHW: jax.Array, patch_size: int) -> jax.Array:
+    """[N, C, H, W] -> [N, (H/p)*(W/p), C*p*p]: row-major patch order, (channel, row, column) within a patch."""
+    n, c, h, w = pixels_NCHW.shape
+    p = patch_size
+    if h % p or w % p:
+        raise ValueError(f"image size {(h, w)} is not a multiple of the patch size {p}")
+    x = pixels_NCHW.reshape(n, c, h // p, p, w // p, p)
+    x = jnp.transpose(x, (0, 2, 4, 1, 3, 5))  # [N, gh, gw, C, p, p]
+    return x.reshape(n, (h // p) * (w // p), c * p * p)
+
+
+class SiglipVisionTower(nnx.Module):
+    """SigLIP vision encoder: patch embedding + learned positions, pre-LN encoder layers, post layernorm."""
+
+    def __init__(self, cfg: SiglipVisionConfig, *, rngs: nnx.Rngs):
+        self.cfg = cfg
+        d = cfg.hidden_size
+        self.patch_embed = Linear(cfg.num_channels * cfg.patch_size ** 2, d, axes=(None, "vision_embed"),
+                                  use_bias=True, rngs=rngs)
+        self.pos_embed = param(rngs, (cfg.num_patches, d), (None, "vision_embed"))
+        self.layers = nnx.List([SiglipEncoderLayer(cfg, rngs=rngs) for _ in range(cfg.num_hidden_layers)])
+        self.post_layernorm = LayerNorm(d, eps=cfg.layer_norm_eps, axis_name="vision_embed")
+
+    def __call__(self, pixels_NCHW: jax.Array) -> jax.Array:
+        cfg = self.cfg
+        if pixels_NCHW.shape[1:] != (cfg.num_channels, cfg.image_size, cfg.image_size):
+            raise ValueError(f"expected pixels [N, {cfg.num_channels}, {cfg.image_size}, {cfg.image_size}], "
+                             f"got {pixels_NCHW.shape}")
+        dtype = self.patch_embed.kernel[...].dtype
+        x = self.patch_embed(unfold_patches(pixels_NCHW.astype(dtype), cfg.patch_size))
+        x = x + self.pos_embed[...].astype(x.dtype)[None]
+        for layer in self.layers:
+            x = layer(x)
+        return self.post_layernorm(x)
+
+
+def siglip_weight_map(cfg: SiglipVisionConfig, key_prefix: str = "vision_tower.") -> dict[ParamPath, TensorSpec]:
+    """Every parameter of ``SiglipVisionTower`` -> its checkpoint tensor (keys as HF 5.x writes them)."""
+    p = key_prefix
+    c, ps, d = cfg.num_channels, cfg.patch_size, cfg.hidden_size
+    m: dict[ParamPath, TensorSpec] = {
+        ("patch_embed", "kernel"): TensorSpec(f"{p}embeddings.patch_embedding.weight", transpose=(1, 2, 3, 0),
+                                              reshape=(c * ps * ps, d)),
+        ("patch_embed", "bias"): plain(f"{p}embeddings.patch_embedding.bias"),
+        ("pos_embed",): plain(f"{p}embeddings.position_embedding.weight"),
+        ("post_layernorm", "weight"): plain(f"{p}post_layernorm.weight"),
+        ("post_layernorm", "bias"): plain(f"{p}post_layernorm.bias"),
+    }
+    for i in range(cfg.num_hidden_layers):
+        lp = f"{p}encoder.layers.{i}."
+        for norm in ("layer_norm1", "layer_norm2"):
+            for name in ("weight", "bias"):
+                m[("layers", i, norm, name)] = plain(f"{lp}{norm}.{name}")
+        for proj in ("q_proj", "k_proj", "v_proj", "out_proj"):
+            m[("layers", i, "self_attn", proj, "kernel")] = linear(f"{lp}self_attn.{proj}")
+            m[("layers", i, "self_attn", proj, "bias")] = plain(f"{lp}self_attn.{proj}.bias")
+        for fc in ("fc1", "fc2"):
+            m[("layers", i, "mlp", fc, "kernel")] = linear(f"{lp}mlp.{fc}")
+            m[("layers", i, "mlp", fc, "bias")] = plain(f"{lp}mlp.{fc}.bias")
+    return m
+
+
+_HEAD_SUFFIXES = (
+    "head.probe",
+    "head.attention.in_proj_weight",
+    "head.attention.in_proj_bias",
+    "head.attention.out_proj.weight",
+    "head.attention.out_proj.bias",
+    "head.layernorm.weight",
+    "head.layernorm.bias",
+    "head.mlp.fc1.weight",
+    "head.mlp.fc1.bias",
+    "head.mlp.fc2.weight",
+    "head.mlp.fc2.bias",
+)
+
+
+def siglip_unused_keys(cfg: SiglipVisionConfig, hf_config_dict: dict, key_prefix: str = "vision_tower.") -> list[str]:
+    """Checkpoint keys of the vision tower that are on disk but not used (the attention-pooling head's tensors,
+    present when ``vision_use_head`` is true, the HF default). ``hf_config_dict`` is the vision_config dict or the
+    whole model config dict holding it under ``"vision_config"``."""
+    del cfg  # the head's tensor names do not depend on sizes
+    vision = hf_config_dict.get("vision_config", hf_config_dict) if hf_config_dict else {}
+    if not vision.get("vision_use_head", True):
+        return []
+    return [key_prefix + s for s in _HEAD_SUFFIXES]
+
+
+def siglip_unused_key_pattern(key_prefix: str = "vision_tower.") -> re.Pattern:
+    """A regex matching every vision-tower head key (``{prefix}head.*``), whatever the config says."""
+    return re.compile(re.escape(key_prefix) + r"head\..*")

@@ -1,0 +1,202 @@
+"""Parity of the SigLIP vision tower and the Gemma 3 projector against Hugging Face on tiny random configs."""
+
+from __future__ import annotations
+
+import json
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+import safetensors
+import torch
+from flax import nnx
+from transformers import Gemma3Config, Gemma3ForConditionalGeneration, SiglipVisionModel
+from transformers import SiglipVisionConfig as HFSiglipVisionConfig
+from transformers.models.gemma3.modeling_gemma3 import Gemma3MultiModalProjector
+
+from encoders.gemma3_projector import Gemma3Projector, gemma3_projector_weight_map
+from encoders.siglip import (SiglipVisionConfig, SiglipVisionTower, siglip_unused_key_pattern, siglip_unused_keys,
+                             siglip_weight_map)
+
+
+def _randomise(module: torch.nn.Module, seed: int) -> None:
+    """Overwrite every parameter: norms (1-D weights named *norm*) ~ N(0, 0.5), everything else ~ N(0, 0.2)."""
+    gen = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for name, p in module.named_parameters():
+            std = 0.5 if "norm" in name else 0.2
+            p.copy_(torch.randn(p.shape, generator=gen) * std)
+
+
+def _state_dict_np(module: torch.nn.Module, prefix: str = "") -> dict[str, np.ndarray]:
+    out = {}
+    for k, v in module.state_dict().items():
+        if k.startswith("vision_model."):  # older transformers nest the tower under vision_model
+            k = k[len("vision_model."):]
+        out[prefix + k] = v.detach().float().numpy()
+    return out
+
+
+def _flat_paths(tree, prefix=()) -> dict[tuple, object]:
+    if isinstance(tree, dict):
+        out = {}
+        for k, v in tree.items():
+            out.update(_flat_paths(v, prefix + (k,)))
+        return out
+    return {prefix: tree}
+
+
+def _set_path(tree: dict, path: tuple, value) -> None:
+    for k in path[:-1]:
+        tree = tree[k]
+    tree[path[-1]] = value
+
+
+def _load(make_module, weight_map, tensors: dict[str, np.ndarray]):
+    """Abstract build, then fill every parameter from ``tensors`` through the weight map."""
+    graphdef, state = nnx.split(nnx.eval_shape(make_module))
+    params = nnx.to_pure_dict(state)
+    abstract = _flat_paths(params)
+    assert set(abstract) == set(weight_map), (set(abstract) ^ set(weight_map))
+    for path, spec in weight_map.items():
+        value = spec.apply(tensors[spec.key])
+        assert value.shape == tuple(abstract[path].shape), (path, value.shape, abstract[path].shape)
+        _set_path(params, path, jnp.asarray(value, jnp.float32))
+    return graphdef, params
+
+
+def _run(graphdef, params, x):
+    return np.asarray(jax.jit(lambda p, x: nnx.merge(graphdef, p)(x))(params, x))
+
+
+def _assert_close(ours: np.ndarray, ref: np.ndarray) -> float:
+    assert ours.shape == ref.shape, (ours.shape, ref.shape)
+    err = float(np.abs(ours - ref).max())
+    scale = max(1.0, float(np.abs(ref).max()))
+    assert err <= 1e-5 * scale, f"max abs diff {err} vs output scale {scale}"
+    return err / scale
+
+
+def _tiny_siglip(image_size, patch_size, layers, **kw) -> dict:
+    return dict(hidden_size=32, intermediate_size=48, num_hidden_layers=layers, num_attention_heads=4,
+                num_channels=3, image_size=image_size, patch_size=patch_size, layer_norm_eps=1e-6,
+                hidden_act="gelu_pytorch_tanh") | kw
+
+
+@pytest.mark.parametrize("image_size,patch_size,layers,attn", [
+    (32, 8, 1, "sdpa"),
+    (32, 8, 1, "eager"),
+    (64, 8, 2, "sdpa"),
+])
+def test_siglip_tower_matches_hf(image_size, patch_size, layers, attn):
+    hf_dict = _tiny_siglip(image_size, patch_size, layers)
+    hf_cfg = HFSiglipVisionConfig(**hf_dict)
+    hf_cfg._attn_implementation = attn
+    torch.manual_seed(0)
+    ref_model = SiglipVisionModel(hf_cfg).eval()
+    _randomise(ref_model, seed=image_size + layers)
+
+    cfg = SiglipVisionConfig.from_hf(hf_dict)
+    assert cfg.num_patches == (image_size // patch_size) ** 2
+    prefix = "vision_tower."
+    graphdef, params = _load(lambda: SiglipVisionTower(cfg, rngs=nnx.Rngs(0)), siglip_weight_map(cfg, prefix),
+                             _state_dict_np(ref_model, prefix))
+
+    pixels = np.random.default_rng(1).uniform(-1, 1, (2, 3, image_size, image_size)).astype(np.float32)
+    with torch.no_grad():
+        ref = ref_model(pixel_values=torch.from_numpy(pixels)).last_hidden_state.numpy()
+    ours = _run(graphdef, params, jnp.asarray(pixels))
+    rel = _assert_close(ours, ref)
+    print(f"siglip {image_size}/{patch_size} x{layers} {attn}: rel err {rel:.2e}")
+
+
+@pytest.mark.parametrize("image_size,patch_size,mm_tokens", [(64, 8, 16), (32, 8, 4)])
+def test_gemma3_projector_matches_hf(image_size, patch_size, mm_tokens):
+    vision = _tiny_siglip(image_size, patch_size, 1, layer_norm_eps=1e-5)
+    config = Gemma3Config(vision_config=vision, text_config=dict(hidden_size=24), mm_tokens_per_image=mm_tokens)
+    torch.manual_seed(0)
+    ref_model = Gemma3MultiModalProjector(config).eval()
+    _randomise(ref_model, seed=mm_tokens)
+
+    pps, tps = image_size // patch_size, int(round(mm_tokens ** 0.5))
+    prefix = "multi_modal_projector."
+    graphdef, params = _load(
+        lambda: Gemma3Projector(32, 24, pps, tps, eps=config.vision_config.layer_norm_eps, rngs=nnx.Rngs(0)),
+        gemma3_projector_weight_map(prefix), _state_dict_np(ref_model, prefix))
+
+    # Distinct per-patch offsets make any mix-up of the pooling order show.
+    rng = np.random.default_rng(2)
+    x = (rng.normal(size=(2, pps * pps, 32)) + np.arange(pps * pps)[None, :, None] * 0.3).astype(np.float32)
+    with torch.no_grad():
+        ref = ref_model(torch.from_numpy(x)).numpy()
+    ours = _run(graphdef, params, jnp.asarray(x))
+    assert ours.shape == (2, mm_tokens, 24)
+    rel = _assert_close(ours, ref)
+    print(f"projector {pps}x{pps}->{tps}x{tps}: rel err {rel:.2e}")
+
+
+def test_from_hf_defaults():
+    cfg = SiglipVisionConfig.from_hf({})
+    hf = HFSiglipVisionConfig()
+    assert (cfg.hidden_size, cfg.intermediate_size, cfg.num_hidden_layers, cfg.num_attention_heads,
+            cfg.num_channels, cfg.image_size, cfg.patch_size, cfg.layer_norm_eps, cfg.hidden_act) == (
+        hf.hidden_size, hf.intermediate_size, hf.num_hidden_layers, hf.num_attention_heads, hf.num_channels,
+        hf.image_size, hf.patch_size, hf.layer_norm_eps, hf.hidden_act)
+    gemma3_4b = SiglipVisionConfig.from_hf({"hidden_size": 1152, "image_size": 896, "intermediate_size": 4304,
+                                            "num_attention_heads": 16, "num_hidden_layers": 27, "patch_size": 14})
+    assert gemma3_4b.num_patches == 4096 and gemma3_4b.head_dim == 72
+
+
+def test_weight_map_paths_match_module_state():
+    cfg = SiglipVisionConfig.from_hf(_tiny_siglip(32, 8, 3))
+    _, state = nnx.split(nnx.eval_shape(lambda: SiglipVisionTower(cfg, rngs=nnx.Rngs(0))))
+    assert set(_flat_paths(nnx.to_pure_dict(state))) == set(siglip_weight_map(cfg))
+    _, state = nnx.split(nnx.eval_shape(lambda: Gemma3Projector(32, 24, 8, 4, rngs=nnx.Rngs(0))))
+    assert set(_flat_paths(nnx.to_pure_dict(state))) == set(gemma3_projector_weight_map())
+
+
+def _every_param_has_axes(module) -> None:
+    for path, var in nnx.to_flat_state(nnx.state(module, nnx.Param)):
+        axes = var.get_metadata().get("axes")
+        assert axes is not None and len(axes) == var.shape.__len__(), (path, axes, var.shape)
+
+
+def test_params_carry_logical_axes():
+    cfg = SiglipVisionConfig.from_hf(_tiny_siglip(32, 8, 1))
+    _every_param_has_axes(nnx.eval_shape(lambda: SiglipVisionTower(cfg, rngs=nnx.Rngs(0))))
+    _every_param_has_axes(nnx.eval_shape(lambda: Gemma3Projector(32, 24, 4, 2, rngs=nnx.Rngs(0))))
+
+
+@pytest.mark.parametrize("use_head", [True, False])
+def test_keys_match_saved_gemma3_checkpoint(tmp_path, use_head):
+    vision = _tiny_siglip(32, 8, 2, vision_use_head=use_head)
+    config = Gemma3Config(
+        vision_config=vision,
+        text_config=dict(hidden_size=24, intermediate_size=32, num_hidden_layers=1, num_attention_heads=2,
+                         num_key_value_heads=1, head_dim=12, vocab_size=512),
+        mm_tokens_per_image=4, image_token_index=500, boi_token_index=501, eoi_token_index=502)
+    Gemma3ForConditionalGeneration(config).save_pretrained(tmp_path)
+    with safetensors.safe_open(str(tmp_path / "model.safetensors"), "np") as f:
+        shapes = {k: tuple(f.get_slice(k).get_shape()) for k in f.keys()}
+    disk = {k for k in shapes if k.startswith(("vision_tower.", "multi_modal_projector."))}
+
+    hf_config = json.loads((tmp_path / "config.json").read_text())
+    cfg = SiglipVisionConfig.from_hf(hf_config["vision_config"])
+    tower_map = siglip_weight_map(cfg)
+    proj_map = gemma3_projector_weight_map()
+    mapped = {spec.key for spec in (*tower_map.values(), *proj_map.values())}
+    unused = set(siglip_unused_keys(cfg, hf_config))
+    assert mapped | unused == disk, (disk - mapped - unused, (mapped | unused) - disk)
+    assert not mapped & unused
+    assert bool(unused) == use_head
+    pattern = siglip_unused_key_pattern()
+    assert {k for k in disk if pattern.fullmatch(k)} == unused
+
+    # Shapes after the layout change equal the module's parameter shapes.
+    for module, wmap in ((SiglipVisionTower(cfg, rngs=nnx.Rngs(0)), tower_map),
+                         (Gemma3Projector(32, 24, 4, 2, rngs=nnx.Rngs(0)), proj_map)):
+        abstract = _flat_paths(nnx.to_pure_dict(nnx.split(module)[1]))
+        for path, spec in wmap.items():
+            got = spec.apply(np.zeros(shapes[spec.key], np.float32)).shape
+            assert got == tuple(abstract[path].shape), (path, got)
