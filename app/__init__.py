@@ -1,0 +1,13 @@
+"""omnijax: multimodal generation from Hugging Face checkpoint folders on JAX."""
+
+from app.errors import CheckpointError, MediaError, OmnijaxError, PromptError
+
+__all__ = ["Pipeline", "GenerationResult", "OmnijaxError", "CheckpointError", "MediaError", "PromptError"]
+
+
+def __getattr__(name):
+    if name in ("Pipeline", "GenerationResult"):
+        from app import pipeline
+
+        return getattr(pipeline, name)
+    raise AttributeError(name)

@@ -86,7 +86,7 @@ class Engine:
         self.buckets = tuple(b for b in buckets if b < self.max_context) + (self.max_context,)
         self.eos_ids = jnp.asarray(cfg.eos_ids or (-1,), jnp.int32)
         self._encode = jax.jit(self._encode_impl, static_argnames=("modality",))
-        self._prefill = jax.jit(self._prefill_impl, static_argnames=("cache_len",))
+        self._prefill = jax.jit(self._prefill_impl, static_argnames=("cache_len", "all_logits"))
         self._decode = jax.jit(self._decode_impl, static_argnames=("mode", "steps_cap"))
         self._step = jax.jit(self._step_impl, static_argnames=("mode",), donate_argnames=("cache",))
 
@@ -98,7 +98,7 @@ class Engine:
         feats = self._model(params).encoders[modality](inputs)
         return feats.reshape(-1, feats.shape[-1])
 
-    def _prefill_impl(self, params, tokens_BL, seq_pos_BL, bidir_BL, media, *, cache_len):
+    def _prefill_impl(self, params, tokens_BL, seq_pos_BL, bidir_BL, media, *, cache_len, all_logits=False):
         dec = self._model(params).decoder
         x = dec.embedder.encode(tokens_BL)
         for modality, feats in media.items():
@@ -106,6 +106,8 @@ class Engine:
         cache = init_cache(self.cfg.decoder, tokens_BL.shape[0], cache_len, self.dtype)
         h, cache = dec(x, seq_pos_BL=seq_pos_BL, block_BL=block_ids(bidir_BL), cache=cache,
                        write_index=jnp.int32(0), attend_cache=False)
+        if all_logits:
+            return dec.logits(h), cache
         return dec.logits(h[:, -1:])[:, 0], cache
 
     def _forward_token(self, dec, cache, tok_B, pos_B, index):
@@ -163,7 +165,7 @@ class Engine:
         cache_len = bucket_for(length + max_new_tokens, self.buckets)
         return length, cache_len, max_new_tokens
 
-    def prefill(self, prompts: list[PreparedPrompt], max_new_tokens: int):
+    def prefill(self, prompts: list[PreparedPrompt], max_new_tokens: int, *, all_logits: bool = False):
         length, cache_len, max_new = self.plan(prompts, max_new_tokens)
         batch = make_batch(prompts, length, self.cfg.pad_id)
         with use_mesh(self.mesh):
@@ -172,8 +174,14 @@ class Engine:
             logits, cache = self._prefill(self.params, self._put(batch.tokens, ("batch", "length")),
                                           self._put(batch.seq_pos, ("batch", "length")),
                                           self._put(batch.bidirectional, ("batch", "length")), media,
-                                          cache_len=cache_len)
+                                          cache_len=cache_len, all_logits=all_logits)
         return batch, length, cache_len, max_new, logits, cache
+
+    def score(self, prompts: list[PreparedPrompt]) -> list[np.ndarray]:
+        """Logits [prompt length, vocab] (float32) at every position of each prompt."""
+        batch, length, _, _, logits, _ = self.prefill(prompts, 1, all_logits=True)
+        logits = np.asarray(logits)
+        return [logits[i, length - n:] for i, n in enumerate(batch.lengths)]
 
     def generate(self, prompts: list[PreparedPrompt], max_new_tokens: int, sampling: SamplingParams) -> np.ndarray:
         """Token ids [batch, n] (n <= max_new_tokens), pad after EOS."""

@@ -1,0 +1,88 @@
+"""Command line: ``omnijax generate`` (also ``python -m app generate``)."""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import sys
+import time
+
+from app.errors import OmnijaxError
+
+
+def _add_sampling(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--max-new-tokens", type=int, default=64)
+    p.add_argument("--temperature", type=float, default=0.0, help="0 = greedy")
+    p.add_argument("--top-k", type=int, default=0)
+    p.add_argument("--top-p", type=float, default=1.0)
+    p.add_argument("--seed", type=int, default=0)
+
+
+def _add_model(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--model", help="local Hugging Face checkpoint folder (default: the embedded tiny demo model)")
+    p.add_argument("--dtype", default="float32", choices=["float32", "bfloat16", "float16"])
+    p.add_argument("--model-axis", type=int, default=None, help="devices that shard the weights (default: all)")
+
+
+def parser() -> argparse.ArgumentParser:
+    top = argparse.ArgumentParser(prog="omnijax", description="Multimodal generation on JAX")
+    sub = top.add_subparsers(dest="command", required=True)
+    gen = sub.add_parser("generate", help="answer one prompt with optional images and audio")
+    _add_model(gen)
+    gen.add_argument("--prompt", required=True, help="the user's text")
+    gen.add_argument("--image", action="append", default=[], help="an image file (repeatable)")
+    gen.add_argument("--audio", action="append", default=[], help="an audio file (repeatable)")
+    gen.add_argument("--system", help="an optional system message")
+    gen.add_argument("--stop", action="append", default=None, help="a stop string (repeatable)")
+    gen.add_argument("--no-stream", action="store_true", help="print the answer at the end instead of streaming")
+    _add_sampling(gen)
+    return top
+
+
+def load_pipeline(args):
+    from app.pipeline import Pipeline
+
+    folder = args.model
+    if folder is None:
+        from app.default_model import default_model_dir
+
+        folder = default_model_dir()
+        print(f"[omnijax] no --model given: using the embedded tiny demo model at {folder} "
+              f"(random weights: its output is meaningless)", file=sys.stderr)
+    return Pipeline.from_pretrained(folder, dtype=args.dtype, model_axis=args.model_axis)
+
+
+def messages_from(args) -> list[dict]:
+    content = [{"type": "image", "image": path} for path in args.image]
+    content += [{"type": "audio", "audio": path} for path in args.audio]
+    content.append({"type": "text", "text": args.prompt})
+    messages = [{"role": "system", "content": [{"type": "text", "text": args.system}]}] if args.system else []
+    return messages + [{"role": "user", "content": content}]
+
+
+def run_generate(args) -> int:
+    pipe = load_pipeline(args)
+    messages = messages_from(args)
+    sampling = dict(max_new_tokens=args.max_new_tokens, temperature=args.temperature, top_k=args.top_k,
+                    top_p=args.top_p, seed=args.seed, stop=args.stop)
+    start = time.perf_counter()
+    if args.no_stream:
+        print(pipe.generate(messages, **sampling).text)
+    else:
+        for piece in pipe.stream(messages, **sampling):
+            print(piece, end="", flush=True)
+        print()
+    print(f"[omnijax] {time.perf_counter() - start:.2f}s", file=sys.stderr)
+    return 0
+
+
+def main(argv=None) -> int:
+    logging.basicConfig(level=logging.WARNING, format="[omnijax] %(message)s")
+    args = parser().parse_args(argv)
+    try:
+        if args.command == "generate":
+            return run_generate(args)
+    except OmnijaxError as e:
+        print(f"omnijax: error: {e}", file=sys.stderr)
+        return 2
+    return 1

@@ -1,0 +1,152 @@
+"""Loading images into RGB ``PIL.Image.Image`` objects, with the conversions transformers applies.
+
+Which conversion an input gets depends on its kind, the same way it does in transformers' PIL image processors:
+
+* A file path is opened the way ``transformers.image_utils.load_image`` opens one (what an image processor does
+  with a path or URL string): the EXIF orientation is applied (``ImageOps.exif_transpose``), then
+  ``Image.convert("RGB")``. Transparency is dropped, not composited (an RGBA PNG keeps its stored RGB values).
+* A ``PIL.Image.Image`` goes through ``convert_rgb`` (transformers' ``image_transforms.convert_to_rgb``): an image
+  with an alpha band or a ``transparency`` entry is alpha-composited onto white, anything else is
+  ``Image.convert("RGB")``. No EXIF transpose: an in-memory image is taken as it is.
+* A numpy array follows transformers' numpy branch of ``convert_to_rgb``: one channel is repeated three times, four
+  channels are blended onto white in float64 and rounded (``np.round``), three channels are used as they are.
+"""
+
+from __future__ import annotations
+
+import os
+import pathlib
+
+import numpy as np
+import PIL.Image
+import PIL.ImageOps
+
+from app.errors import MediaError
+
+def convert_rgb(image: PIL.Image.Image) -> PIL.Image.Image:
+    """``image`` in mode RGB, transparency composited onto an opaque white background.
+
+    Same arithmetic as ``transformers.image_transforms.convert_to_rgb`` for PIL inputs: when the image has an "A"
+    band or a ``transparency`` info entry it is converted to RGBA and ``Image.alpha_composite``-d over a white RGBA
+    image, then converted to RGB; otherwise it is ``image.convert("RGB")``. An RGB image is returned as a copy.
+    """
+    has_alpha = "A" in image.getbands() or image.info.get("transparency") is not None
+    if has_alpha:
+        rgba = image.convert("RGBA")
+        background = PIL.Image.new("RGBA", rgba.size, (255, 255, 255, 255))
+        return PIL.Image.alpha_composite(background, rgba).convert("RGB")
+    return image.convert("RGB")
+
+
+def _array_to_rgb(array: np.ndarray, name: str) -> PIL.Image.Image:
+    """A numpy image [H, W] or [H, W, C] (C in 1, 3, 4) as an RGB PIL image.
+
+    uint8 arrays are used as they are. Float arrays must hold values in [0, 1]; they are scaled the way transformers
+    turns a float image into uint8 before a PIL resize: ``(x.astype(float64) * 255).astype(float32).astype(uint8)``
+    (truncation, not rounding), so a float array gives the same pixels as transformers' processor run on it with
+    ``do_rescale=False``.
+    """
+    if array.ndim == 2:
+        array = array[:, :, None]
+    if array.ndim != 3:
+        raise MediaError(
+            f"{name}: expected an image array of shape [H, W] or [H, W, C] with C in (1, 3, 4), got shape "
+            f"{tuple(array.shape)}"
+        )
+    height, width, channels = array.shape
+    if channels not in (1, 3, 4):
+        raise MediaError(
+            f"{name}: expected 1, 3 or 4 channels in the last axis of an [H, W, C] image array, got shape "
+            f"{tuple(array.shape)} (channels-first arrays are not accepted)"
+        )
+    if height == 0 or width == 0:
+        raise MediaError(f"{name}: image array has zero size, shape {tuple(array.shape)}")
+
+    if array.dtype == np.uint8:
+        pass
+    elif np.issubdtype(array.dtype, np.floating):
+        if not np.all(np.isfinite(array)):
+            raise MediaError(f"{name}: float image array holds NaN or infinite values")
+        low, high = float(array.min()), float(array.max())
+        if low < 0.0 or high > 1.0:
+            raise MediaError(
+                f"{name}: float image arrays must hold values in [0, 1], got values in [{low}, {high}]"
+            )
+        array = (array.astype(np.float64) * 255).astype(np.float32).astype(np.uint8)
+    else:
+        raise MediaError(f"{name}: expected a uint8 (or float in [0, 1]) image array, got dtype {array.dtype}")
+
+    if channels == 1:
+        rgb = np.repeat(array, 3, axis=-1)
+    elif channels == 4:
+        # transformers' numpy branch of convert_to_rgb: blend onto white in float64, round, back to uint8.
+        alpha = array[..., 3:4] / 255
+        composite = alpha * array[..., :3] + (1 - alpha) * 255
+        rgb = np.round(composite).astype(np.uint8)
+    else:
+        rgb = array
+    return PIL.Image.fromarray(np.ascontiguousarray(rgb), mode="RGB")
+
+
+def _open_path(path: pathlib.Path) -> PIL.Image.Image:
+    """Open, decode fully, EXIF-transpose and convert the image file at ``path`` to RGB."""
+    if not path.exists():
+        raise MediaError(f"image file not found: {path}")
+    if not path.is_file():
+        raise MediaError(f"image path is not a file: {path}")
+    try:
+        with PIL.Image.open(path) as image:
+            # Decode now so that a truncated or corrupt file fails here, not later in a resize.
+            image.load()
+            image = PIL.ImageOps.exif_transpose(image)
+            rgb = image.convert("RGB")
+            rgb.load()
+    except PIL.UnidentifiedImageError as exc:
+        raise MediaError(f"cannot identify an image format in file {path}: {exc}") from exc
+    except (OSError, ValueError, SyntaxError, EOFError, PIL.Image.DecompressionBombError) as exc:
+        raise MediaError(f"cannot decode image file {path} (corrupt or truncated?): {exc}") from exc
+    return rgb
+
+
+def load_image(source) -> PIL.Image.Image:
+    """An RGB ``PIL.Image.Image`` of size (W, H) with W, H >= 1 from ``source``.
+
+    ``source`` is one of:
+      * a path (``str`` or ``os.PathLike``) to an image file: opened, decoded, EXIF-transposed, ``convert("RGB")``;
+      * a ``PIL.Image.Image``: converted with :func:`convert_rgb` (transparency composited onto white);
+      * a numpy array [H, W] or [H, W, C] with C in (1, 3, 4), dtype uint8 (or float in [0, 1], see
+        ``_array_to_rgb``): grey is repeated to RGB, RGBA blended onto white.
+
+    Raises ``MediaError`` naming the file or the problem: missing file, undecodable or truncated file, zero-size
+    image, bad array shape or dtype, unsupported source type (URLs are not fetched).
+    """
+    if isinstance(source, PIL.Image.Image):
+        width, height = source.size
+        if width == 0 or height == 0:
+            raise MediaError(f"image has zero size ({width}x{height})")
+        try:
+            source.load()
+            rgb = convert_rgb(source)
+        except (OSError, ValueError, SyntaxError, EOFError) as exc:
+            raise MediaError(f"cannot decode PIL image {getattr(source, 'filename', '') or ''}: {exc}") from exc
+        return rgb
+
+    if isinstance(source, np.ndarray):
+        return _array_to_rgb(source, "numpy image")
+
+    if isinstance(source, (str, os.PathLike)):
+        text = os.fspath(source)
+        if isinstance(text, bytes):
+            text = os.fsdecode(text)
+        if text.startswith(("http://", "https://")):
+            raise MediaError(f"image URLs are not fetched; download the file first: {text}")
+        rgb = _open_path(pathlib.Path(text))
+        width, height = rgb.size
+        if width == 0 or height == 0:
+            raise MediaError(f"image file {text} has zero size ({width}x{height})")
+        return rgb
+
+    raise MediaError(
+        f"unsupported image source of type {type(source).__name__}; expected a path, a PIL.Image.Image or a numpy "
+        "array"
+    )

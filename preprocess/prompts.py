@@ -1,0 +1,68 @@
+"""Chat messages -> prompt text: normalising content parts, collecting media, rendering the chat template."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from app.errors import PromptError
+
+MEDIA_TYPES = ("image", "audio")
+
+
+def normalize_messages(messages: Any) -> list[dict]:
+    """Validate transformers-style chat messages; string content becomes one text part.
+
+    Returns new message dicts whose content is a list of parts {"type": "text"|"image"|"audio", ...}.
+    """
+    if not isinstance(messages, (list, tuple)) or not messages:
+        raise PromptError("messages must be a non-empty list of {'role': ..., 'content': ...} dicts")
+    out = []
+    for i, message in enumerate(messages):
+        if not isinstance(message, dict) or "role" not in message or "content" not in message:
+            raise PromptError(f"message {i} must be a dict with 'role' and 'content'")
+        content = message["content"]
+        if isinstance(content, str):
+            parts = [{"type": "text", "text": content}]
+        elif isinstance(content, (list, tuple)):
+            parts = []
+            for j, part in enumerate(content):
+                kind = part.get("type") if isinstance(part, dict) else None
+                if kind == "text":
+                    if not isinstance(part.get("text"), str):
+                        raise PromptError(f"message {i} part {j}: a text part needs a string 'text'")
+                elif kind in MEDIA_TYPES:
+                    if part.get(kind) is None and part.get("path") is None and part.get("url") is None:
+                        raise PromptError(f"message {i} part {j}: an {kind} part needs its {kind!r} value")
+                else:
+                    raise PromptError(f"message {i} part {j}: unknown content type {kind!r} "
+                                      f"(expected 'text', 'image' or 'audio')")
+                parts.append(dict(part))
+        else:
+            raise PromptError(f"message {i}: content must be a string or a list of parts")
+        out.append({"role": message["role"], "content": parts})
+    return out
+
+
+def media_of(messages: list[dict], kind: str) -> list[Any]:
+    """The media values of one kind in order of appearance (the part's value, or its 'path')."""
+    found = []
+    for message in messages:
+        for part in message["content"]:
+            if part["type"] == kind:
+                found.append(part.get(kind) if part.get(kind) is not None else part.get("path", part.get("url")))
+    return found
+
+
+def template_messages(messages: list[dict]) -> list[dict]:
+    """Messages as the chat template sees them: media parts reduced to their type (the template emits markers)."""
+    return [{"role": m["role"], "content": [p if p["type"] == "text" else {"type": p["type"]} for p in m["content"]]}
+            for m in messages]
+
+
+def render_chat(tokenizer, messages: list[dict], chat_template: str | None = None) -> str:
+    """The prompt text for ``messages`` with the generation prompt appended."""
+    try:
+        return tokenizer.apply_chat_template(template_messages(messages), chat_template=chat_template,
+                                             tokenize=False, add_generation_prompt=True)
+    except Exception as e:  # jinja errors (e.g. the template's own role checks) surface as prompt errors
+        raise PromptError(f"the chat template rejected these messages: {e}") from e

@@ -1,0 +1,40 @@
+"""Loading a checkpoint's tokenizer and chat template from local files only."""
+
+from __future__ import annotations
+
+import json
+import pathlib
+
+from app.errors import CheckpointError
+
+
+def load_tokenizer(folder: pathlib.Path):
+    """transformers' AutoTokenizer from ``folder`` (no hub access), with the folder's chat template attached."""
+    from transformers import AutoTokenizer
+
+    try:
+        tokenizer = AutoTokenizer.from_pretrained(str(folder), local_files_only=True)
+    except Exception as e:
+        raise CheckpointError(f"the tokenizer in {str(folder)!r} could not be loaded: {e}") from e
+    if not getattr(tokenizer, "chat_template", None):
+        template = chat_template_of(folder)
+        if template is not None:
+            tokenizer.chat_template = template
+    return tokenizer
+
+
+def chat_template_of(folder: pathlib.Path) -> str | None:
+    """The chat template shipped in the folder (chat_template.jinja, chat_template.json or processor config)."""
+    jinja = folder / "chat_template.jinja"
+    if jinja.exists():
+        return jinja.read_text()
+    for name in ("chat_template.json", "processor_config.json", "tokenizer_config.json"):
+        file = folder / name
+        if file.exists():
+            try:
+                template = json.loads(file.read_text()).get("chat_template")
+            except ValueError as e:
+                raise CheckpointError(f"{file} is not readable JSON: {e}") from e
+            if template:
+                return template
+    return None

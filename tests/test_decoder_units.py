@@ -1,0 +1,138 @@
+"""Small pure pieces of the decoder and the generation loop, each on its own."""
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from app.generation import bucket_for, make_batch, pow2_at_least
+from app.families.spec import PreparedPrompt
+from app.sampling import SamplingParams, choose
+from app.stops import StopChecker
+from decoder.config import RopeConfig
+from decoder.embed import merge_media
+from decoder.masks import attention_mask, block_ids
+from decoder.rope import apply_rotary, cos_sin, inverse_frequencies
+
+
+def reference_mask(q_pos, k_pos, q_block, k_block, window, bidirectional):
+    """Element by element: AND(window, OR(causal, same block)) over valid tokens."""
+    out = np.zeros((len(q_pos), len(k_pos)), bool)
+    for i, q in enumerate(q_pos):
+        for j, k in enumerate(k_pos):
+            if q < 0 or k < 0:
+                continue
+            ok = k <= q or (bidirectional and q_block[i] >= 0 and q_block[i] == k_block[j])
+            if window is not None:
+                ok = ok and k > q - window
+            out[i, j] = ok
+    return out
+
+
+@pytest.mark.parametrize("window", [None, 3, 5])
+@pytest.mark.parametrize("bidirectional", [False, True])
+def test_attention_mask_matches_elementwise_definition(window, bidirectional):
+    pos = np.array([-1, -1, 0, 1, 2, 3, 4, 5, 6, 7, 8])
+    media = np.array([0, 0, 0, 1, 1, 1, 1, 0, 1, 1, 0], bool)
+    media[:2] = False
+    blocks = np.asarray(block_ids(jnp.asarray(media[None])))[0]
+    got = np.asarray(attention_mask(jnp.asarray(pos[None]), jnp.asarray(pos[None]), jnp.asarray(blocks[None]),
+                                    jnp.asarray(blocks[None]), window=window, bidirectional=bidirectional))[0]
+    np.testing.assert_array_equal(got, reference_mask(pos, pos, blocks, blocks, window, bidirectional))
+
+
+def test_block_longer_than_window_keeps_later_block_keys_and_windows_earlier_ones():
+    pos = np.arange(10)
+    media = np.array([0, 1, 1, 1, 1, 1, 1, 1, 0, 0], bool)
+    blocks = np.asarray(block_ids(jnp.asarray(media[None])))[0]
+    m = np.asarray(attention_mask(jnp.asarray(pos[None]), jnp.asarray(pos[None]), jnp.asarray(blocks[None]),
+                                  jnp.asarray(blocks[None]), window=3, bidirectional=True))[0]
+    # the window bounds earlier keys only (k > q - W); every later key of the same block stays visible
+    assert m[1, 3] and m[1, 4] and m[1, 7]
+    assert not m[1, 8]  # a later text token
+    assert m[7, 5] and not m[7, 4]  # earlier keys of the block: only inside the window
+
+
+def test_block_ids_number_contiguous_runs():
+    media = jnp.asarray([[0, 1, 1, 0, 1, 0, 1, 1], [1, 1, 0, 0, 0, 0, 0, 1]], bool)
+    np.testing.assert_array_equal(np.asarray(block_ids(media)),
+                                  [[-1, 0, 0, -1, 1, -1, 2, 2], [0, 0, -1, -1, -1, -1, -1, 1]])
+
+
+def test_rope_linear_scaling_divides_frequencies():
+    base = inverse_frequencies(RopeConfig(theta=1e6), 16)
+    scaled = inverse_frequencies(RopeConfig(theta=1e6, kind="linear", factor=8.0), 16)
+    np.testing.assert_allclose(scaled, base / 8.0, rtol=1e-7)
+    assert base[0] == 1.0 and base.shape == (8,)
+    with pytest.raises(ValueError, match="unknown RoPE kind"):
+        inverse_frequencies(RopeConfig(kind="mystery"), 16)
+
+
+def test_rope_rotation_preserves_norm_and_relative_positions():
+    inv = inverse_frequencies(RopeConfig(theta=100.0), 8)
+    rng = np.random.default_rng(0)
+    q = jnp.asarray(rng.standard_normal((1, 1, 1, 8)), jnp.float32)
+    k = jnp.asarray(rng.standard_normal((1, 1, 1, 8)), jnp.float32)
+
+    def rot(x, p):
+        c, s = cos_sin(jnp.asarray([[p]]), inv)
+        return apply_rotary(x, c, s)
+
+    np.testing.assert_allclose(jnp.linalg.norm(rot(q, 7)), jnp.linalg.norm(q), rtol=1e-5)
+    d1 = float(jnp.sum(rot(q, 5) * rot(k, 2)))
+    d2 = float(jnp.sum(rot(q, 13) * rot(k, 10)))
+    assert abs(d1 - d2) < 1e-4
+
+
+def test_merge_media_puts_rows_in_placeholder_order_across_the_batch():
+    x = jnp.zeros((2, 4, 3))
+    ph = jnp.asarray([[0, 1, 1, 0], [1, 0, 0, 1]], bool)
+    feats = jnp.arange(1, 6 * 3 + 1, dtype=jnp.float32).reshape(6, 3)  # rows 4, 5 are bucket padding
+    out = np.asarray(merge_media(x, ph, feats))
+    np.testing.assert_array_equal(out[0, 1], feats[0]); np.testing.assert_array_equal(out[0, 2], feats[1])
+    np.testing.assert_array_equal(out[1, 0], feats[2]); np.testing.assert_array_equal(out[1, 3], feats[3])
+    assert (out[0, 0] == 0).all() and (out[1, 1] == 0).all()
+
+
+def test_greedy_and_filters():
+    logits = jnp.asarray([[0.0, 3.0, 1.0, 2.0]] * 2)
+    assert choose(logits, jax.random.key(0), SamplingParams().values(), SamplingParams().mode()).tolist() == [1, 1]
+    top1 = SamplingParams(temperature=1.0, top_k=1)
+    picks = {int(choose(logits, jax.random.key(s), top1.values(), top1.mode())[0]) for s in range(20)}
+    assert picks == {1}
+    top2 = SamplingParams(temperature=5.0, top_k=2)
+    picks = {int(choose(logits, jax.random.key(s), top2.values(), top2.mode())[0]) for s in range(60)}
+    assert picks == {1, 3}
+    nucleus = SamplingParams(temperature=1.0, top_p=0.5)  # p(1) = 0.64 > 0.5 -> only token 1
+    picks = {int(choose(logits, jax.random.key(s), nucleus.values(), nucleus.mode())[0]) for s in range(30)}
+    assert picks == {1}
+    wide = SamplingParams(temperature=1.0, top_p=0.9)
+    picks = {int(choose(logits, jax.random.key(s), wide.values(), wide.mode())[0]) for s in range(200)}
+    assert picks == {1, 2, 3}
+
+
+@pytest.mark.parametrize("kwargs", [dict(temperature=-1), dict(top_k=-2), dict(top_p=0.0), dict(top_p=1.5)])
+def test_sampling_params_validate(kwargs):
+    with pytest.raises(ValueError):
+        SamplingParams(**kwargs)
+
+
+def test_buckets_and_batch_padding():
+    assert bucket_for(1, (64, 128)) == 64 and bucket_for(65, (64, 128)) == 128 and bucket_for(300, (64, 128)) == 300
+    assert [pow2_at_least(n) for n in (0, 1, 2, 3, 5, 8)] == [1, 1, 2, 4, 8, 8]
+    a = PreparedPrompt(np.array([5, 6, 7], np.int32), {"image": [np.ones((3, 2, 2))]}, np.array([0, 1, 0], bool))
+    b = PreparedPrompt(np.array([8], np.int32), {}, np.array([0], bool))
+    batch = make_batch([a, b], 4, pad_id=0)
+    np.testing.assert_array_equal(batch.tokens, [[0, 5, 6, 7], [0, 0, 0, 8]])
+    np.testing.assert_array_equal(batch.seq_pos, [[-1, 0, 1, 2], [-1, -1, -1, 0]])
+    np.testing.assert_array_equal(batch.bidirectional[0], [0, 0, 1, 0])
+    assert batch.media["image"].shape == (1, 3, 2, 2)
+
+
+def test_stop_checker_cuts_text_and_tokens():
+    vocab = {1: "Hel", 2: "lo", 3: " wor", 4: "ld", 5: "!"}
+    decode = lambda ids: "".join(vocab[i] for i in ids)
+    c = StopChecker(decode, ["o w"])
+    assert [c.push(t) for t in (1, 2, 3)] == [False, False, True]
+    assert c.ids == [1, 2, 3] and c.text(c.ids) == "Hell"
+    assert not StopChecker(decode, None).push(1)
