@@ -88,7 +88,6 @@ _NUM_MERGES = 128
 _FIRST_MERGE_ID = len(_HEAD_SPECIALS) + 256 + len(_BASE_CHARS)
 SPECIAL_TOKEN_IDS: dict[str, int] = {tok: i for i, tok in enumerate(_HEAD_SPECIALS)}
 SPECIAL_TOKEN_IDS.update({tok: _FIRST_MERGE_ID + _NUM_MERGES + i for i, tok in enumerate(_TAIL_SPECIALS)})
-_VOCAB_SIZE_WITH_IMAGE_TOKEN = SPECIAL_TOKEN_IDS[IMAGE_TOKEN] + 1
 _TEXT_VOCAB_SIZE = SPECIAL_TOKEN_IDS[IMAGE_TOKEN]
 
 # The text the merges are learned from: plain English prose, written for this module.
@@ -330,6 +329,11 @@ def write_tokenizer_and_processor(
         "tokenizer_class": "GemmaTokenizer",
         "unk_token": UNK_TOKEN,
     }
+    # Drop the other layout's files so a rewritten folder is never a mix of both.
+    other = (("chat_template.jinja",) if layout == "hub" else
+             ("preprocessor_config.json", "chat_template.json", "special_tokens_map.json", "added_tokens.json"))
+    for name in other:
+        (folder / name).unlink(missing_ok=True)
     if layout == "transformers":
         tokenizer_config["extra_special_tokens"] = []
         _dump_json(folder / "tokenizer_config.json", tokenizer_config)
@@ -582,7 +586,8 @@ def init_std(name: str) -> tuple[float, float]:
     """``(mean, std)`` of the normal distribution a tensor is drawn from, by its name.
 
     Gemma RMSNorm weights (used as ``1 + w``): N(0, 0.1). SigLIP LayerNorm weights (used as ``w``): N(1, 0.1).
-    Token embeddings and the multimodal projection: std 0.05; every other matrix and every bias: std 0.02.
+    Token embeddings, an untied lm_head and the multimodal projection: std 0.05; every other matrix and every
+    bias: std 0.02.
     Names may carry either on-disk prefixes or transformers' module prefixes (``model.language_model.*``).
     """
     if _VISION_LAYERNORM.search(name):
@@ -591,7 +596,7 @@ def init_std(name: str) -> tuple[float, float]:
         return 0.0, 0.1
     if name.endswith("mm_soft_emb_norm.weight"):
         return 0.0, 0.1
-    if name.endswith("embed_tokens.weight") or name.endswith("mm_input_projection_weight"):
+    if name.endswith(("embed_tokens.weight", "lm_head.weight", "mm_input_projection_weight")):
         return 0.0, 0.05
     return 0.0, 0.02
 

@@ -138,11 +138,18 @@ class Pipeline:
             if t in self.config.eos_ids:
                 break
             ids.append(t)
-            stopped = checker.push(t)
-            text = checker.text(ids) if stopped else self.processor.decode(ids)
-            if stopped or not text.endswith("\ufffd"):  # hold back a partial UTF-8 character
-                if text.startswith(sent) and len(text) > len(sent):
-                    yield text[len(sent):]
-                    sent = text
-            if stopped:
-                break
+            if checker.push(t):
+                final = checker.text(ids)
+                if len(final) > len(sent):
+                    yield final[len(sent):]
+                return
+            text = self.processor.decode(ids)
+            if text.endswith("\ufffd"):  # a partial UTF-8 character: wait for the rest
+                continue
+            visible = checker.holdback(text)
+            if visible.startswith(sent) and len(visible) > len(sent):
+                yield visible[len(sent):]
+                sent = visible
+        final = self.processor.decode(ids)
+        if final.startswith(sent) and len(final) > len(sent):
+            yield final[len(sent):]

@@ -26,6 +26,16 @@ class StopChecker:
         text = self.decode(self.ids)
         return any(s in text for s in self.stops)
 
+    def holdback(self, text: str) -> str:
+        """``text`` less any ending that could still grow into a stop string (safe to show while streaming)."""
+        keep = len(text)
+        for s in self.stops:
+            for n in range(min(len(s) - 1, len(text)), 0, -1):
+                if text.endswith(s[:n]):
+                    keep = min(keep, len(text) - n)
+                    break
+        return text[:keep]
+
     def text(self, ids: list[int]) -> str:
         text = self.decode(ids)
         cut = min((text.find(s) for s in self.stops if s in text), default=len(text))

@@ -136,3 +136,11 @@ def test_stop_checker_cuts_text_and_tokens():
     assert [c.push(t) for t in (1, 2, 3)] == [False, False, True]
     assert c.ids == [1, 2, 3] and c.text(c.ids) == "Hell"
     assert not StopChecker(decode, None).push(1)
+
+
+def test_stop_checker_holds_back_possible_stop_prefixes():
+    c = StopChecker(lambda ids: "", ["END", "xyz"])
+    assert c.holdback("abc EN") == "abc "
+    assert c.holdback("abc x") == "abc "
+    assert c.holdback("abc") == "abc"
+    assert StopChecker(lambda ids: "", None).holdback("abc E") == "abc E"
