@@ -1,0 +1,116 @@
+"""Shared session fixtures: tiny Gemma 3 checkpoint folders written by Hugging Face ``save_pretrained``.
+
+Every folder holds the same random weights (drawn with a fixed torch seed, nothing left at its zero / one
+initialisation), the tokenizer, chat template and processor files of :mod:`app.default_model`, and the
+instruction-tuned generation config (eos = ``[<eos>, <end_of_turn>]``).
+"""
+
+from __future__ import annotations
+
+import pathlib
+import shutil
+import sys
+
+import pytest
+
+_ROOT = str(pathlib.Path(__file__).resolve().parents[1])
+if _ROOT not in sys.path:  # plain `pytest` (not `python -m pytest`) does not put the repository root on the path
+    sys.path.insert(0, _ROOT)
+
+from app import default_model as dm  # noqa: E402
+
+TORCH_SEED = 1234
+
+
+def _randomise_(model, seed: int = TORCH_SEED) -> None:
+    """Overwrite every parameter of ``model`` in place, with the per-name distributions of ``dm.init_std``."""
+    import torch
+
+    gen = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for name, param in model.named_parameters():
+            mean, std = dm.init_std(name)
+            param.copy_(mean + std * torch.randn(param.shape, generator=gen, dtype=torch.float32))
+
+
+def make_hf_gemma3(config_dict: dict | None = None, seed: int = TORCH_SEED):
+    """A randomised float32 ``Gemma3ForConditionalGeneration`` for ``config_dict`` (default: the tiny config)."""
+    import torch
+    from transformers import Gemma3Config, Gemma3ForConditionalGeneration
+
+    torch.manual_seed(seed)
+    config = Gemma3Config(**(config_dict if config_dict is not None else dm.TINY_GEMMA3_CONFIG))
+    model = Gemma3ForConditionalGeneration(config).to(torch.float32).eval()
+    _randomise_(model, seed)
+    return model
+
+
+def _save_hf_folder(folder, *, max_shard_size=None, **processor_kwargs):
+    model = make_hf_gemma3()
+    kwargs = {} if max_shard_size is None else {"max_shard_size": max_shard_size}
+    model.save_pretrained(folder, **kwargs)
+    dm.write_generation_config(folder)
+    dm.write_tokenizer_and_processor(
+        folder,
+        image_size=dm.TINY_GEMMA3_CONFIG["vision_config"]["image_size"],
+        mm_tokens_per_image=dm.TINY_GEMMA3_CONFIG["mm_tokens_per_image"],
+        **processor_kwargs,
+    )
+    return folder
+
+
+@pytest.fixture(scope="session")
+def tiny_gemma3_dir(tmp_path_factory):
+    """A tiny Gemma 3 folder saved by HF ``save_pretrained`` (one ``model.safetensors``, float32)."""
+    return _save_hf_folder(tmp_path_factory.mktemp("tiny_gemma3"))
+
+
+@pytest.fixture(scope="session")
+def tiny_gemma3_sharded_dir(tmp_path_factory):
+    """The same weights as ``tiny_gemma3_dir``, saved in several shards with ``model.safetensors.index.json``."""
+    return _save_hf_folder(tmp_path_factory.mktemp("tiny_gemma3_sharded"), max_shard_size="200KB")
+
+
+@pytest.fixture(scope="session")
+def tiny_gemma3_pas_dir(tmp_path_factory, tiny_gemma3_dir):
+    """``tiny_gemma3_dir`` with a processor configured for pan-and-scan (min crop 32 px for 64 px images).
+
+    transformers' ``Gemma3Processor`` only pans and scans when called with ``do_pan_and_scan=True`` and
+    ``pan_and_scan_min_crop_size=32``: its call defaults override the image processor's configuration.
+    """
+    folder = tmp_path_factory.mktemp("tiny_gemma3_pas") / "model"
+    shutil.copytree(tiny_gemma3_dir, folder)
+    dm.write_tokenizer_and_processor(
+        folder,
+        image_size=dm.TINY_GEMMA3_CONFIG["vision_config"]["image_size"],
+        mm_tokens_per_image=dm.TINY_GEMMA3_CONFIG["mm_tokens_per_image"],
+        do_pan_and_scan=True,
+        pan_and_scan_min_crop_size=32,
+    )
+    return folder
+
+
+@pytest.fixture(scope="session")
+def make_hf_gemma3_fn():
+    """``make_hf_gemma3``: build a randomised HF model for any Gemma 3 config dict."""
+    return make_hf_gemma3
+
+
+@pytest.fixture(scope="session")
+def hf_gemma3_model(tiny_gemma3_dir):
+    """The torch reference model loaded from ``tiny_gemma3_dir``: float32, eager attention, eval mode."""
+    import torch
+    from transformers import Gemma3ForConditionalGeneration
+
+    model = Gemma3ForConditionalGeneration.from_pretrained(
+        tiny_gemma3_dir, dtype=torch.float32, attn_implementation="eager"
+    )
+    return model.eval()
+
+
+@pytest.fixture(scope="session")
+def gemma3_pipeline(tiny_gemma3_dir):
+    """This package's float32 pipeline loaded from ``tiny_gemma3_dir``."""
+    from app.pipeline import Pipeline
+
+    return Pipeline.from_pretrained(tiny_gemma3_dir, dtype="float32")
