@@ -152,3 +152,13 @@ def test_sharded_checkpoint_loads_the_same_weights(gemma3_pipeline, tiny_gemma3_
     assert all(np.array_equal(np.asarray(x), np.asarray(y)) for x, y in zip(a, b))
     assert sharded.generate(CASES["one_image"], max_new_tokens=8).token_ids == \
         gemma3_pipeline.generate(CASES["one_image"], max_new_tokens=8).token_ids
+
+
+def test_new_prompt_length_in_the_same_bucket_does_not_recompile(gemma3_pipeline):
+    engine = gemma3_pipeline.engine
+    gemma3_pipeline.generate(conversation("Hello there."), max_new_tokens=5)
+    before = engine.compilations()
+    out = gemma3_pipeline.generate(conversation("A somewhat longer question about the weather today?"),
+                                   max_new_tokens=7)
+    assert len(out.token_ids) > 0
+    assert engine.compilations() == before
