@@ -12,11 +12,14 @@ class RopeConfig:
     kind: "default" or "linear" (inv_freq / factor).
     theta: base of the frequencies.
     factor: linear scaling factor (1.0 = none).
+    mrope_section: for 3-D (t, h, w) positions, the number of frequencies per axis; frequencies are interleaved:
+        index i uses h if i % 3 == 1 and i < 3 * section[1], w if i % 3 == 2 and i < 3 * section[2], else t.
     """
 
     theta: float = 10_000.0
     kind: str = "default"
     factor: float = 1.0
+    mrope_section: tuple[int, int, int] | None = None
 
 
 @dataclasses.dataclass(frozen=True)
@@ -52,12 +55,22 @@ class DecoderConfig:
     final_logit_softcap: float | None = None
     tie_embeddings: bool = True
     bidirectional_layer_types: frozenset[str] = frozenset()
+    mlp_types: tuple[str, ...] | None = None
+    num_experts: int = 0
+    num_experts_per_tok: int = 0
+    moe_intermediate_size: int = 0
+    norm_topk_prob: bool = True
+    deepstack_layers: int = 0
 
     def __post_init__(self):
         if len(self.layer_types) != self.num_layers:
             raise ValueError(f"{len(self.layer_types)} layer types for {self.num_layers} layers")
         if self.num_heads % self.num_kv_heads:
             raise ValueError(f"num_heads {self.num_heads} is not a multiple of num_kv_heads {self.num_kv_heads}")
+        if self.mlp_types is not None and len(self.mlp_types) != self.num_layers:
+            raise ValueError(f"{len(self.mlp_types)} MLP types for {self.num_layers} layers")
+        if "moe" in (self.mlp_types or ()) and not (self.num_experts and self.num_experts_per_tok):
+            raise ValueError("MoE layers need num_experts and num_experts_per_tok")
         missing = set(self.layer_types) - set(dict(self.rope))
         if missing:
             raise ValueError(f"no RoPE settings for layer types {sorted(missing)}")
@@ -65,6 +78,14 @@ class DecoderConfig:
     @property
     def rope_by_type(self) -> dict[str, RopeConfig]:
         return dict(self.rope)
+
+    @property
+    def rope_axes(self) -> int:
+        """1 for ordinary positions, 3 for (t, h, w) multimodal positions."""
+        return 3 if any(r.mrope_section for _, r in self.rope) else 1
+
+    def mlp_type(self, layer: int) -> str:
+        return "dense" if self.mlp_types is None else self.mlp_types[layer]
 
     @property
     def scale(self) -> float:

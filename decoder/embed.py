@@ -33,13 +33,24 @@ class Embedder(nnx.Module):
                           preferred_element_type=jnp.float32)
 
 
+def _rows_at_placeholders(is_placeholder_BL: jax.Array, features_MD: jax.Array, dtype) -> jax.Array:
+    """[B, L, D]: the j-th feature row at the j-th placeholder position (row-major over the batch)."""
+    b, l = is_placeholder_BL.shape
+    flat = is_placeholder_BL.reshape(-1)
+    idx = jnp.clip(jnp.cumsum(flat.astype(jnp.int32)) - 1, 0, features_MD.shape[0] - 1)
+    return jnp.take(features_MD, idx, axis=0).reshape(b, l, features_MD.shape[-1]).astype(dtype)
+
+
 def merge_media(x_BLD: jax.Array, is_placeholder_BL: jax.Array, features_MD: jax.Array) -> jax.Array:
-    """Put the j-th feature row at the j-th placeholder position (row-major over the batch).
+    """Replace placeholder embeddings by media features: the j-th row at the j-th placeholder.
 
     features_MD [num_rows, hidden]; rows past the number of placeholders (bucket padding) are never read.
     """
-    b, l, d = x_BLD.shape
-    flat = is_placeholder_BL.reshape(-1)
-    idx = jnp.clip(jnp.cumsum(flat.astype(jnp.int32)) - 1, 0, features_MD.shape[0] - 1)
-    gathered = jnp.take(features_MD, idx, axis=0).reshape(b, l, d).astype(x_BLD.dtype)
-    return jnp.where(is_placeholder_BL[..., None], gathered, x_BLD)
+    rows = _rows_at_placeholders(is_placeholder_BL, features_MD, x_BLD.dtype)
+    return jnp.where(is_placeholder_BL[..., None], rows, x_BLD)
+
+
+def add_at_placeholders(x_BLD: jax.Array, is_placeholder_BL: jax.Array, features_MD: jax.Array) -> jax.Array:
+    """Add the j-th feature row to the hidden state at the j-th placeholder (deepstack injection)."""
+    rows = _rows_at_placeholders(is_placeholder_BL, features_MD, x_BLD.dtype)
+    return x_BLD + jnp.where(is_placeholder_BL[..., None], rows, jnp.zeros_like(rows))

@@ -8,19 +8,24 @@ from flax import nnx
 from decoder.attention import Attention
 from decoder.config import DecoderConfig
 from decoder.mlp import GatedMLP
+from decoder.moe import MoEMLP
 from decoder.norms import RMSNorm
 from decoder.sharding import constrain
 
 
 class DecoderLayer(nnx.Module):
-    def __init__(self, cfg: DecoderConfig, layer_type: str, *, rngs: nnx.Rngs):
+    def __init__(self, cfg: DecoderConfig, layer_type: str, *, mlp_type: str = "dense", rngs: nnx.Rngs):
         self.layer_type = layer_type
         norm = lambda: RMSNorm(cfg.hidden_size, eps=cfg.rms_norm_eps, plus_one=cfg.norm_plus_one, axis_name="embed")
         self.attn_norm_in = norm()
         self.attn = Attention(cfg, rngs=rngs)
         self.attn_norm_out = norm() if cfg.sandwich_norm else None
         self.mlp_norm_in = norm()
-        self.mlp = GatedMLP(cfg.hidden_size, cfg.intermediate_size, cfg.activation, rngs=rngs)
+        if mlp_type == "moe":
+            self.mlp = MoEMLP(cfg.hidden_size, cfg.moe_intermediate_size, cfg.num_experts, cfg.num_experts_per_tok,
+                              cfg.activation, normalize=cfg.norm_topk_prob, rngs=rngs)
+        else:
+            self.mlp = GatedMLP(cfg.hidden_size, cfg.intermediate_size, cfg.activation, rngs=rngs)
         self.mlp_norm_out = norm() if cfg.sandwich_norm else None
 
     def __call__(self, x_BLD: jax.Array, cos_BLH, sin_BLH, mask_BLS, cache_k, cache_v, write_index, *,

@@ -20,9 +20,27 @@ def inverse_frequencies(rope: RopeConfig, head_dim: int) -> np.ndarray:
     return inv_freq
 
 
-def cos_sin(positions: jax.Array, inv_freq: np.ndarray) -> tuple[jax.Array, jax.Array]:
-    """cos, sin [..., head_dim] for integer ``positions`` [...] (rotate-half layout: freqs repeated twice)."""
-    freqs = positions.astype(jnp.float32)[..., None] * jnp.asarray(inv_freq)[None]
+def mrope_axis_of_frequency(num_freqs: int, section: tuple[int, int, int]) -> np.ndarray:
+    """Which position axis (0 = t, 1 = h, 2 = w) drives each frequency index in interleaved MRoPE."""
+    i = np.arange(num_freqs)
+    axis = np.zeros(num_freqs, np.int32)
+    axis[(i % 3 == 1) & (i < 3 * section[1])] = 1
+    axis[(i % 3 == 2) & (i < 3 * section[2])] = 2
+    return axis
+
+
+def cos_sin(positions_ABL: jax.Array, rope: RopeConfig, head_dim: int) -> tuple[jax.Array, jax.Array]:
+    """cos, sin [batch, seq, head_dim] (rotate-half layout: frequencies repeated twice).
+
+    positions_ABL: [axes, batch, seq] integer positions; axes is 1, or 3 (t, h, w) for MRoPE.
+    """
+    inv_freq = jnp.asarray(inverse_frequencies(rope, head_dim))
+    freqs = positions_ABL.astype(jnp.float32)[..., None] * inv_freq  # [A, B, L, H/2]
+    if rope.mrope_section is not None and positions_ABL.shape[0] == 3:
+        axis = jnp.asarray(mrope_axis_of_frequency(inv_freq.shape[0], rope.mrope_section))
+        freqs = jnp.where(axis == 0, freqs[0], jnp.where(axis == 1, freqs[1], freqs[2]))
+    else:
+        freqs = freqs[0]
     emb = jnp.concatenate([freqs, freqs], axis=-1)
     return jnp.cos(emb), jnp.sin(emb)
 

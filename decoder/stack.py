@@ -7,12 +7,12 @@ import jax.numpy as jnp
 from flax import nnx
 
 from decoder.config import DecoderConfig
-from decoder.embed import Embedder
+from decoder.embed import Embedder, add_at_placeholders
 from decoder.kv_cache import write_positions
 from decoder.layer import DecoderLayer
 from decoder.masks import attention_mask
 from decoder.norms import RMSNorm
-from decoder.rope import cos_sin, inverse_frequencies
+from decoder.rope import cos_sin
 from decoder.sharding import constrain
 
 
@@ -21,23 +21,29 @@ class Decoder(nnx.Module):
         self.cfg = cfg
         self.embedder = Embedder(cfg.vocab_size, cfg.hidden_size, embed_scale=cfg.embed_scale,
                                  tie=cfg.tie_embeddings, rngs=rngs)
-        self.layers = nnx.List([DecoderLayer(cfg, t, rngs=rngs) for t in cfg.layer_types])
+        self.layers = nnx.List([DecoderLayer(cfg, t, mlp_type=cfg.mlp_type(i), rngs=rngs)
+                                for i, t in enumerate(cfg.layer_types)])
         self.final_norm = RMSNorm(cfg.hidden_size, eps=cfg.rms_norm_eps, plus_one=cfg.norm_plus_one,
                                   axis_name="embed")
 
     def __call__(self, x_BLD: jax.Array, *, seq_pos_BL: jax.Array, block_BL: jax.Array, cache: dict,
-                 write_index: jax.Array, attend_cache: bool) -> tuple[jax.Array, dict]:
+                 write_index: jax.Array, attend_cache: bool, rope_pos_ABL: jax.Array | None = None,
+                 deepstack: tuple[jax.Array, tuple[jax.Array, ...]] | None = None) -> tuple[jax.Array, dict]:
         """Run the layers on input embeddings; returns (final-normed hidden [B, L, D], updated cache).
 
-        seq_pos_BL: sequence position of each input token (-1 for padding); also the RoPE position.
+        seq_pos_BL: sequence position of each input token (-1 for padding), for masks and the cache.
         block_BL: media block id per token (-1 for text), for bidirectional attention inside a block.
+        rope_pos_ABL: RoPE positions [axes, B, L] (default: seq_pos_BL); 3 axes (t, h, w) for MRoPE.
+        deepstack: (positions mask [B, L], features per layer [rows, D]): features i are added at the masked
+            positions (j-th row at the j-th position) after layer i.
         """
         cfg = self.cfg
         x_BLD = constrain(x_BLD, ("batch", "length", "embed"))
         cache = write_positions(cache, seq_pos_BL, block_BL, write_index)
         k_pos, k_block = (cache["pos"], cache["block"]) if attend_cache else (seq_pos_BL, block_BL)
-        rope_pos = jnp.maximum(seq_pos_BL, 0)
-        rope = {t: cos_sin(rope_pos, inverse_frequencies(r, cfg.head_dim)) for t, r in cfg.rope_by_type.items()}
+        if rope_pos_ABL is None:
+            rope_pos_ABL = jnp.maximum(seq_pos_BL, 0)[None]
+        rope = {t: cos_sin(rope_pos_ABL, r, cfg.head_dim) for t, r in cfg.rope_by_type.items()}
         masks = {t: attention_mask(seq_pos_BL, k_pos, block_BL, k_block, window=cfg.window_of(t),
                                    bidirectional=t in cfg.bidirectional_layer_types)
                  for t in set(cfg.layer_types)}
@@ -49,6 +55,8 @@ class Decoder(nnx.Module):
                                 attend_cache=attend_cache)
             new_k.append(k)
             new_v.append(v)
+            if deepstack is not None and i < len(deepstack[1]):
+                x_BLD = add_at_placeholders(x_BLD, deepstack[0], deepstack[1][i])
         cache = dict(cache, k=tuple(new_k), v=tuple(new_v))
         return self.final_norm(x_BLD), cache
 

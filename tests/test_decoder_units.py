@@ -75,7 +75,7 @@ def test_rope_rotation_preserves_norm_and_relative_positions():
     k = jnp.asarray(rng.standard_normal((1, 1, 1, 8)), jnp.float32)
 
     def rot(x, p):
-        c, s = cos_sin(jnp.asarray([[p]]), inv)
+        c, s = cos_sin(jnp.asarray([[[p]]]), RopeConfig(theta=100.0), 8)
         return apply_rotary(x, c, s)
 
     np.testing.assert_allclose(jnp.linalg.norm(rot(q, 7)), jnp.linalg.norm(q), rtol=1e-5)
