@@ -41,35 +41,43 @@ def pow2_at_least(n: int) -> int:
 
 @dataclasses.dataclass
 class Batch:
-    """Prompts left-padded to one bucket length. Arrays are numpy [batch, length]."""
+    """Prompts left-padded to one bucket length. Arrays are numpy [batch, length] unless said."""
 
     tokens: np.ndarray
     seq_pos: np.ndarray
     bidirectional: np.ndarray
-    lengths: np.ndarray
-    media: dict[str, np.ndarray]  # modality -> stacked encoder inputs [items (padded to a power of 2), ...]
+    rope_pos: np.ndarray  # [axes, batch, length]
+    rope_delta: np.ndarray  # [batch]
+    lengths: np.ndarray  # [batch]
+    media: dict[str, list]  # modality -> media items of every row, row-major
 
 
-def make_batch(prompts: list[PreparedPrompt], length: int, pad_id: int) -> Batch:
+def make_batch(prompts: list[PreparedPrompt], length: int, pad_id: int, rope_axes: int = 1) -> Batch:
     b = len(prompts)
     tokens = np.full((b, length), pad_id, np.int32)
     seq_pos = np.full((b, length), -1, np.int32)
     bidir = np.zeros((b, length), bool)
+    rope_pos = np.zeros((rope_axes, b, length), np.int32)
     lengths = np.array([len(p.token_ids) for p in prompts], np.int32)
     for i, p in enumerate(prompts):
         n = len(p.token_ids)
         tokens[i, length - n:] = p.token_ids
         seq_pos[i, length - n:] = np.arange(n)
         bidir[i, length - n:] = p.bidirectional
+        rope_pos[:, i, length - n:] = np.arange(n) if p.rope_positions is None else p.rope_positions
+    deltas = np.array([p.rope_delta for p in prompts], np.int32)
     media = {}
     for modality in sorted({m for p in prompts for m in p.media}):
         items = [x for p in prompts for x in p.media.get(modality, [])]
         if items:
-            stacked = np.stack(items)
-            padded = np.zeros((pow2_at_least(len(items)),) + stacked.shape[1:], stacked.dtype)
-            padded[:len(items)] = stacked
-            media[modality] = padded
-    return Batch(tokens, seq_pos, bidir, lengths, media)
+            media[modality] = items
+    return Batch(tokens, seq_pos, bidir, rope_pos, deltas, lengths, media)
+
+
+def pad_rows(x_MD: jax.Array) -> jax.Array:
+    """Feature rows padded to a power of two (fewer distinct shapes reach the prefill program)."""
+    m = x_MD.shape[0]
+    return x_MD if pow2_at_least(m) == m else jnp.pad(x_MD, ((0, pow2_at_least(m) - m), (0, 0)))
 
 
 class Engine:
@@ -85,7 +93,9 @@ class Engine:
         self.max_context = min(max_context or cfg.max_context, cfg.max_context)
         self.buckets = tuple(b for b in buckets if b < self.max_context) + (self.max_context,)
         self.eos_ids = jnp.asarray(cfg.eos_ids or (-1,), jnp.int32)
-        self._encode = jax.jit(self._encode_impl, static_argnames=("modality",))
+        encoders = nnx.merge(graphdef, params).encoders
+        self._collate = {m: type(encoders[m]).collate for m in cfg.modalities}
+        self._encode = jax.jit(self._encode_impl, static_argnames=("modality", "static"))
         self._prefill = jax.jit(self._prefill_impl, static_argnames=("cache_len", "all_logits"))
         self._decode = jax.jit(self._decode_impl, static_argnames=("mode", "steps_cap"))
         self._step = jax.jit(self._step_impl, static_argnames=("mode",), donate_argnames=("cache",))
@@ -94,29 +104,34 @@ class Engine:
     def _model(self, params):
         return nnx.merge(self.graphdef, params)
 
-    def _encode_impl(self, params, inputs, *, modality):
-        feats = self._model(params).encoders[modality](inputs)
-        return feats.reshape(-1, feats.shape[-1])
+    def _encode_impl(self, params, inputs, *, modality, static):
+        return self._model(params).encoders[modality](inputs, static)
 
-    def _prefill_impl(self, params, tokens_BL, seq_pos_BL, bidir_BL, media, *, cache_len, all_logits=False):
+    def _prefill_impl(self, params, tokens_BL, seq_pos_BL, bidir_BL, rope_pos_ABL, media, deepstack, *, cache_len,
+                      all_logits=False):
         dec = self._model(params).decoder
         x = dec.embedder.encode(tokens_BL)
         for modality, feats in media.items():
             x = merge_media(x, tokens_BL == self.cfg.media_token_id(modality), feats)
+        if deepstack:
+            deepstack = (tokens_BL == self.cfg.media_token_id(self.cfg.deepstack_modality), deepstack)
         cache = init_cache(self.cfg.decoder, tokens_BL.shape[0], cache_len, self.dtype)
         h, cache = dec(x, seq_pos_BL=seq_pos_BL, block_BL=block_ids(bidir_BL), cache=cache,
-                       write_index=jnp.int32(0), attend_cache=False)
+                       write_index=jnp.int32(0), attend_cache=False, rope_pos_ABL=rope_pos_ABL,
+                       deepstack=deepstack or None)
         if all_logits:
             return dec.logits(h), cache
         return dec.logits(h[:, -1:])[:, 0], cache
 
-    def _forward_token(self, dec, cache, tok_B, pos_B, index):
+    def _forward_token(self, dec, cache, tok_B, pos_B, delta_B, index):
         x = dec.embedder.encode(tok_B[:, None])
+        rope_pos = jnp.broadcast_to((pos_B + delta_B)[None, :, None], (self.cfg.decoder.rope_axes, pos_B.shape[0], 1))
         h, cache = dec(x, seq_pos_BL=pos_B[:, None], block_BL=jnp.full_like(pos_B[:, None], -1), cache=cache,
-                       write_index=index, attend_cache=True)
+                       write_index=index, attend_cache=True, rope_pos_ABL=rope_pos)
         return dec.logits(h)[:, 0], cache
 
-    def _decode_impl(self, params, cache, logits_BV, lengths_B, start, max_new, key, values, *, mode, steps_cap):
+    def _decode_impl(self, params, cache, logits_BV, lengths_B, delta_B, start, max_new, key, values, *, mode,
+                     steps_cap):
         """Generate up to ``max_new`` tokens (<= steps_cap) -> (tokens [B, steps_cap] padded, steps run)."""
         dec = self._model(params).decoder
         b = logits_BV.shape[0]
@@ -130,7 +145,7 @@ class Engine:
             i, tok, done, buf, cache = state
             buf = buf.at[:, i].set(jnp.where(done, pad, tok))
             done = done | jnp.isin(tok, self.eos_ids)
-            logits, cache = self._forward_token(dec, cache, tok, lengths_B + i, start + i)
+            logits, cache = self._forward_token(dec, cache, tok, lengths_B + i, delta_B, start + i)
             nxt = choose(logits, jax.random.fold_in(key, i + 1), values, mode)
             return i + 1, nxt, done, buf, cache
 
@@ -139,9 +154,9 @@ class Engine:
         i, _, _, buf, _ = jax.lax.while_loop(cond, body, state)
         return buf, i
 
-    def _step_impl(self, params, cache, tok_B, pos_B, index, key, values, *, mode):
+    def _step_impl(self, params, cache, tok_B, pos_B, delta_B, index, key, values, *, mode):
         dec = self._model(params).decoder
-        logits, cache = self._forward_token(dec, cache, tok_B, pos_B, index)
+        logits, cache = self._forward_token(dec, cache, tok_B, pos_B, delta_B, index)
         return choose(logits, key, values, mode), cache
 
     # ---- host side -----------------------------------------------------------------------------------------
@@ -167,13 +182,19 @@ class Engine:
 
     def prefill(self, prompts: list[PreparedPrompt], max_new_tokens: int, *, all_logits: bool = False):
         length, cache_len, max_new = self.plan(prompts, max_new_tokens)
-        batch = make_batch(prompts, length, self.cfg.pad_id)
+        batch = make_batch(prompts, length, self.cfg.pad_id, self.cfg.decoder.rope_axes)
+        media, deepstack = {}, ()
         with use_mesh(self.mesh):
-            media = {m: self._encode(self.params, self._put(x, ("batch",) + (None,) * (x.ndim - 1)), modality=m)
-                     for m, x in batch.media.items()}
+            for modality, items in batch.media.items():
+                arrays, static = self._collate[modality](items)
+                feats, extra = self._encode(self.params, arrays, modality=modality, static=static)
+                media[modality] = pad_rows(feats)
+                if modality == self.cfg.deepstack_modality:
+                    deepstack = tuple(pad_rows(f) for f in extra)
             logits, cache = self._prefill(self.params, self._put(batch.tokens, ("batch", "length")),
                                           self._put(batch.seq_pos, ("batch", "length")),
-                                          self._put(batch.bidirectional, ("batch", "length")), media,
+                                          self._put(batch.bidirectional, ("batch", "length")),
+                                          self._put(batch.rope_pos, (None, "batch", "length")), media, deepstack,
                                           cache_len=cache_len, all_logits=all_logits)
         return batch, length, cache_len, max_new, logits, cache
 
@@ -188,7 +209,7 @@ class Engine:
         batch, length, cache_len, max_new, logits, cache = self.prefill(prompts, max_new_tokens)
         with use_mesh(self.mesh):
             buf, steps = self._decode(self.params, cache, logits, self._put(batch.lengths, ("batch",)),
-                                      jnp.int32(length), jnp.int32(max_new), jax.random.key(sampling.seed),
+                                      self._put(batch.rope_delta, ("batch",)), jnp.int32(length), jnp.int32(max_new), jax.random.key(sampling.seed),
                                       sampling.values(), mode=sampling.mode(), steps_cap=cache_len - length)
         return np.asarray(buf)[:, :int(steps)]
 
@@ -199,6 +220,7 @@ class Engine:
         key = jax.random.key(sampling.seed)
         values, mode = sampling.values(), sampling.mode()
         lengths = self._put(batch.lengths, ("batch",))
+        deltas = self._put(batch.rope_delta, ("batch",))
         eos = set(self.cfg.eos_ids)
         with use_mesh(self.mesh):
             tok = choose(logits, jax.random.fold_in(key, 0), values, mode)
@@ -210,7 +232,7 @@ class Engine:
             if done.all() or i + 1 == max_new:
                 return
             with use_mesh(self.mesh):
-                tok, cache = self._step(self.params, cache, tok, lengths + i, jnp.int32(length + i),
+                tok, cache = self._step(self.params, cache, tok, lengths + i, deltas, jnp.int32(length + i),
                                         jax.random.fold_in(key, i + 1), values, mode=mode)
 
     def compilations(self) -> int:

@@ -10,6 +10,7 @@ from flax import nnx
 
 from app.errors import CheckpointError, PromptError
 from app.families.spec import FamilySpec, ModelConfig, PreparedPrompt
+from app.generation import pow2_at_least
 from app.weights import linear, plain, prefixed
 from decoder.config import DecoderConfig, RopeConfig
 from encoders.gemma3_projector import Gemma3Projector, gemma3_projector_weight_map
@@ -106,8 +107,17 @@ class Gemma3ImageEncoder(nnx.Module):
         self.projector = Gemma3Projector(vision.hidden_size, text_hidden, vision.image_size // vision.patch_size,
                                          math.isqrt(mm_tokens), vision.layer_norm_eps, rngs=rngs)
 
-    def __call__(self, pixels_NCHW):
-        return self.projector(self.tower(pixels_NCHW))
+    @staticmethod
+    def collate(items: list[np.ndarray]) -> tuple[np.ndarray, None]:
+        """Pixel values [3, H, W] per image -> [images rounded up to a power of 2, 3, H, W]."""
+        stacked = np.stack(items).astype(np.float32)
+        padded = np.zeros((pow2_at_least(len(items)),) + stacked.shape[1:], np.float32)
+        padded[:len(items)] = stacked
+        return padded, None
+
+    def __call__(self, pixels_NCHW, static=None):
+        feats = self.projector(self.tower(pixels_NCHW))
+        return feats.reshape(-1, feats.shape[-1]), ()
 
 
 def build_encoders(cfg: ModelConfig, *, rngs: nnx.Rngs) -> dict:

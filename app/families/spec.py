@@ -20,6 +20,7 @@ class ModelConfig:
 
     media_token_ids: (modality, placeholder id in input ids) pairs; features of that modality land there.
     encoders: (modality, encoder config) pairs.
+    deepstack_modality: the modality whose encoder's extra feature maps are added after the first decoder layers.
     """
 
     family: str
@@ -29,6 +30,7 @@ class ModelConfig:
     eos_ids: tuple[int, ...]
     pad_id: int
     max_context: int
+    deepstack_modality: str | None = None
 
     @property
     def modalities(self) -> tuple[str, ...]:
@@ -46,14 +48,18 @@ class PreparedPrompt:
     """One conversation ready for the model.
 
     token_ids: [seq] int32 with media placeholders already expanded.
-    media: modality -> encoder input arrays, one per media item in order of appearance (e.g. pixel values
-        [3, H, W] per image or crop).
+    media: modality -> encoder inputs, one per media item in order of appearance (e.g. pixel values [3, H, W]
+        per image or crop); the modality's encoder ``collate`` batches them.
     bidirectional: [seq] bool, True for tokens that attend to their whole block both ways (media soft tokens).
+    rope_positions: [axes, seq] RoPE positions when they are not 0..seq-1 (e.g. 3-D MRoPE positions).
+    rope_delta: added to the sequence position of every generated token to get its RoPE position.
     """
 
     token_ids: np.ndarray
-    media: dict[str, list[np.ndarray]]
+    media: dict[str, list]
     bidirectional: np.ndarray
+    rope_positions: np.ndarray | None = None
+    rope_delta: int = 0
 
 
 class Processor(Protocol):
@@ -70,7 +76,10 @@ class FamilySpec:
 
     model_types: values of config.json's "model_type" this family reads.
     parse_config: config.json dict -> ModelConfig.
-    build_encoders: (ModelConfig, rngs) -> {modality: nnx.Module mapping encoder inputs to [items, tokens, hidden]}.
+    build_encoders: (ModelConfig, rngs) -> {modality: encoder module}. An encoder module has a static method
+        ``collate(items) -> (arrays, static)`` batching PreparedPrompt media items on the host (``static`` is
+        hashable: it selects the compiled program), and ``__call__(arrays, static) -> (features [rows, hidden],
+        extra feature maps tuple)``; rows beyond the placeholders (bucket padding) are ignored.
     weight_map: ModelConfig -> {param path: TensorSpec} for the whole model (paths start with "decoder"/"encoders").
     unused_keys: (ModelConfig, config dict) -> regexes of checkpoint keys present on disk that the model ignores.
     key_aliases: (regex, replacement) rewrites from other published key spellings to the canonical one.

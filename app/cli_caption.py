@@ -1,0 +1,135 @@
+"""``omnijax caption``: caption a folder, glob or manifest of images (and audio) into a JSONL file, resumably.
+
+    omnijax caption --model DIR --input photos/ --out captions.jsonl --batch-size 8 --workers 4
+    omnijax caption --merge --out captions.jsonl          # join the part files of a multi-process run
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import sys
+
+from app.cli import _add_model, _add_sampling
+from app.errors import OmnijaxError
+
+
+def add_caption_parser(subparsers) -> argparse.ArgumentParser:
+    p = subparsers.add_parser(
+        "caption", help="caption every image (and audio file) of a folder, glob or manifest into a JSONL file",
+        description="One JSON line per media item, flushed as items finish. Rerunning the same command resumes: "
+                    "items already in the output are skipped. With several JAX processes each captions its "
+                    "shard into OUT's part file (captions.part-00000-of-00004.jsonl, ...); join them with --merge.")
+    _add_model(p)
+    p.add_argument("--input", help="a folder (searched recursively), a glob (quote it; ** recurses), a .jsonl/.csv "
+                                   "manifest with a path column and an optional prompt column, or one media file")
+    p.add_argument("--out", required=True, help="the JSONL output file (appended to; its items are skipped)")
+    p.add_argument("--prompt", help="the default prompt (default: 'Describe this image.' / 'Describe this audio.'); "
+                                    "a manifest's per-item prompt wins")
+    p.add_argument("--system", help="an optional system message")
+    p.add_argument("--batch-size", type=int, default=8, help="items generated together")
+    p.add_argument("--workers", type=int, default=4, help="threads decoding and preprocessing items (0: none)")
+    p.add_argument("--stop", action="append", default=None, help="a stop string (repeatable)")
+    p.add_argument("--path-column", default="path", help="the manifest's path column (default: path)")
+    p.add_argument("--prompt-column", default="prompt", help="the manifest's prompt column (default: prompt)")
+    p.add_argument("--retry-errors", action="store_true", help="redo items whose row in OUT is an error")
+    p.add_argument("--no-progress", action="store_true", help="no progress bar")
+    p.add_argument("--merge", action="store_true", help="join OUT's part files into OUT (one row per path) and exit")
+    p.add_argument("--distributed", action="store_true",
+                   help="call jax.distributed.initialize() first (multi-host runs)")
+    p.add_argument("--process-index", type=int, default=None,
+                   help="this process's shard (default: jax.process_index()); with --process-count")
+    p.add_argument("--process-count", type=int, default=None,
+                   help="how many processes share the input (default: jax.process_count())")
+    _add_sampling(p)
+    return p
+
+
+def _shard_of(args) -> tuple[int, int]:
+    from demo.caption_items import CaptionInputError
+
+    if (args.process_index is None) != (args.process_count is None):
+        raise CaptionInputError("give --process-index and --process-count together")
+    if args.process_index is not None:
+        if args.process_count < 1 or not 0 <= args.process_index < args.process_count:
+            raise CaptionInputError(f"--process-index {args.process_index} is not in [0, --process-count "
+                                    f"{args.process_count})")
+        return args.process_index, args.process_count
+    import jax
+
+    return jax.process_index(), jax.process_count()
+
+
+def load_local_pipeline(args):
+    """The pipeline of ``args.model`` (default: the embedded model), its weights on this process's own devices:
+    with several JAX processes each one is an independent replica working on its own shard."""
+    import jax
+
+    from app.cli import load_pipeline
+
+    if jax.process_count() == 1:
+        return load_pipeline(args)
+    from app.pipeline import Pipeline
+    from decoder.sharding import make_mesh
+
+    folder = args.model
+    if folder is None:
+        from app.default_model import default_model_dir
+
+        folder = default_model_dir()
+    mesh = make_mesh(args.model_axis, devices=jax.local_devices())
+    return Pipeline.from_pretrained(folder, dtype=args.dtype, mesh=mesh)
+
+
+def run_caption(args) -> int:
+    """0 when the run finished (failed items are rows, not a failure of the run), 130 when interrupted."""
+    from app.sampling import SamplingParams
+    from demo.caption import CaptionOptions, merge_parts, run_captions
+    from demo.caption_items import CaptionInputError, discover
+
+    if args.merge:
+        if args.input:
+            raise CaptionInputError("--merge joins part files and takes no --input")
+        print(f"[omnijax] {merge_parts(args.out).line()}", file=sys.stderr)
+        return 0
+    if not args.input:
+        raise CaptionInputError("caption needs --input (a folder, glob or manifest), or --merge")
+    if args.distributed:
+        import jax
+
+        jax.distributed.initialize()
+    shard_index, shard_count = _shard_of(args)
+    try:
+        options = CaptionOptions(
+            prompt=args.prompt, system=args.system, max_new_tokens=args.max_new_tokens,
+            sampling=SamplingParams(temperature=args.temperature, top_k=args.top_k, top_p=args.top_p, seed=args.seed),
+            stop=tuple(args.stop) if args.stop else None, batch_size=args.batch_size, workers=args.workers,
+            retry_errors=args.retry_errors, progress=not args.no_progress)
+    except ValueError as e:
+        raise CaptionInputError(str(e)) from e
+    if options.max_new_tokens < 1:
+        raise CaptionInputError(f"--max-new-tokens must be >= 1, got {options.max_new_tokens}")
+    items = discover(args.input, path_column=args.path_column, prompt_column=args.prompt_column)
+    pipe = load_local_pipeline(args)
+    summary = run_captions(pipe, items, args.out, options, shard_index=shard_index, shard_count=shard_count)
+    return 130 if summary.interrupted else 0
+
+
+def main(argv=None) -> int:
+    """``python -m app.cli_caption ARGS`` is ``omnijax caption ARGS``."""
+    logging.basicConfig(level=logging.WARNING, format="[omnijax] %(message)s")
+    top = argparse.ArgumentParser(prog="omnijax")
+    add_caption_parser(top.add_subparsers(dest="command", required=True))
+    args = top.parse_args(["caption", *(sys.argv[1:] if argv is None else argv)])
+    try:
+        return run_caption(args)
+    except OmnijaxError as e:
+        print(f"omnijax: error: {e}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:  # before the run started (discovery, loading): nothing was written
+        print("omnijax: interrupted", file=sys.stderr)
+        return 130
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
