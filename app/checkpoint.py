@@ -150,7 +150,7 @@ def check_weight_map(params: dict[ParamPath, tuple[tuple, tuple]], weight_map: d
     unmapped = sorted(set(params) - set(weight_map))
     if unmapped:
         raise CheckpointError(f"no checkpoint tensor is mapped to parameters {['/'.join(map(str, p)) for p in unmapped][:5]}")
-    needed = {spec.key for path, spec in weight_map.items() if path in params}
+    needed = {key for path, spec in weight_map.items() if path in params for key in spec.keys}
     missing = sorted(needed - disk_keys)
     if missing:
         raise CheckpointError(f"checkpoint is missing {len(missing)} tensor(s), e.g. {missing[:5]}")
@@ -175,12 +175,22 @@ def load_params(index: TensorIndex, params: dict[ParamPath, tuple[tuple, tuple]]
     tree: dict = {}
     for path, (shape, axes) in params.items():
         spec = weight_map[path]
-        array = spec.apply(index.read(spec.key))
+        parts = [index.read(key) for key in spec.keys]
+        name = spec.keys[0] if len(spec.keys) == 1 else f"{spec.keys[0]} (+{len(spec.keys) - 1} stacked)"
+        if len({p.shape for p in parts}) > 1:
+            raise CheckpointError(f"tensors stacked into parameter {'/'.join(map(str, path))} differ in shape: "
+                                  f"{sorted({tuple(p.shape) for p in parts})}")
+        try:
+            array = spec.apply(parts)
+        except ValueError as e:
+            raise CheckpointError(f"tensor {name!r} of shape {list(parts[0].shape)} does not fit parameter "
+                                  f"{'/'.join(map(str, path))} of shape {list(shape)}: {e}") from e
+        del parts
         if tuple(array.shape) != tuple(shape):
-            raise CheckpointError(f"tensor {spec.key!r} has shape {list(array.shape)} after layout change, "
+            raise CheckpointError(f"tensor {name!r} has shape {list(array.shape)} after layout change, "
                                   f"expected {list(shape)} for parameter {'/'.join(map(str, path))}")
         if not np.issubdtype(array.dtype, np.floating) and array.dtype != ml_dtypes.bfloat16:
-            raise CheckpointError(f"tensor {spec.key!r} has non-float dtype {array.dtype}")
+            raise CheckpointError(f"tensor {name!r} has non-float dtype {array.dtype}")
         array = np.ascontiguousarray(array.astype(target, copy=False))
         sharding = named_sharding(axes, shape, mesh)
         value = jax.make_array_from_callback(shape, sharding, lambda idx, a=array: a[idx])

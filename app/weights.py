@@ -18,19 +18,27 @@ ParamPath = tuple
 class TensorSpec:
     """One checkpoint tensor feeding one parameter.
 
-    key: the tensor's name in the safetensors files.
-    transpose: axis permutation applied after reading (``(1, 0)`` turns a torch Linear weight [out, in] into our
-        kernel [in, out]); None keeps the layout.
-    reshape: shape applied after the transpose; None keeps the shape.
+    key: the tensor's name in the safetensors files, or several names whose tensors are stacked along a new
+        first axis (per-expert tensors -> one [experts, ...] parameter).
+    transpose: axis permutation applied to each tensor after reading (``(1, 0)`` turns a torch Linear weight
+        [out, in] into our kernel [in, out]); None keeps the layout.
+    reshape: shape applied after the transpose (and stacking); None keeps the shape.
     """
 
-    key: str
+    key: str | tuple[str, ...]
     transpose: tuple[int, ...] | None = None
     reshape: tuple[int, ...] | None = None
 
-    def apply(self, array: np.ndarray) -> np.ndarray:
+    @property
+    def keys(self) -> tuple[str, ...]:
+        return (self.key,) if isinstance(self.key, str) else tuple(self.key)
+
+    def apply(self, arrays: np.ndarray | list[np.ndarray]) -> np.ndarray:
+        """The parameter value from the tensor(s) read for ``keys`` (in that order)."""
+        arrays = [arrays] if isinstance(arrays, np.ndarray) else list(arrays)
         if self.transpose is not None:
-            array = np.transpose(array, self.transpose)
+            arrays = [np.transpose(a, self.transpose) for a in arrays]
+        array = arrays[0] if isinstance(self.key, str) else np.stack(arrays)
         if self.reshape is not None:
             array = np.reshape(array, self.reshape)
         return array
@@ -39,6 +47,11 @@ class TensorSpec:
 def linear(key_prefix: str) -> TensorSpec:
     """A torch ``nn.Linear`` weight ``{prefix}.weight`` [out, in] as our kernel [in, out]."""
     return TensorSpec(f"{key_prefix}.weight", transpose=(1, 0))
+
+
+def stacked_linear(key_prefixes: list[str]) -> TensorSpec:
+    """Several torch Linear weights ``{prefix}.weight`` [out, in] stacked as one [n, in, out] parameter."""
+    return TensorSpec(tuple(f"{p}.weight" for p in key_prefixes), transpose=(1, 0))
 
 
 def plain(key: str) -> TensorSpec:
