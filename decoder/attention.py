@@ -34,10 +34,11 @@ class Attention(nnx.Module):
         self.num_heads, self.num_kv_heads, self.head_dim = n, kv, h
         self.scale = cfg.scale
         self.softcap = cfg.attn_logit_softcap
-        self.q_proj = Linear(d, n * h, axes=("embed", "heads"), rngs=rngs)
-        self.k_proj = Linear(d, kv * h, axes=("embed", "kv_heads"), rngs=rngs)
-        self.v_proj = Linear(d, kv * h, axes=("embed", "kv_heads"), rngs=rngs)
-        self.o_proj = Linear(n * h, d, axes=("heads", "embed"), rngs=rngs)
+        bias = cfg.attention_bias
+        self.q_proj = Linear(d, n * h, axes=("embed", "heads"), use_bias=bias, rngs=rngs)
+        self.k_proj = Linear(d, kv * h, axes=("embed", "kv_heads"), use_bias=bias, rngs=rngs)
+        self.v_proj = Linear(d, kv * h, axes=("embed", "kv_heads"), use_bias=bias, rngs=rngs)
+        self.o_proj = Linear(n * h, d, axes=("heads", "embed"), use_bias=bias, rngs=rngs)
         if cfg.qk_norm:
             self.q_norm = RMSNorm(h, eps=cfg.rms_norm_eps, plus_one=cfg.norm_plus_one, axis_name="head_dim")
             self.k_norm = RMSNorm(h, eps=cfg.rms_norm_eps, plus_one=cfg.norm_plus_one, axis_name="head_dim")

@@ -61,6 +61,7 @@ class DecoderConfig:
     moe_intermediate_size: int = 0
     norm_topk_prob: bool = True
     deepstack_layers: int = 0
+    attention_bias: bool = False
 
     def __post_init__(self):
         if len(self.layer_types) != self.num_layers:

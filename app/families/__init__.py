@@ -1,22 +1,25 @@
-"""The registry of model families, keyed by config.json's model_type."""
+"""The registry of model families, keyed by config.json's model_type. A family module is imported on first use."""
 
 from __future__ import annotations
+
+import importlib
 
 from app.errors import UnsupportedModelError
 from app.families.spec import FamilySpec
 
-
-def _specs() -> list[FamilySpec]:
-    from app.families import gemma3
-
-    return [gemma3.SPEC]
+# config.json "model_type" -> the module in app/families holding that family's SPEC
+MODEL_TYPES = {
+    "gemma3": "gemma3",
+    "qwen3_omni_moe": "qwen3_omni",
+    "qwen3_omni_moe_thinker": "qwen3_omni",
+}
 
 
 def family_for_config(hf_config: dict) -> FamilySpec:
     model_type = hf_config.get("model_type")
-    for spec in _specs():
-        if model_type in spec.model_types:
-            return spec
-    known = sorted(t for s in _specs() for t in s.model_types)
-    raise UnsupportedModelError(f"model_type {model_type!r} (architectures {hf_config.get('architectures')}) "
-                                f"is not supported; supported: {known}")
+    if model_type not in MODEL_TYPES:
+        raise UnsupportedModelError(f"model_type {model_type!r} (architectures {hf_config.get('architectures')}) "
+                                    f"is not supported; supported: {sorted(MODEL_TYPES)}")
+    spec = importlib.import_module(f"app.families.{MODEL_TYPES[model_type]}").SPEC
+    assert model_type in spec.model_types, (model_type, spec.name)
+    return spec

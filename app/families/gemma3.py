@@ -11,7 +11,8 @@ from flax import nnx
 from app.errors import CheckpointError, PromptError
 from app.families.spec import FamilySpec, ModelConfig, PreparedPrompt
 from app.generation import pow2_at_least
-from app.weights import linear, plain, prefixed
+from app.families.common import GEMMA_NORMS, decoder_weight_map
+from app.weights import prefixed
 from decoder.config import DecoderConfig, RopeConfig
 from encoders.gemma3_projector import Gemma3Projector, gemma3_projector_weight_map
 from encoders.siglip import SiglipVisionConfig, SiglipVisionTower, siglip_unused_keys, siglip_weight_map
@@ -125,30 +126,10 @@ def build_encoders(cfg: ModelConfig, *, rngs: nnx.Rngs) -> dict:
     return {"image": Gemma3ImageEncoder(vision, mm_tokens, cfg.decoder.hidden_size, rngs=rngs)}
 
 
-def decoder_weight_map(cfg: DecoderConfig, prefix: str = TEXT_PREFIX) -> dict:
-    """Decoder parameter paths -> Gemma 3 text tensors (relative to the model's ``decoder`` subtree)."""
-    wm = {("embedder", "embedding"): plain(f"{prefix}embed_tokens.weight"),
-          ("final_norm", "weight"): plain(f"{prefix}norm.weight")}
-    if not cfg.tie_embeddings:
-        wm[("embedder", "lm_head")] = linear("language_model.lm_head")
-    norms = {"attn_norm_in": "input_layernorm", "attn_norm_out": "post_attention_layernorm",
-             "mlp_norm_in": "pre_feedforward_layernorm", "mlp_norm_out": "post_feedforward_layernorm"}
-    for i in range(cfg.num_layers):
-        p = f"{prefix}layers.{i}."
-        layer = {(ours, "weight"): plain(f"{p}{theirs}.weight") for ours, theirs in norms.items()}
-        for proj in ("q_proj", "k_proj", "v_proj", "o_proj"):
-            layer[("attn", proj, "kernel")] = linear(f"{p}self_attn.{proj}")
-        for norm in ("q_norm", "k_norm"):
-            layer[("attn", norm, "weight")] = plain(f"{p}self_attn.{norm}.weight")
-        for proj in ("gate_proj", "up_proj", "down_proj"):
-            layer[("mlp", proj, "kernel")] = linear(f"{p}mlp.{proj}")
-        wm.update(prefixed(layer, ("layers", i)))
-    return wm
-
-
 def weight_map(cfg: ModelConfig) -> dict:
     vision, _ = cfg.encoder_config("image")
-    wm = prefixed(decoder_weight_map(cfg.decoder), ("decoder",))
+    wm = prefixed(decoder_weight_map(cfg.decoder, TEXT_PREFIX, norms=GEMMA_NORMS, lm_head="language_model.lm_head"),
+                  ("decoder",))
     wm.update(prefixed(siglip_weight_map(vision, key_prefix=VISION_PREFIX), ("encoders", "image", "tower")))
     wm.update(prefixed(gemma3_projector_weight_map(key_prefix=PROJECTOR_PREFIX), ("encoders", "image", "projector")))
     return wm

@@ -1,0 +1,226 @@
+"""Qwen3-Omni thinker (Qwen3OmniMoeForConditionalGeneration / ...ThinkerForConditionalGeneration).
+
+Vision tower with deepstack features, audio tower, and an MoE text decoder with interleaved 3-D MRoPE. A full
+checkpoint (thinker + talker + code2wav) loads its thinker; the speech-output weights are skipped.
+"""
+
+from __future__ import annotations
+
+import logging
+import pathlib
+import re
+
+import numpy as np
+from flax import nnx
+
+from app.errors import CheckpointError, PromptError
+from app.families.common import LLAMA_NORMS, decoder_weight_map
+from app.families.spec import FamilySpec, ModelConfig, PreparedPrompt
+from app.weights import prefixed
+from decoder.config import DecoderConfig, RopeConfig
+from encoders.qwen3_omni_audio import QwenAudioConfig, QwenAudioTower, qwen_audio_weight_map
+from encoders.qwen3_omni_vision import QwenVisionConfig, QwenVisionTower, qwen_vision_weight_map
+from preprocess.audio import load_audio
+from preprocess.images import load_image
+from preprocess.mrope import MRopeTokens, audio_tokens_from_frames, mrope_positions
+from preprocess.prompts import media_of, normalize_messages, render_chat
+from preprocess.qwen_image import QwenImageConfig, process_images
+from preprocess.tokenizer import load_tokenizer
+from preprocess.whisper_features import WhisperFeatureConfig, batch_features
+
+log = logging.getLogger(__name__)
+
+# A full model stores the thinker under "thinker."; the canonical layout is the thinker-only one.
+KEY_ALIASES = ((r"^thinker\.", ""),)
+SPEECH_OUTPUT_KEYS = (r"talker\..*", r"code2wav\..*")
+DEFAULT_MAX_AUDIO_SECONDS = 1200.0
+
+
+def thinker_config(hf: dict) -> dict:
+    return hf["thinker_config"] if hf.get("model_type") == "qwen3_omni_moe" else hf
+
+
+def decoder_config(tc: dict, deepstack_layers: int, tie: bool) -> DecoderConfig:
+    hidden = tc["hidden_size"]
+    heads = tc["num_attention_heads"]
+    n = tc["num_hidden_layers"]
+    rope = tc.get("rope_parameters") or dict(tc.get("rope_scaling") or {}, rope_theta=tc.get("rope_theta", 1e6))
+    if rope.get("rope_type", rope.get("type", "default")) != "default":
+        raise CheckpointError(f"unsupported RoPE type {rope.get('rope_type')!r} for Qwen3-Omni")
+    section = tuple(rope.get("mrope_section") or (24, 20, 20))
+    experts = tc.get("num_experts", 0)
+    sparse_step = tc.get("decoder_sparse_step", 1)
+    dense_only = set(tc.get("mlp_only_layers") or [])
+    mlp_types = tuple("moe" if experts > 0 and i not in dense_only and (i + 1) % sparse_step == 0 else "dense"
+                      for i in range(n))
+    return DecoderConfig(
+        vocab_size=tc["vocab_size"], hidden_size=hidden, intermediate_size=tc.get("intermediate_size", 0),
+        num_layers=n, num_heads=heads, num_kv_heads=tc.get("num_key_value_heads", heads),
+        head_dim=tc.get("head_dim") or hidden // heads, layer_types=("full",) * n,
+        rope=(("full", RopeConfig(theta=float(rope.get("rope_theta", 1e6)), mrope_section=section)),),
+        sliding_window=None, rms_norm_eps=tc.get("rms_norm_eps", 1e-6), norm_plus_one=False, qk_norm=True,
+        sandwich_norm=False, activation={"silu": "silu", "swish": "silu"}.get(tc.get("hidden_act", "silu"), "silu"),
+        tie_embeddings=tie, mlp_types=mlp_types, num_experts=experts,
+        num_experts_per_tok=tc.get("num_experts_per_tok", 0), moe_intermediate_size=tc.get("moe_intermediate_size", 0),
+        norm_topk_prob=tc.get("norm_topk_prob", True), deepstack_layers=deepstack_layers,
+        attention_bias=tc.get("attention_bias", False),
+    )
+
+
+def parse_config(hf: dict) -> ModelConfig:
+    try:
+        th = thinker_config(hf)
+        tc = th["text_config"]
+        vision = QwenVisionConfig.from_hf(th.get("vision_config") or {})
+        audio = QwenAudioConfig.from_hf(th.get("audio_config") or {})
+        eos = tc.get("eos_token_id") or hf.get("eos_token_id") or th.get("eos_token_id") or ()
+        return ModelConfig(
+            family="qwen3_omni",
+            decoder=decoder_config(tc, len(vision.deepstack_visual_indexes),
+                                   tie=bool(th.get("tie_word_embeddings", tc.get("tie_word_embeddings", False)))),
+            encoders=(("image", vision), ("audio", audio)),
+            media_token_ids=(("image", int(th["image_token_id"])), ("audio", int(th["audio_token_id"]))),
+            eos_ids=tuple(eos) if isinstance(eos, (list, tuple)) else (int(eos),),
+            pad_id=int(tc.get("pad_token_id") or 0),
+            max_context=int(tc.get("max_position_embeddings", 32768)),
+            deepstack_modality="image",
+        )
+    except (KeyError, TypeError, ValueError) as e:
+        raise CheckpointError(f"config.json is not a valid Qwen3-Omni config: {e!r}") from e
+
+
+class QwenImageEncoder(nnx.Module):
+    """Image items {"patches": [n, dim], "grid": (t, h, w)} -> (tokens [sum t*h*w/4, D], deepstack features)."""
+
+    def __init__(self, cfg: QwenVisionConfig, *, rngs: nnx.Rngs):
+        self.tower = QwenVisionTower(cfg, rngs=rngs)
+
+    @staticmethod
+    def collate(items: list[dict]) -> tuple[np.ndarray, tuple]:
+        patches = np.concatenate([it["patches"] for it in items]).astype(np.float32)
+        return patches, tuple(tuple(int(v) for v in it["grid"]) for it in items)
+
+    def __call__(self, patches, grids):
+        embeds, deepstack = self.tower(patches, grids)
+        return embeds, tuple(deepstack)
+
+
+class QwenAudioEncoder(nnx.Module):
+    """Audio items {"features": [mels, frames]} -> (tokens [sum per-clip tokens, D], no extra features)."""
+
+    def __init__(self, cfg: QwenAudioConfig, *, rngs: nnx.Rngs):
+        self.tower = QwenAudioTower(cfg, rngs=rngs)
+
+    @staticmethod
+    def collate(items: list[dict]) -> tuple[np.ndarray, tuple]:
+        feats = np.concatenate([it["features"] for it in items], axis=1).astype(np.float32)
+        return feats, tuple(int(it["features"].shape[1]) for it in items)
+
+    def __call__(self, features, lengths):
+        return self.tower(features, lengths), ()
+
+
+def build_encoders(cfg: ModelConfig, *, rngs: nnx.Rngs) -> dict:
+    return {"image": QwenImageEncoder(cfg.encoder_config("image"), rngs=rngs),
+            "audio": QwenAudioEncoder(cfg.encoder_config("audio"), rngs=rngs)}
+
+
+def weight_map(cfg: ModelConfig) -> dict:
+    wm = prefixed(decoder_weight_map(cfg.decoder, "model.", norms=LLAMA_NORMS, lm_head="lm_head"), ("decoder",))
+    wm.update(prefixed(qwen_vision_weight_map(cfg.encoder_config("image"), key_prefix="visual."),
+                       ("encoders", "image", "tower")))
+    wm.update(prefixed(qwen_audio_weight_map(cfg.encoder_config("audio"), key_prefix="audio_tower."),
+                       ("encoders", "audio", "tower")))
+    return wm
+
+
+def unused_keys(cfg: ModelConfig, hf: dict) -> list[str]:
+    patterns = list(SPEECH_OUTPUT_KEYS)
+    if cfg.decoder.tie_embeddings:
+        patterns.append(r"lm_head\.weight")
+    return patterns
+
+
+class Qwen3OmniProcessor:
+    """Qwen3-Omni prompts: chat template, image/audio pads expanded per item, 3-D MRoPE positions."""
+
+    def __init__(self, folder: pathlib.Path, cfg: ModelConfig, *, max_audio_seconds: float | None = None):
+        self.tokenizer = load_tokenizer(folder)
+        if not getattr(self.tokenizer, "chat_template", None):
+            raise CheckpointError(f"no chat template found in {str(folder)!r}")
+        hf = _read_config(folder)
+        th = thinker_config(hf)
+        self.image_cfg = QwenImageConfig.from_folder(folder)
+        self.audio_cfg = WhisperFeatureConfig.from_folder(folder)
+        self.n_window = cfg.encoder_config("audio").n_window
+        self.max_audio_seconds = DEFAULT_MAX_AUDIO_SECONDS if max_audio_seconds is None else max_audio_seconds
+        vocab = self.tokenizer.get_vocab()
+        inv = {v: k for k, v in vocab.items()}
+        self.image_token_id = cfg.media_token_id("image")
+        self.audio_token_id = cfg.media_token_id("audio")
+        for name, tid in (("image", self.image_token_id), ("audio", self.audio_token_id)):
+            if tid not in inv:
+                raise CheckpointError(f"{name} token id {tid} is not in the tokenizer's vocabulary")
+        self.image_token, self.audio_token = inv[self.image_token_id], inv[self.audio_token_id]
+        th = dict(th)
+        th.setdefault("vision_start_token_id", vocab.get("<|vision_start|>"))
+        th.setdefault("audio_start_token_id", vocab.get("<|audio_start|>"))
+        th.setdefault("video_token_id", vocab.get("<|video_pad|>", -1))
+        self.mrope = MRopeTokens.from_thinker_config(th)
+        self.split = re.compile(f"({re.escape(self.image_token)}|{re.escape(self.audio_token)})")
+
+    def prepare(self, messages) -> PreparedPrompt:
+        messages = normalize_messages(messages)
+        images = [load_image(s) for s in media_of(messages, "image")]
+        clips = [load_audio(s, max_seconds=self.max_audio_seconds) for s in media_of(messages, "audio")]
+        text = render_chat(self.tokenizer, messages)
+        pieces = self.split.split(text)
+        markers = pieces[1::2]
+        n_img, n_aud = markers.count(self.image_token), markers.count(self.audio_token)
+        if n_img != len(images) or n_aud != len(clips):
+            raise PromptError(f"the prompt has {n_img} image and {n_aud} audio placeholders for {len(images)} "
+                              f"images and {len(clips)} audio clips")
+        media: dict[str, list] = {}
+        grids: list[tuple[int, int, int]] = []
+        audio_tokens: list[int] = []
+        if images:
+            pixels, grid_thw = process_images(images, self.image_cfg)
+            sizes = [int(np.prod(g)) for g in grid_thw]
+            starts = np.cumsum([0] + sizes)
+            grids = [tuple(int(v) for v in g) for g in grid_thw]
+            media["image"] = [{"patches": pixels[starts[i]:starts[i + 1]], "grid": grids[i]}
+                              for i in range(len(images))]
+        if clips:
+            feats, mask = batch_features(clips, self.audio_cfg)
+            frames = [int(m.sum()) for m in mask]
+            audio_tokens = [int(audio_tokens_from_frames(f, self.n_window)) for f in frames]
+            media["audio"] = [{"features": feats[i][:, :frames[i]]} for i in range(len(clips))]
+        merge = self.image_cfg.merge_size ** 2
+        it_img, it_aud = iter(grids), iter(audio_tokens)
+        out = [pieces[0]]
+        for marker, rest in zip(pieces[1::2], pieces[2::2]):
+            if marker == self.image_token:
+                out.append(self.image_token * (int(np.prod(next(it_img))) // merge))
+            else:
+                out.append(self.audio_token * next(it_aud))
+            out.append(rest)
+        ids = np.asarray(self.tokenizer("".join(out), add_special_tokens=False)["input_ids"], np.int32)
+        positions, delta = mrope_positions(ids, image_grids=grids, audio_lengths=audio_tokens, cfg=self.mrope)
+        return PreparedPrompt(token_ids=ids, media=media, bidirectional=np.zeros(len(ids), bool),
+                              rope_positions=positions.astype(np.int32), rope_delta=int(delta))
+
+    def decode(self, token_ids) -> str:
+        return self.tokenizer.decode(list(token_ids), skip_special_tokens=True)
+
+
+def _read_config(folder: pathlib.Path) -> dict:
+    from app.checkpoint import read_json
+
+    return read_json(folder, "config.json")
+
+
+SPEC = FamilySpec(
+    name="qwen3_omni", model_types=("qwen3_omni_moe", "qwen3_omni_moe_thinker"), parse_config=parse_config,
+    build_encoders=build_encoders, weight_map=weight_map, unused_keys=unused_keys, key_aliases=KEY_ALIASES,
+    make_processor=Qwen3OmniProcessor,
+)
