@@ -130,8 +130,8 @@ class Engine:
                        write_index=index, attend_cache=True, rope_pos_ABL=rope_pos)
         return dec.logits(h)[:, 0], cache
 
-    def _decode_impl(self, params, cache, logits_BV, lengths_B, delta_B, start, max_new, key, values, *, mode,
-                     steps_cap):
+    def _decode_impl(self, params, cache, logits_BV, lengths_B, delta_B, start, max_new, key, values, eos_ids, *,
+                     mode, steps_cap):
         """Generate up to ``max_new`` tokens (<= steps_cap) -> (tokens [B, steps_cap] padded, steps run)."""
         dec = self._model(params).decoder
         b = logits_BV.shape[0]
@@ -144,7 +144,7 @@ class Engine:
         def body(state):
             i, tok, done, buf, cache = state
             buf = buf.at[:, i].set(jnp.where(done, pad, tok))
-            done = done | jnp.isin(tok, self.eos_ids)
+            done = done | jnp.isin(tok, eos_ids)
             logits, cache = self._forward_token(dec, cache, tok, lengths_B + i, delta_B, start + i)
             nxt = choose(logits, jax.random.fold_in(key, i + 1), values, mode)
             return i + 1, nxt, done, buf, cache
@@ -204,13 +204,15 @@ class Engine:
         logits = np.asarray(logits)
         return [logits[i, length - n:] for i, n in enumerate(batch.lengths)]
 
-    def generate(self, prompts: list[PreparedPrompt], max_new_tokens: int, sampling: SamplingParams) -> np.ndarray:
-        """Token ids [batch, n] (n <= max_new_tokens), pad after EOS."""
+    def generate(self, prompts: list[PreparedPrompt], max_new_tokens: int, sampling: SamplingParams, *,
+                 ignore_eos: bool = False) -> np.ndarray:
+        """Token ids [batch, n] (n <= max_new_tokens), pad after EOS (``ignore_eos``: always max_new_tokens)."""
         batch, length, cache_len, max_new, logits, cache = self.prefill(prompts, max_new_tokens)
         with use_mesh(self.mesh):
             buf, steps = self._decode(self.params, cache, logits, self._put(batch.lengths, ("batch",)),
                                       self._put(batch.rope_delta, ("batch",)), jnp.int32(length), jnp.int32(max_new), jax.random.key(sampling.seed),
-                                      sampling.values(), mode=sampling.mode(), steps_cap=cache_len - length)
+                                      sampling.values(), jnp.asarray([-1]) if ignore_eos else self.eos_ids,
+                                      mode=sampling.mode(), steps_cap=cache_len - length)
         return np.asarray(buf)[:, :int(steps)]
 
     def stream(self, prompts: list[PreparedPrompt], max_new_tokens: int,

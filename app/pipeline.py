@@ -60,12 +60,13 @@ class Pipeline:
 
     @classmethod
     def from_pretrained(cls, path, *, dtype: str = "float32", mesh=None, model_axis: int | None = None,
-                        max_context: int | None = None) -> "Pipeline":
+                        max_context: int | None = None, max_audio_seconds: float | None = None) -> "Pipeline":
         """Load a local Hugging Face checkpoint folder.
 
         dtype: parameter dtype ("float32", "bfloat16", "float16"). mesh: a ("data", "model") jax Mesh; default:
         all devices with ``model_axis`` of them (default all) sharding the weights. max_context: context budget
-        in tokens (prompt + new tokens), at most the model's own limit.
+        in tokens (prompt + new tokens), at most the model's own limit. max_audio_seconds: longest audio clip
+        accepted (families with audio input).
         """
         if dtype not in _JAX_DTYPES:
             raise ValueError(f"unsupported dtype {dtype!r}; use one of {sorted(_JAX_DTYPES)}")
@@ -77,7 +78,7 @@ class Pipeline:
         eos = generation_config.get("eos_token_id")
         if eos is not None:
             cfg = dataclasses.replace(cfg, eos_ids=tuple(eos) if isinstance(eos, list) else (int(eos),))
-        processor = spec.make_processor(folder, cfg)
+        processor = spec.make_processor(folder, cfg, max_audio_seconds=max_audio_seconds)
         mesh = mesh if mesh is not None else make_mesh(model_axis)
         graphdef, shapes = abstract_params(abstract_model(cfg, spec))
         index = TensorIndex(folder, spec.key_aliases)

@@ -146,8 +146,8 @@ def unused_keys(cfg: ModelConfig, hf: dict) -> list[str]:
 class Gemma3Processor:
     """Gemma 3 prompts: chat template, `<start_of_image>` expanded to the image's soft tokens, pixel values."""
 
-    def __init__(self, folder: pathlib.Path, cfg: ModelConfig):
-        self.tokenizer = load_tokenizer(folder)
+    def __init__(self, folder: pathlib.Path, cfg: ModelConfig, *, max_audio_seconds: float | None = None):
+        self.tokenizer = load_tokenizer(folder)  # (Gemma 3 takes no audio: max_audio_seconds has no effect)
         if not getattr(self.tokenizer, "chat_template", None):
             raise CheckpointError(f"no chat template found in {str(folder)!r}")
         self.image_cfg = Gemma3ImageConfig.from_folder(folder)

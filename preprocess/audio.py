@@ -1,0 +1,225 @@
+"""Loading audio into mono float32 sample arrays at the model's sampling rate (16 kHz for Whisper-style encoders).
+
+A file is decoded exactly as ``librosa.load(path, sr=sampling_rate, mono=True)`` decodes it, which is also what
+``transformers.audio_utils.load_audio`` does without torchcodec (its ``"soundfile"`` backend): libsndfile decodes
+to float32 (integer PCM divided by 2**15 / 2**31), channels are averaged (``np.mean`` over the channel axis, in
+float32), and a different rate is resampled with ``soxr.resample(quality="soxr_hq")`` and zero-padded or trimmed to
+``ceil(n * sampling_rate / source_rate)`` samples. These steps are written out here with soundfile and soxr
+(librosa's own dependencies) so that loading does not import librosa. libsndfile reads wav, flac, ogg (vorbis,
+opus), mp3 and more; when it cannot and audioread has a decoder beyond the standard library's wav / aiff readers
+(ffmpeg, gstreamer, mad), the file goes through ``librosa.load``'s audioread fallback.
+
+An in-memory ``(array, rate)`` pair goes through the same downmix and resampling (``librosa.resample`` with its
+default ``soxr_hq``); a bare 1-D array is taken to be at ``sampling_rate`` already, as transformers' feature
+extractors take it.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import pathlib
+import warnings
+
+import numpy as np
+
+from app.errors import MediaError
+
+# Scale of integer PCM arrays, as libsndfile reads them into floats: x / 2**(bits - 1).
+_INT_SCALE = {np.dtype(np.int16): 2.0**15, np.dtype(np.int32): 2.0**31}
+
+
+def _check_duration(num_samples: int, rate: float, max_seconds: float | None, name: str) -> None:
+    """Raise ``MediaError`` when ``num_samples`` at ``rate`` Hz lasts longer than ``max_seconds``."""
+    if max_seconds is None:
+        return
+    seconds = num_samples / rate
+    if seconds > max_seconds:
+        raise MediaError(f"{name}: audio lasts {seconds:.2f} s, longer than the limit of {max_seconds:g} s")
+
+
+def downmix(samples_CN: np.ndarray) -> np.ndarray:
+    """float32 [n] mean of float32 channels [C, n] (``librosa.to_mono``); [1, n] is returned as its one row."""
+    if samples_CN.shape[0] == 1:
+        return samples_CN[0]
+    return np.mean(samples_CN, axis=0)
+
+
+def resample(samples_N: np.ndarray, source_rate: float, target_rate: int) -> np.ndarray:
+    """float32 [ceil(n * target_rate / source_rate)] resampling of float32 [n], the same samples as
+    ``librosa.resample(samples_N, orig_sr=source_rate, target_sr=target_rate)`` (soxr_hq, then zero-padded or
+    trimmed to length). Equal rates return the input."""
+    if source_rate == target_rate:
+        return samples_N
+    import soxr
+
+    n_out = int(np.ceil(samples_N.shape[-1] * (float(target_rate) / source_rate)))
+    out = soxr.resample(samples_N, source_rate, target_rate, quality="soxr_hq")
+    if out.shape[-1] < n_out:
+        out = np.pad(out, (0, n_out - out.shape[-1]))
+    return np.asarray(out[:n_out], dtype=samples_N.dtype)
+
+
+def _to_mono_float32(array: np.ndarray, name: str) -> np.ndarray:
+    """A mono float32 [n] array from [n], [channels, n] or [n, channels] float / int16 / int32 samples.
+
+    Two-dimensional arrays are taken channels-first when ``shape[0] <= shape[1]`` (librosa's layout), otherwise
+    channels-last. Integer PCM is scaled to [-1, 1) as libsndfile scales it. Raises ``MediaError`` on other
+    dtypes, other ranks, no samples, or NaN / infinity.
+    """
+    if array.dtype in _INT_SCALE:
+        array = (array.astype(np.float64) / _INT_SCALE[array.dtype]).astype(np.float32)
+    elif np.issubdtype(array.dtype, np.floating):
+        array = array.astype(np.float32, copy=False)
+    else:
+        raise MediaError(f"{name}: expected float, int16 or int32 audio samples, got dtype {array.dtype}")
+
+    if array.ndim == 2:
+        if min(array.shape) == 0:
+            raise MediaError(f"{name}: audio array has no samples, shape {tuple(array.shape)}")
+        array = downmix(array if array.shape[0] <= array.shape[1] else array.T)
+    elif array.ndim != 1:
+        raise MediaError(
+            f"{name}: expected audio of shape [samples], [channels, samples] or [samples, channels], got shape "
+            f"{tuple(array.shape)}"
+        )
+    if array.size == 0:
+        raise MediaError(f"{name}: audio has no samples")
+    if not np.all(np.isfinite(array)):
+        raise MediaError(f"{name}: audio holds NaN or infinite samples")
+    return array
+
+
+def _has_extra_audioread_decoder() -> bool:
+    """Whether audioread can decode more than the standard library's wav / aiff readers (which libsndfile covers)."""
+    try:
+        with warnings.catch_warnings():  # audioread imports the standard library's deprecated aifc / sunau / audioop
+            warnings.simplefilter("ignore", DeprecationWarning)
+            import audioread
+            from audioread import rawread
+    except ImportError:
+        return False
+    return any(backend is not rawread.RawAudioFile for backend in audioread.available_backends())
+
+
+def _decode_file(path: pathlib.Path, sampling_rate: int, max_seconds: float | None) -> np.ndarray:
+    """float32 [n] mono samples at ``sampling_rate`` of the file at ``path`` (``librosa.load``'s steps)."""
+    import soundfile
+
+    try:
+        with soundfile.SoundFile(str(path)) as f:
+            rate = f.samplerate
+            # Refuse an over-long file from its header, before decoding it.
+            if f.frames > 0:
+                _check_duration(f.frames, rate, max_seconds, f"audio file {path}")
+            samples_CN = f.read(dtype="float32", always_2d=True).T
+    except soundfile.SoundFileError as exc:
+        if not _has_extra_audioread_decoder():
+            raise MediaError(f"cannot decode audio file {path} (corrupt or unsupported format?): {exc}") from exc
+        import librosa
+
+        try:
+            with warnings.catch_warnings():  # audioread is deprecated in librosa, which warns on every use
+                warnings.simplefilter("ignore")
+                samples, _ = librosa.load(str(path), sr=sampling_rate, mono=True)
+        except Exception as fallback_exc:  # audioread's decoders raise many unrelated types
+            raise MediaError(
+                f"cannot decode audio file {path} (corrupt or unsupported format?): {exc}; audioread: "
+                f"{fallback_exc or type(fallback_exc).__name__}"
+            ) from fallback_exc
+        return np.asarray(samples, dtype=np.float32)
+
+    if samples_CN.shape[1] == 0:
+        raise MediaError(f"audio file {path} holds no samples")
+    return resample(downmix(samples_CN), rate, sampling_rate)
+
+
+def _load_file(path: pathlib.Path, sampling_rate: int, max_seconds: float | None) -> np.ndarray:
+    """Decode and check the audio file at ``path``: mono float32 [n] at ``sampling_rate``."""
+    if not path.exists():
+        raise MediaError(f"audio file not found: {path}")
+    if not path.is_file():
+        raise MediaError(f"audio path is not a file: {path}")
+    samples = _decode_file(path, sampling_rate, max_seconds)
+    if samples.ndim != 1:
+        raise MediaError(f"audio file {path}: decoded to shape {tuple(samples.shape)}, expected mono samples")
+    if samples.size == 0:
+        raise MediaError(f"audio file {path} holds no samples")
+    if not np.all(np.isfinite(samples)):
+        raise MediaError(f"audio file {path} holds NaN or infinite samples")
+    _check_duration(samples.size, sampling_rate, max_seconds, f"audio file {path}")
+    return np.ascontiguousarray(samples, dtype=np.float32)
+
+
+def load_audio(source, sampling_rate: int = 16000, max_seconds: float | None = None) -> np.ndarray:
+    """Mono float32 samples [n] at ``sampling_rate`` Hz, n >= 1, all finite, from ``source``.
+
+    ``source`` is one of:
+      * a path (``str`` or ``os.PathLike``) to an audio file (wav, flac, ogg, mp3, ...): decoded, averaged to
+        mono and resampled like ``librosa.load(path, sr=sampling_rate, mono=True)`` (see the module docstring);
+      * a tuple ``(array, rate)``: ``array`` is [n], [channels, n] or [n, channels], float or int16 / int32 PCM
+        (scaled to [-1, 1)); channels are averaged and a ``rate`` other than ``sampling_rate`` is resampled with
+        ``librosa.resample``'s soxr_hq;
+      * a 1-D float numpy array, taken to be at ``sampling_rate`` already.
+
+    ``max_seconds``: when given, audio longer than this many seconds is refused.
+
+    Raises ``MediaError`` naming the file or the problem: missing file, undecodable or corrupt file, no samples,
+    NaN / infinite samples, unsupported shape, dtype or rate, audio over ``max_seconds``, unsupported source type
+    (URLs are not fetched).
+    """
+    if isinstance(sampling_rate, bool) or not isinstance(sampling_rate, int) or sampling_rate <= 0:
+        raise ValueError(f"sampling_rate must be a positive integer, got {sampling_rate!r}")
+    if max_seconds is not None and not max_seconds > 0:
+        raise ValueError(f"max_seconds must be positive or None, got {max_seconds!r}")
+
+    if isinstance(source, tuple):
+        if len(source) != 2:
+            raise MediaError(f"audio tuple must be (array, sampling_rate), got a tuple of {len(source)} items")
+        array, rate = source
+        name = "audio array"
+        if not isinstance(array, np.ndarray):
+            raise MediaError(f"{name}: expected a numpy array in (array, sampling_rate), got {type(array).__name__}")
+        if isinstance(rate, bool) or not isinstance(rate, (int, float, np.integer, np.floating)):
+            raise MediaError(f"{name}: sampling rate must be a number, got {rate!r}")
+        if not (math.isfinite(float(rate)) and rate > 0):
+            raise MediaError(f"{name}: sampling rate must be positive, got {rate!r}")
+        rate = float(rate) if float(rate) != int(rate) else int(rate)
+        samples = _to_mono_float32(array, name)
+        _check_duration(samples.size, rate, max_seconds, name)
+        try:
+            samples = resample(samples, rate, sampling_rate)
+        except (ValueError, RuntimeError) as exc:
+            raise MediaError(f"{name}: cannot resample audio from {rate} Hz to {sampling_rate} Hz: {exc}") from exc
+        if samples.size == 0:
+            raise MediaError(f"{name}: no samples left after resampling from {rate} Hz to {sampling_rate} Hz")
+        return np.ascontiguousarray(samples, dtype=np.float32)
+
+    if isinstance(source, np.ndarray):
+        name = "audio array"
+        if source.ndim != 1:
+            raise MediaError(
+                f"{name}: a bare array must be mono [samples] at {sampling_rate} Hz, got shape {tuple(source.shape)}; "
+                "pass (array, sampling_rate) for multi-channel audio"
+            )
+        if not np.issubdtype(source.dtype, np.floating):
+            raise MediaError(
+                f"{name}: a bare array must hold float samples, got dtype {source.dtype}; pass (array, sampling_rate) "
+                "for integer PCM"
+            )
+        samples = _to_mono_float32(source, name)
+        _check_duration(samples.size, sampling_rate, max_seconds, name)
+        return np.ascontiguousarray(samples, dtype=np.float32)
+
+    if isinstance(source, (str, os.PathLike)):
+        text = os.fspath(source)
+        if isinstance(text, bytes):
+            text = os.fsdecode(text)
+        if text.startswith(("http://", "https://")):
+            raise MediaError(f"audio URLs are not fetched; download the file first: {text}")
+        return _load_file(pathlib.Path(text), sampling_rate, max_seconds)
+
+    raise MediaError(
+        f"unsupported audio source of type {type(source).__name__}; expected a path, (array, sampling_rate) or a "
+        "1-D numpy array"
+    )
