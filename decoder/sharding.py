@@ -23,6 +23,8 @@ DEFAULT_RULES: dict[str, str | None] = {
     "expert": "model",
     "vision_heads": "model",
     "vision_mlp": "model",
+    "audio_heads": "model",
+    "audio_mlp": "model",
     "embed": None,
     "vision_embed": None,
     "length": None,

@@ -1,0 +1,337 @@
+"""Generation benchmark: omnijax against transformers on the same random-weight checkpoint, same machine, one run.
+
+    python -m bench.generation --family gemma3 [--out bench/results] [--repeats 5]
+
+Measures, interleaved (omnijax, transformers, omnijax, ...) after warm-ups: time to first token for a 128- and a
+512-token prompt with one image, image encode time, decode tokens/s at batch 1 and 8 (64 new tokens, greedy, EOS
+ignored), peak resident memory (each system alone, in a subprocess), omnijax's first-call compile time and the
+compilations a new prompt length inside a bucket triggers, and the machine's memory bandwidth. Writes
+``generation-<family>-<time>.json`` (every raw figure plus the headline ratios at the top level) and a markdown
+table beside it, and ``latest-<family>.md``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import pathlib
+import platform
+import statistics
+import subprocess
+import sys
+import time
+
+import numpy as np
+
+from bench.checkpoints import bench_checkpoint
+
+NEW_TOKENS = 64
+
+
+def summary(samples: list[float]) -> dict:
+    return {"median": statistics.median(samples), "min": min(samples), "max": max(samples), "samples": samples}
+
+
+def memory_bandwidth_gbs(repeats: int = 5) -> dict:
+    """Bandwidth of the default JAX device from a matrix-vector product and a reduction over ~512 MB of float32."""
+    import jax
+    import jax.numpy as jnp
+
+    rows, cols = 16384, 8192
+    a = jax.device_put(jnp.ones((rows, cols), jnp.float32))
+    v = jnp.ones((cols,), jnp.float32)
+    matvec = jax.jit(lambda a, v: a @ v)
+    reduce = jax.jit(lambda a: jnp.sum(a, axis=1))
+    out = {}
+    for name, fn, args in (("matvec", matvec, (a, v)), ("reduction", reduce, (a,))):
+        fn(*args).block_until_ready()
+        times = []
+        for _ in range(repeats):
+            start = time.perf_counter()
+            fn(*args).block_until_ready()
+            times.append(time.perf_counter() - start)
+        out[name] = a.nbytes / min(times) / 1e9
+    return out
+
+
+class Prompts:
+    """The benchmark's inputs, prepared once with omnijax's processor and handed to both systems."""
+
+    def __init__(self, pipe, image):
+        self.pipe = pipe
+        self.image = image
+
+    def with_image(self, target_tokens: int):
+        words = 1
+        while True:
+            messages = [{"role": "user", "content": [{"type": "image", "image": self.image},
+                                                     {"type": "text", "text": " ".join(["word"] * words)}]}]
+            prepared = self.pipe.prepare(messages)
+            if len(prepared.token_ids) >= target_tokens:
+                return prepared
+            words += max(1, (target_tokens - len(prepared.token_ids)) // 2)
+
+    def text(self, words: int = 12):
+        return self.pipe.prepare([{"role": "user", "content": " ".join(["hello"] * words)}])
+
+
+class OmnijaxRunner:
+    name = "omnijax"
+
+    def __init__(self, folder):
+        from app.pipeline import Pipeline
+
+        start = time.perf_counter()
+        self.pipe = Pipeline.from_pretrained(folder, dtype="float32")
+        self.load_s = time.perf_counter() - start
+        self.engine = self.pipe.engine
+        self.weight_bytes = sum(int(np.prod(x.shape)) * x.dtype.itemsize
+                                for x in __import__("jax").tree.leaves(self.engine.params["decoder"]))
+
+    def generate(self, prompts, new_tokens):
+        from app.sampling import SamplingParams
+
+        out = self.engine.generate(prompts, new_tokens, SamplingParams(), ignore_eos=True)
+        assert out.shape == (len(prompts), new_tokens), out.shape
+        return out
+
+    def encode_image(self, prepared):
+        import jax
+
+        items = prepared.media["image"]
+        arrays, static = self.engine._collate["image"](items)
+        feats, _ = self.engine._encode(self.engine.params, arrays, modality="image", static=static)
+        jax.block_until_ready(feats)
+
+
+class TransformersRunner:
+    def __init__(self, folder, dtype: str):
+        import torch
+        from transformers import AutoModelForImageTextToText
+
+        self.torch = torch
+        self.dtype = getattr(torch, dtype)
+        self.name = f"transformers_{dtype}"
+        torch.set_num_threads(max(1, torch.get_num_threads()))
+        start = time.perf_counter()
+        self.model = AutoModelForImageTextToText.from_pretrained(str(folder), dtype=self.dtype).eval()
+        self.load_s = time.perf_counter() - start
+
+    def inputs(self, prompts):
+        t = self.torch
+        ids = t.tensor(np.stack([p.token_ids for p in prompts]).astype(np.int64))
+        batch = {"input_ids": ids, "attention_mask": t.ones_like(ids)}
+        if prompts[0].media.get("image"):
+            pixels = np.stack([x for p in prompts for x in p.media["image"]])
+            batch["pixel_values"] = t.tensor(pixels).to(self.dtype)
+            batch["token_type_ids"] = t.tensor(np.stack([p.bidirectional for p in prompts]).astype(np.int64))
+        return batch
+
+    def generate(self, prompts, new_tokens):
+        with self.torch.inference_mode():
+            out = self.model.generate(**self.inputs(prompts), max_new_tokens=new_tokens, min_new_tokens=new_tokens,
+                                      do_sample=False)
+        assert out.shape[1] == len(prompts[0].token_ids) + new_tokens, out.shape
+        return out
+
+    def encode_image(self, prepared):
+        pixels = self.torch.tensor(np.stack(prepared.media["image"])).to(self.dtype)
+        with self.torch.inference_mode():
+            self.model.get_image_features(pixel_values=pixels)
+
+
+def timed(fn, *args) -> float:
+    start = time.perf_counter()
+    fn(*args)
+    return time.perf_counter() - start
+
+
+def measure(runner, prompts: dict) -> dict:
+    """One round of every measurement for one system (seconds; tokens/s for decode)."""
+    out = {}
+    for n in (128, 512):
+        out[f"ttft_{n}_s"] = timed(runner.generate, [prompts[f"image_{n}"]], 1)
+    out["image_encode_s"] = timed(runner.encode_image, prompts["image_128"])
+    for b in (1, 8):
+        batch = [prompts["text"]] * b
+        first = timed(runner.generate, batch, 1)
+        full = timed(runner.generate, batch, NEW_TOKENS)
+        out[f"decode_b{b}_tok_s"] = b * (NEW_TOKENS - 1) / max(full - first, 1e-9)
+    return out
+
+
+def warm_up(runner, prompts: dict) -> None:
+    for n in (128, 512):
+        runner.generate([prompts[f"image_{n}"]], 1)
+    runner.encode_image(prompts["image_128"])
+    for b in (1, 8):
+        runner.generate([prompts["text"]] * b, 1)
+        runner.generate([prompts["text"]] * b, NEW_TOKENS)
+
+
+def compile_figures(folder, prompts_fn) -> dict:
+    """First-call compile time of a fresh omnijax engine and compilations caused by a new length in a bucket."""
+    fresh = OmnijaxRunner(folder)
+    prompts = prompts_fn(fresh.pipe)
+    first_prompt, other = prompts["image_100"], prompts["image_115"]
+    start = time.perf_counter()
+    fresh.generate([first_prompt], 8)
+    first = time.perf_counter() - start
+    steady = min(timed(fresh.generate, [first_prompt], 8) for _ in range(2))
+    before = fresh.engine.compilations()
+    assert len(other.token_ids) != len(first_prompt.token_ids)
+    fresh.generate([other], 8)
+    return {"compile_s": first - steady, "first_call_s": first, "steady_call_s": steady,
+            "recompiles_in_bucket": fresh.engine.compilations() - before,
+            "prompt_lengths": [len(first_prompt.token_ids), len(other.token_ids)]}
+
+
+def memory_probe(system: str, folder: str) -> None:
+    """Run in a subprocess: load one system, generate, print peak RSS in MB."""
+    import resource
+
+    from PIL import Image
+
+    image = Image.fromarray(np.random.default_rng(0).integers(0, 256, (240, 320, 3), dtype=np.uint8))
+    omni = OmnijaxRunner(folder) if system == "omnijax" else None
+    prep = Prompts(omni.pipe if omni else OmnijaxRunner.__new__(OmnijaxRunner), image)
+    if omni is None:
+        from app.pipeline import Pipeline
+
+        prep.pipe = Pipeline.from_pretrained(folder)  # only for its processor; its weights are freed below
+        prompt = prep.with_image(512)
+        del prep.pipe
+        import gc
+
+        gc.collect()
+        runner = TransformersRunner(folder, system.split("_", 1)[1])
+    else:
+        prompt = prep.with_image(512)
+        runner = omni
+    runner.generate([prompt], 16)
+    print(json.dumps({"peak_rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024}))
+
+
+def peak_memory(system: str, folder) -> float | None:
+    proc = subprocess.run([sys.executable, "-m", "bench.generation", "--memory-probe", system, "--checkpoint",
+                           str(folder)], capture_output=True, text=True, timeout=1800)
+    lines = [l for l in proc.stdout.splitlines() if l.startswith("{")]
+    return json.loads(lines[-1])["peak_rss_mb"] if proc.returncode == 0 and lines else None
+
+
+def markdown(report: dict) -> str:
+    r = report
+    sys_names = [s for s in r["systems"]]
+    rows = ["| measure | " + " | ".join(sys_names) + " |", "|---|" + "---|" * len(sys_names)]
+    keys = ["ttft_128_s", "ttft_512_s", "image_encode_s", "decode_b1_tok_s", "decode_b8_tok_s"]
+    for k in keys:
+        cells = []
+        for s in sys_names:
+            m = r["systems"][s]["measures"][k]
+            cells.append(f"{m['median']:.4g} ({m['min']:.4g}-{m['max']:.4g})")
+        rows.append(f"| {k} | " + " | ".join(cells) + " |")
+    rows.append("| peak_rss_mb | " + " | ".join(f"{r['systems'][s].get('peak_rss_mb') or float('nan'):.0f}"
+                                               for s in sys_names) + " |")
+    head = [f"# Generation benchmark: {r['family']} ({r['device']}, {r['date']})", "",
+            f"Model: {r['params_millions']:.1f}M parameters, decoder weights {r['weight_bytes'] / 1e6:.0f} MB float32; "
+            f"{r['repeats']} interleaved repeats, median (min-max).", "",
+            "| headline | value | target |", "|---|---|---|",
+            f"| decode_b1_speedup | {r['decode_b1_speedup']:.2f}x | >= 1.25x |",
+            f"| decode_b8_speedup | {r['decode_b8_speedup']:.2f}x | >= 1.5x |",
+            f"| ttft512_ratio | {r['ttft512_ratio']:.2f} | <= 1.0 |",
+            f"| decode_b1_roofline_fraction | {r['decode_b1_roofline_fraction']:.2f} | >= 0.85 |",
+            f"| recompiles_in_bucket | {r['recompiles_in_bucket']} | 0 |",
+            f"| compile_s | {r['compile_s']:.1f} s | reported |",
+            f"| bandwidth (matvec / reduction) | {r['bandwidth_gbs']['matvec']:.1f} / "
+            f"{r['bandwidth_gbs']['reduction']:.1f} GB/s | |", ""]
+    return "\n".join(head + rows) + "\n"
+
+
+def run(family: str, out_dir: pathlib.Path, repeats: int, smoke: bool, ckpt_root: pathlib.Path,
+        with_bf16: bool, with_memory: bool) -> dict:
+    import jax
+    from PIL import Image
+
+    folder = bench_checkpoint(family, ckpt_root, smoke=smoke)
+    image = Image.fromarray(np.random.default_rng(0).integers(0, 256, (240, 320, 3), dtype=np.uint8))
+
+    def prompts_for(pipe):
+        p = Prompts(pipe, image)
+        # two lengths inside the same 128-token bucket for the recompilation check
+        a, b = p.with_image(100), p.with_image(115)
+        return {"image_128": p.with_image(128), "image_100": a, "image_115": b, "image_512": p.with_image(512),
+                "text": p.text()}
+
+    compile_info = compile_figures(folder, prompts_for)
+    runners = [OmnijaxRunner(folder), TransformersRunner(folder, "float32")]
+    if with_bf16:
+        runners.append(TransformersRunner(folder, "bfloat16"))
+    prompts = prompts_for(runners[0].pipe)
+    for r in runners:
+        warm_up(r, prompts)
+    rounds = {r.name: [] for r in runners}
+    for _ in range(repeats):
+        for r in runners:
+            rounds[r.name].append(measure(r, prompts))
+    bandwidth = memory_bandwidth_gbs()
+    weight_bytes = runners[0].weight_bytes
+    systems = {}
+    for r in runners:
+        keys = rounds[r.name][0].keys()
+        systems[r.name] = {"load_s": r.load_s,
+                           "measures": {k: summary([m[k] for m in rounds[r.name]]) for k in keys}}
+        if with_memory:
+            systems[r.name]["peak_rss_mb"] = peak_memory(r.name, folder)
+    med = lambda s, k: systems[s]["measures"][k]["median"]
+    roofline = bandwidth["matvec"] * 1e9 / weight_bytes
+    dev = jax.devices()[0]
+    report = {
+        "family": family, "smoke": smoke,
+        "decode_b1_speedup": med("omnijax", "decode_b1_tok_s") / med("transformers_float32", "decode_b1_tok_s"),
+        "decode_b8_speedup": med("omnijax", "decode_b8_tok_s") / med("transformers_float32", "decode_b8_tok_s"),
+        "ttft512_ratio": med("omnijax", "ttft_512_s") / med("transformers_float32", "ttft_512_s"),
+        "decode_b1_roofline_fraction": med("omnijax", "decode_b1_tok_s") / roofline,
+        "recompiles_in_bucket": compile_info["recompiles_in_bucket"],
+        "compile_s": compile_info["compile_s"],
+        "roofline_tok_s": roofline, "bandwidth_gbs": bandwidth, "weight_bytes": weight_bytes,
+        "params_millions": sum(int(np.prod(x.shape)) for x in jax.tree.leaves(runners[0].engine.params)) / 1e6,
+        "prompt_tokens": {k: len(v.token_ids) for k, v in prompts.items()},
+        "new_tokens": NEW_TOKENS, "repeats": repeats, "compile": compile_info, "systems": systems,
+        "device": f"{dev.platform}:{dev.device_kind}", "roofline_memory": "HBM" if dev.platform == "gpu" else "DRAM",
+        "host": platform.node(), "cpu_count": __import__("os").cpu_count(),
+        "date": time.strftime("%Y-%m-%d %H:%M:%S"), "checkpoint": str(folder),
+    }
+    out_dir.mkdir(parents=True, exist_ok=True)
+    stamp = time.strftime("%Y%m%d-%H%M%S")
+    (out_dir / f"generation-{family}-{stamp}.json").write_text(json.dumps(report, indent=2))
+    table = markdown(report)
+    (out_dir / f"generation-{family}-{stamp}.md").write_text(table)
+    (out_dir / f"latest-{family}.md").write_text(table)
+    (out_dir / f"latest-{family}.json").write_text(json.dumps(report, indent=2))
+    return report
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(prog="python -m bench.generation", description=__doc__.splitlines()[0])
+    p.add_argument("--family", default="gemma3")
+    p.add_argument("--out", default="bench/results", help="folder for the JSON report and markdown table")
+    p.add_argument("--repeats", type=int, default=5)
+    p.add_argument("--smoke", action="store_true", help="tiny model, one repeat: checks the report, not speed")
+    p.add_argument("--checkpoints", default=str(pathlib.Path.home() / ".cache" / "omnijax" / "bench"),
+                   help="where benchmark checkpoints are built and reused")
+    p.add_argument("--no-bf16", action="store_true", help="skip transformers in bfloat16")
+    p.add_argument("--no-memory", action="store_true", help="skip the peak-memory subprocesses")
+    p.add_argument("--memory-probe", help=argparse.SUPPRESS)
+    p.add_argument("--checkpoint", help=argparse.SUPPRESS)
+    args = p.parse_args(argv)
+    if args.memory_probe:
+        memory_probe(args.memory_probe, args.checkpoint)
+        return 0
+    report = run(args.family, pathlib.Path(args.out), 1 if args.smoke else args.repeats, args.smoke,
+                 pathlib.Path(args.checkpoints), not args.no_bf16, not args.no_memory)
+    print(markdown(report))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
