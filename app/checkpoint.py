@@ -14,7 +14,6 @@ import re
 from typing import Iterable
 
 import jax
-import jax.numpy as jnp
 import ml_dtypes
 import numpy as np
 from flax import nnx

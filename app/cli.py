@@ -7,6 +7,7 @@ import logging
 import sys
 import time
 
+from app.cli_caption import add_caption_parser, run_caption
 from app.errors import OmnijaxError
 
 
@@ -36,6 +37,7 @@ def parser() -> argparse.ArgumentParser:
     gen.add_argument("--stop", action="append", default=None, help="a stop string (repeatable)")
     gen.add_argument("--no-stream", action="store_true", help="print the answer at the end instead of streaming")
     _add_sampling(gen)
+    add_caption_parser(sub)
     return top
 
 
@@ -82,7 +84,12 @@ def main(argv=None) -> int:
     try:
         if args.command == "generate":
             return run_generate(args)
+        if args.command == "caption":
+            return run_caption(args)
     except OmnijaxError as e:
         print(f"omnijax: error: {e}", file=sys.stderr)
         return 2
+    except KeyboardInterrupt:
+        print("omnijax: interrupted", file=sys.stderr)
+        return 130
     return 1

@@ -10,11 +10,12 @@ import argparse
 import logging
 import sys
 
-from app.cli import _add_model, _add_sampling
 from app.errors import OmnijaxError
 
 
 def add_caption_parser(subparsers) -> argparse.ArgumentParser:
+    from app.cli import _add_model, _add_sampling  # here, so that app.cli may import this module at its top
+
     p = subparsers.add_parser(
         "caption", help="caption every image (and audio file) of a folder, glob or manifest into a JSONL file",
         description="One JSON line per media item, flushed as items finish. Rerunning the same command resumes: "
@@ -110,8 +111,8 @@ def run_caption(args) -> int:
     if options.max_new_tokens < 1:
         raise CaptionInputError(f"--max-new-tokens must be >= 1, got {options.max_new_tokens}")
     items = discover(args.input, path_column=args.path_column, prompt_column=args.prompt_column)
-    pipe = load_local_pipeline(args)
-    summary = run_captions(pipe, items, args.out, options, shard_index=shard_index, shard_count=shard_count)
+    summary = run_captions(lambda: load_local_pipeline(args), items, args.out, options, shard_index=shard_index,
+                           shard_count=shard_count)
     return 130 if summary.interrupted else 0
 
 

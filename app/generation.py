@@ -7,14 +7,12 @@ length is a bucket too, and the number of media items is rounded up to a power o
 from __future__ import annotations
 
 import dataclasses
-import functools
 from typing import Iterator
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 from flax import nnx
-from jax.sharding import NamedSharding
 
 from app.errors import PromptError
 from app.families.spec import ModelConfig, PreparedPrompt

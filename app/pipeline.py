@@ -14,6 +14,7 @@ import numpy as np
 from app.checkpoint import TensorIndex, abstract_params, checkpoint_folder, load_params, read_json
 from app.errors import PromptError
 from app.families import family_for_config
+from app.families.spec import PreparedPrompt
 from app.generation import Engine
 from app.model import abstract_model
 from app.sampling import SamplingParams
@@ -97,14 +98,26 @@ class Pipeline:
         """One conversation -> GenerationResult; a list of conversations -> list of GenerationResult."""
         batch = _is_batch(messages)
         conversations = list(messages) if batch else [messages]
-        sampling = SamplingParams(temperature=temperature, top_k=top_k, top_p=top_p, seed=seed)
-        start = time.perf_counter()
         prompts = [self.prepare(c) for c in conversations]
-        tokens = self.engine.generate(prompts, max_new_tokens, sampling)
-        seconds = time.perf_counter() - start
-        results = [self._result(row, len(p.token_ids), max_new_tokens, stop, seconds)
-                   for row, p in zip(tokens, prompts)]
+        results = self.generate_prepared(prompts, max_new_tokens=max_new_tokens, temperature=temperature,
+                                         top_k=top_k, top_p=top_p, seed=seed, stop=stop)
         return results if batch else results[0]
+
+    def generate_prepared(self, prompts: list[PreparedPrompt], *, max_new_tokens: int = 64, temperature: float = 0.0,
+                          top_k: int = 0, top_p: float = 1.0, seed: int = 0, stop: Sequence[str] | None = None,
+                          pad_to: int | None = None) -> list[GenerationResult]:
+        """``generate`` for prompts already prepared (``prepare``), one result per prompt.
+
+        pad_to: fill the batch up to this size with copies of its first prompt (their answers are dropped) so a
+        short last batch reuses the compiled program of full ones. ``seconds`` is the batch's generation time.
+        """
+        sampling = SamplingParams(temperature=temperature, top_k=top_k, top_p=top_p, seed=seed)
+        batch = list(prompts) + [prompts[0]] * max(0, (pad_to or 0) - len(prompts))
+        start = time.perf_counter()
+        tokens = self.engine.generate(batch, max_new_tokens, sampling)
+        seconds = time.perf_counter() - start
+        return [self._result(row, len(p.token_ids), max_new_tokens, stop, seconds)
+                for row, p in zip(tokens[:len(prompts)], prompts)]
 
     def _result(self, row: np.ndarray, prompt_tokens: int, max_new: int, stop, seconds: float) -> GenerationResult:
         ids: list[int] = []

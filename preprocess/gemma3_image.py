@@ -17,20 +17,17 @@ from __future__ import annotations
 
 import dataclasses
 import itertools
-import json
 import math
 import os
-import pathlib
 from typing import Any
 
 import numpy as np
 import PIL.Image
 
+from preprocess.processor_config import as_float, as_int, processor_section
 from app.errors import CheckpointError, MediaError
-from preprocess.images import convert_rgb, load_image
+from preprocess.images import load_image
 
-PREPROCESSOR_CONFIG_NAME = "preprocessor_config.json"
-PROCESSOR_CONFIG_NAME = "processor_config.json"
 
 # transformers' IMAGENET_STANDARD_MEAN / IMAGENET_STANDARD_STD, the Gemma3ImageProcessorPil class defaults.
 _STANDARD_MEAN = (0.5, 0.5, 0.5)
@@ -130,25 +127,25 @@ class Gemma3ImageConfig:
                 raise CheckpointError(
                     f"{source}: 'size' must be {{'height': H, 'width': W}} for Gemma 3, got {size!r}"
                 )
-            kwargs["height"] = _as_int(height, "size.height")
-            kwargs["width"] = _as_int(width, "size.width")
-            kwargs["resample"] = _as_int(get("resample"), "resample")
-            kwargs["rescale_factor"] = _as_float(get("rescale_factor"), "rescale_factor")
+            kwargs["height"] = as_int(height, "size.height")
+            kwargs["width"] = as_int(width, "size.width")
+            kwargs["resample"] = as_int(get("resample"), "resample")
+            kwargs["rescale_factor"] = as_float(get("rescale_factor"), "rescale_factor")
             for key in ("image_mean", "image_std"):
                 value = get(key)
                 if isinstance(value, (int, float)) and not isinstance(value, bool):
                     value = (value,) * 3
                 if not isinstance(value, (list, tuple)):
                     raise ValueError(f"'{key}' must be a list of 3 numbers, got {value!r}")
-                kwargs[key] = tuple(_as_float(v, key) for v in value)
+                kwargs[key] = tuple(as_float(v, key) for v in value)
             for key in ("do_resize", "do_rescale", "do_normalize", "do_convert_rgb", "do_pan_and_scan"):
                 value = get(key)
                 if not isinstance(value, bool):
                     raise ValueError(f"'{key}' must be true or false, got {value!r}")
                 kwargs[key] = value
             for key in ("pan_and_scan_min_crop_size", "pan_and_scan_max_num_crops"):
-                kwargs[key] = _as_int(get(key), key)
-            kwargs["pan_and_scan_min_ratio_to_activate"] = _as_float(
+                kwargs[key] = as_int(get(key), key)
+            kwargs["pan_and_scan_min_ratio_to_activate"] = as_float(
                 get("pan_and_scan_min_ratio_to_activate"), "pan_and_scan_min_ratio_to_activate"
             )
             return cls(**kwargs)
@@ -166,42 +163,8 @@ class Gemma3ImageConfig:
         checkpoints ship). Raises ``CheckpointError`` naming the folder or file when neither is there, a file is not
         valid JSON, or a value is unusable.
         """
-        folder = pathlib.Path(path)
-        if not folder.is_dir():
-            raise CheckpointError(f"checkpoint folder not found: {folder}")
-        processor_file = folder / PROCESSOR_CONFIG_NAME
-        if processor_file.is_file():
-            processor_dict = _read_json(processor_file)
-            section = processor_dict.get("image_processor") if isinstance(processor_dict, dict) else None
-            if section is not None:
-                return cls.from_dict(section, source=f"{processor_file} ['image_processor']")
-        preprocessor_file = folder / PREPROCESSOR_CONFIG_NAME
-        if not preprocessor_file.is_file():
-            raise CheckpointError(
-                f"no image processor config in {folder}: expected {PREPROCESSOR_CONFIG_NAME} or an 'image_processor' "
-                f"section in {PROCESSOR_CONFIG_NAME}"
-            )
-        return cls.from_dict(_read_json(preprocessor_file), source=str(preprocessor_file))
-
-
-def _as_int(value: Any, key: str) -> int:
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or int(value) != value:
-        raise ValueError(f"'{key}' must be an integer, got {value!r}")
-    return int(value)
-
-
-def _as_float(value: Any, key: str) -> float:
-    if isinstance(value, bool) or not isinstance(value, (int, float)):
-        raise ValueError(f"'{key}' must be a number, got {value!r}")
-    return float(value)
-
-
-def _read_json(file: pathlib.Path) -> Any:
-    try:
-        with open(file, encoding="utf-8") as f:
-            return json.load(f)
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
-        raise CheckpointError(f"cannot read {file}: {exc}") from exc
+        settings, source = processor_section(path, ('image_processor',), 'image processor')
+        return cls.from_dict(settings, source=source)
 
 
 def to_chw_uint8(image, do_convert_rgb: bool = True) -> np.ndarray:

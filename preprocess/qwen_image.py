@@ -18,20 +18,17 @@ An image gives ``grid_thw = (1, h / patch, w / patch)``: ``h * w / patch**2`` pa
 from __future__ import annotations
 
 import dataclasses
-import json
 import math
 import os
-import pathlib
 from typing import Any
 
 import numpy as np
 import PIL.Image
 
+from preprocess.processor_config import as_float, as_int, processor_section
 from app.errors import CheckpointError, MediaError
 from preprocess.gemma3_image import resize, to_chw_uint8
 
-PREPROCESSOR_CONFIG_NAME = "preprocessor_config.json"
-PROCESSOR_CONFIG_NAME = "processor_config.json"
 
 # transformers' OPENAI_CLIP_MEAN / OPENAI_CLIP_STD: the Qwen2VLImageProcessorPil class defaults. Qwen3-Omni
 # checkpoints override them with 0.5 in their processor config.
@@ -133,18 +130,18 @@ class QwenImageConfig:
                     f"as 'min_pixels' / 'max_pixels', got size={size!r}, min_pixels={d.get('min_pixels')!r}, "
                     f"max_pixels={d.get('max_pixels')!r}"
                 )
-            kwargs["min_pixels"] = _as_int(min_pixels, "min_pixels")
-            kwargs["max_pixels"] = _as_int(max_pixels, "max_pixels")
+            kwargs["min_pixels"] = as_int(min_pixels, "min_pixels")
+            kwargs["max_pixels"] = as_int(max_pixels, "max_pixels")
             for key in ("patch_size", "temporal_patch_size", "merge_size", "resample"):
-                kwargs[key] = _as_int(get(key), key)
-            kwargs["rescale_factor"] = _as_float(get("rescale_factor"), "rescale_factor")
+                kwargs[key] = as_int(get(key), key)
+            kwargs["rescale_factor"] = as_float(get("rescale_factor"), "rescale_factor")
             for key in ("image_mean", "image_std"):
                 value = get(key)
                 if isinstance(value, (int, float)) and not isinstance(value, bool):
                     value = (value,) * 3
                 if not isinstance(value, (list, tuple)):
                     raise ValueError(f"'{key}' must be a list of 3 numbers, got {value!r}")
-                kwargs[key] = tuple(_as_float(v, key) for v in value)
+                kwargs[key] = tuple(as_float(v, key) for v in value)
             for key in ("do_resize", "do_rescale", "do_normalize", "do_convert_rgb"):
                 value = get(key)
                 if not isinstance(value, bool):
@@ -165,42 +162,8 @@ class QwenImageConfig:
         extractor). Raises ``CheckpointError`` naming the folder or file when neither is there, a file is not valid
         JSON, or a value is unusable.
         """
-        folder = pathlib.Path(path)
-        if not folder.is_dir():
-            raise CheckpointError(f"checkpoint folder not found: {folder}")
-        processor_file = folder / PROCESSOR_CONFIG_NAME
-        if processor_file.is_file():
-            processor_dict = _read_json(processor_file)
-            section = processor_dict.get("image_processor") if isinstance(processor_dict, dict) else None
-            if section is not None:
-                return cls.from_dict(section, source=f"{processor_file} ['image_processor']")
-        preprocessor_file = folder / PREPROCESSOR_CONFIG_NAME
-        if not preprocessor_file.is_file():
-            raise CheckpointError(
-                f"no image processor config in {folder}: expected {PREPROCESSOR_CONFIG_NAME} or an 'image_processor' "
-                f"section in {PROCESSOR_CONFIG_NAME}"
-            )
-        return cls.from_dict(_read_json(preprocessor_file), source=str(preprocessor_file))
-
-
-def _as_int(value: Any, key: str) -> int:
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or int(value) != value:
-        raise ValueError(f"'{key}' must be an integer, got {value!r}")
-    return int(value)
-
-
-def _as_float(value: Any, key: str) -> float:
-    if isinstance(value, bool) or not isinstance(value, (int, float)):
-        raise ValueError(f"'{key}' must be a number, got {value!r}")
-    return float(value)
-
-
-def _read_json(file: pathlib.Path) -> Any:
-    try:
-        with open(file, encoding="utf-8") as f:
-            return json.load(f)
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
-        raise CheckpointError(f"cannot read {file}: {exc}") from exc
+        settings, source = processor_section(path, ('image_processor',), 'image processor')
+        return cls.from_dict(settings, source=source)
 
 
 def smart_resize(height: int, width: int, factor: int, min_pixels: int, max_pixels: int) -> tuple[int, int]:

@@ -22,17 +22,14 @@ feature frames into :func:`audio_token_count` (F) audio tokens.
 from __future__ import annotations
 
 import dataclasses
-import json
 import os
-import pathlib
 from typing import Any
 
 import numpy as np
 
+from preprocess.processor_config import as_float, as_int, processor_section
 from app.errors import CheckpointError, MediaError
 
-PREPROCESSOR_CONFIG_NAME = "preprocessor_config.json"
-PROCESSOR_CONFIG_NAME = "processor_config.json"
 
 # Fixed by WhisperFeatureExtractor: its mel filters always span 0 to 8000 Hz, whatever the sampling rate.
 _MEL_MIN_HZ = 0.0
@@ -129,9 +126,9 @@ class WhisperFeatureConfig:
         try:
             kwargs: dict[str, Any] = {}
             for key in ("feature_size", "sampling_rate", "hop_length", "n_fft", "chunk_length"):
-                kwargs[key] = _as_int(get(key), key)
+                kwargs[key] = as_int(get(key), key)
             for key in ("padding_value", "dither"):
-                kwargs[key] = _as_float(get(key), key)
+                kwargs[key] = as_float(get(key), key)
             kwargs["padding_side"] = get("padding_side")
             return cls(**kwargs)
         except (TypeError, ValueError) as exc:
@@ -145,43 +142,8 @@ class WhisperFeatureConfig:
         ``preprocessor_config.json`` (what hub checkpoints ship). Raises ``CheckpointError`` naming the folder or
         file when neither is there, a file is not valid JSON, or a value is unusable.
         """
-        folder = pathlib.Path(path)
-        if not folder.is_dir():
-            raise CheckpointError(f"checkpoint folder not found: {folder}")
-        processor_file = folder / PROCESSOR_CONFIG_NAME
-        if processor_file.is_file():
-            processor_dict = _read_json(processor_file)
-            if isinstance(processor_dict, dict):
-                for key in ("feature_extractor", "audio_processor"):
-                    if key in processor_dict:
-                        return cls.from_dict(processor_dict[key], source=f"{processor_file} [{key!r}]")
-        preprocessor_file = folder / PREPROCESSOR_CONFIG_NAME
-        if not preprocessor_file.is_file():
-            raise CheckpointError(
-                f"no feature extractor config in {folder}: expected {PREPROCESSOR_CONFIG_NAME} or a "
-                f"'feature_extractor' section in {PROCESSOR_CONFIG_NAME}"
-            )
-        return cls.from_dict(_read_json(preprocessor_file), source=str(preprocessor_file))
-
-
-def _as_int(value: Any, key: str) -> int:
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or int(value) != value:
-        raise ValueError(f"'{key}' must be an integer, got {value!r}")
-    return int(value)
-
-
-def _as_float(value: Any, key: str) -> float:
-    if isinstance(value, bool) or not isinstance(value, (int, float)):
-        raise ValueError(f"'{key}' must be a number, got {value!r}")
-    return float(value)
-
-
-def _read_json(file: pathlib.Path) -> Any:
-    try:
-        with open(file, encoding="utf-8") as f:
-            return json.load(f)
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
-        raise CheckpointError(f"cannot read {file}: {exc}") from exc
+        settings, source = processor_section(path, ('feature_extractor', 'audio_processor'), 'feature extractor')
+        return cls.from_dict(settings, source=source)
 
 
 # ---------------------------------------------------------------------------------------------------------------

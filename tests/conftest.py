@@ -114,3 +114,47 @@ def gemma3_pipeline(tiny_gemma3_dir):
     from app.pipeline import Pipeline
 
     return Pipeline.from_pretrained(tiny_gemma3_dir, dtype="float32")
+
+
+# Qwen3-Omni: tiny folders built by tests/qwen3_omni_checkpoint.py (imported inside the fixtures, so sessions
+# without Qwen tests do not import it).
+
+
+@pytest.fixture(scope="session")
+def tiny_qwen_dir(tmp_path_factory):
+    """A tiny Qwen3-Omni thinker folder (HF save_pretrained, float32, every parameter random) with its tokenizer,
+    chat template, processor and generation files."""
+    import qwen3_omni_checkpoint as qc
+
+    return qc.tiny_qwen_dir(tmp_path_factory)
+
+
+@pytest.fixture(scope="session")
+def tiny_qwen_full_dir(tmp_path_factory):
+    """A tiny full Qwen3-Omni folder (thinker + talker + code2wav); its thinker tensors equal ``tiny_qwen_dir``'s."""
+    import qwen3_omni_checkpoint as qc
+
+    return qc.tiny_qwen_full_dir(tmp_path_factory)
+
+
+@pytest.fixture(scope="session")
+def hf_qwen_thinker(tiny_qwen_dir):
+    """The torch reference thinker loaded from ``tiny_qwen_dir``: float32, eager attention, eval mode."""
+    import qwen3_omni_checkpoint as qc
+
+    return qc.hf_qwen_thinker(tiny_qwen_dir)
+
+
+@pytest.fixture(scope="session")
+def hf_qwen_processor(tiny_qwen_dir):
+    """The HF processor for ``tiny_qwen_dir`` (a Qwen3OmniMoeProcessor, without video when torchvision is missing)."""
+    import qwen3_omni_checkpoint as qc
+
+    return qc.hf_qwen_processor(tiny_qwen_dir)
+
+
+@pytest.fixture(scope="session")
+def qwen_pipeline(tiny_qwen_dir):
+    from app.pipeline import Pipeline
+
+    return Pipeline.from_pretrained(tiny_qwen_dir)

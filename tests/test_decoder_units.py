@@ -69,7 +69,7 @@ def test_rope_linear_scaling_divides_frequencies():
 
 
 def test_rope_rotation_preserves_norm_and_relative_positions():
-    inv = inverse_frequencies(RopeConfig(theta=100.0), 8)
+
     rng = np.random.default_rng(0)
     q = jnp.asarray(rng.standard_normal((1, 1, 1, 8)), jnp.float32)
     k = jnp.asarray(rng.standard_normal((1, 1, 1, 8)), jnp.float32)

@@ -6,7 +6,6 @@ import pathlib
 import subprocess
 import sys
 
-import numpy as np
 from jax.sharding import PartitionSpec
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]

@@ -1,0 +1,414 @@
+"""Batch captioning: a grain pipeline prepares items in worker threads, batches feed generation, rows go to JSONL.
+
+    items = discover("photos/")                                   # demo.caption_items
+    summary = run_captions(pipe, items, "captions.jsonl", CaptionOptions(batch_size=8))
+
+Every item gets one row, written and flushed as its batch finishes: ``{"path", "kind", "prompt", "status",
+"caption", "prompt_tokens", "new_tokens", "finish_reason", "seconds", "error"}`` with status "ok", "error" (the
+item could not be read or generated; ``error`` says why) or "skipped" (a modality the model does not take).
+Running again on the same output skips the items it already holds, so an interrupted run resumes where it
+stopped; a torn last line (a crash in mid-write) is cut off and its item redone. With several processes each
+one captions its shard of the items into its own part file; ``merge_parts`` joins them.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import pathlib
+import sys
+import tempfile
+import time
+from typing import Sequence, TextIO
+
+import grain
+
+from app.errors import OmnijaxError
+from app.sampling import SamplingParams
+from demo.caption_items import (DEFAULT_PROMPTS, CaptionInputError, CaptionItem, check_parts, dedup_rows,
+                                finished_paths, parse_rows, part_path, part_pattern, remaining, row_status,
+                                shard_items)
+
+
+@dataclasses.dataclass(frozen=True)
+class CaptionOptions:
+    """prompt: the default prompt (None: "Describe this image." / "Describe this audio."); a manifest's
+    per-item prompt wins. system: an optional system message. workers: grain threads preparing items (0: in the
+    main thread). retry_errors: redo items whose row is an error row (that row is removed first)."""
+
+    prompt: str | None = None
+    system: str | None = None
+    max_new_tokens: int = 64
+    sampling: SamplingParams = SamplingParams()
+    stop: tuple[str, ...] | None = None
+    batch_size: int = 8
+    workers: int = 4
+    retry_errors: bool = False
+    progress: bool = True
+
+    def __post_init__(self):
+        if self.batch_size < 1:
+            raise ValueError(f"batch_size must be >= 1, got {self.batch_size}")
+        if self.workers < 0:
+            raise ValueError(f"workers must be >= 0, got {self.workers}")
+
+
+@dataclasses.dataclass
+class Prepared:
+    """An item after preprocessing: ``prompt`` (a PreparedPrompt) or ``error``; seconds spent preparing."""
+
+    item: CaptionItem
+    text: str
+    prompt: object | None
+    error: str | None
+    seconds: float
+
+
+@dataclasses.dataclass
+class CaptionSummary:
+    """Counts for this process's shard. already: items with rows before this run; done / failed / skipped: rows
+    written by this run; interrupted: the run stopped on Ctrl-C (what was written is kept)."""
+
+    output: str
+    total: int
+    already: int = 0
+    done: int = 0
+    failed: int = 0
+    skipped: int = 0
+    seconds: float = 0.0
+    interrupted: bool = False
+
+    @property
+    def written(self) -> int:
+        return self.done + self.failed + self.skipped
+
+    @property
+    def items_per_second(self) -> float:
+        return self.written / self.seconds if self.seconds > 0 else 0.0
+
+    def line(self) -> str:
+        head = "interrupted" if self.interrupted else "finished"
+        return (f"{head}: {self.done} done, {self.failed} failed, {self.skipped} skipped, {self.already} already "
+                f"in {self.output}, {self.total - self.already - self.written} left; {self.written} items in "
+                f"{self.seconds:.1f}s ({self.items_per_second:.2f} items/s)")
+
+
+def error_text(e: BaseException) -> str:
+    return str(e) if isinstance(e, OmnijaxError) else f"{type(e).__name__}: {e}"
+
+
+# ---- preparing ---------------------------------------------------------------------------------------------------
+
+def messages_for(item: CaptionItem, text: str, system: str | None = None) -> list[dict]:
+    """The chat for one item: [system], user: [media part, text part]."""
+    messages = [{"role": "system", "content": [{"type": "text", "text": system}]}] if system else []
+    content = [{"type": item.kind, item.kind: item.path}, {"type": "text", "text": text}]
+    return messages + [{"role": "user", "content": content}]
+
+
+def prompt_text(item: CaptionItem, options: CaptionOptions) -> str:
+    return item.prompt or options.prompt or DEFAULT_PROMPTS[item.kind]
+
+
+def prepare_item(pipe, item: CaptionItem, options: CaptionOptions) -> Prepared:
+    """``pipe.prepare`` on the item's chat (decodes the file, runs the processor); any failure becomes ``error``."""
+    start = time.perf_counter()
+    text = prompt_text(item, options)
+    try:
+        prompt = pipe.prepare(messages_for(item, text, options.system))
+        return Prepared(item, text, prompt, None, time.perf_counter() - start)
+    except Exception as e:  # a corrupt file must become an error row, never stop the batch
+        return Prepared(item, text, None, error_text(e), time.perf_counter() - start)
+
+
+def caption_dataset(pipe, items: Sequence[CaptionItem], options: CaptionOptions) -> grain.IterDataset:
+    """A grain dataset of batches (lists of ``Prepared``, in item order): items are prepared in
+    ``options.workers`` threads, ahead of generation by a prefetch buffer of a few batches."""
+    buffer = max(2 * options.batch_size, options.workers) if options.workers else 0
+    read = grain.ReadOptions(num_threads=options.workers, prefetch_buffer_size=buffer)
+    return (grain.MapDataset.source(list(items))
+            .map(lambda item: prepare_item(pipe, item, options))
+            .to_iter_dataset(read)
+            .batch(options.batch_size, batch_fn=list))
+
+
+# ---- generating --------------------------------------------------------------------------------------------------
+
+def generate_prepared(pipe, prompts: list, *, max_new_tokens: int, sampling: SamplingParams,
+                      stop: Sequence[str] | None = None, pad_to: int | None = None) -> list:
+    """``Pipeline.generate_prepared`` with this module's sampling settings."""
+    return pipe.generate_prepared(prompts, max_new_tokens=max_new_tokens, temperature=sampling.temperature,
+                                  top_k=sampling.top_k, top_p=sampling.top_p, seed=sampling.seed, stop=stop,
+                                  pad_to=pad_to)
+
+
+def base_row(prepared: Prepared) -> dict:
+    item = prepared.item
+    return {"path": item.path, "kind": item.kind, "prompt": prepared.text}
+
+
+def ok_row(prepared: Prepared, result) -> dict:
+    return base_row(prepared) | {"status": "ok", "caption": result.text, "prompt_tokens": result.prompt_tokens,
+                                 "new_tokens": len(result.token_ids), "finish_reason": result.finish_reason,
+                                 "seconds": round(prepared.seconds + result.seconds, 4), "error": None}
+
+
+def error_row(prepared: Prepared, error: str, seconds: float = 0.0) -> dict:
+    return base_row(prepared) | {"status": "error", "caption": None, "prompt_tokens": None, "new_tokens": None,
+                                 "finish_reason": None, "seconds": round(prepared.seconds + seconds, 4),
+                                 "error": error}
+
+
+def skipped_row(item: CaptionItem, reason: str) -> dict:
+    return {"path": item.path, "kind": item.kind, "prompt": None, "status": "skipped", "caption": None,
+            "prompt_tokens": None, "new_tokens": None, "finish_reason": None, "seconds": 0.0, "error": reason}
+
+
+def caption_batch(pipe, batch: list[Prepared], options: CaptionOptions) -> list[dict]:
+    """Rows for one batch, in order. Items that failed to prepare become error rows; the rest are generated
+    together, and if that fails (e.g. one prompt over the context budget) each is generated on its own so that
+    only the bad ones become error rows."""
+    gen = dict(max_new_tokens=options.max_new_tokens, sampling=options.sampling, stop=options.stop,
+               pad_to=options.batch_size)
+    ready = [p for p in batch if p.prompt is not None]
+    results: dict[int, dict] = {}
+    if ready:
+        try:
+            for p, result in zip(ready, generate_prepared(pipe, [p.prompt for p in ready], **gen)):
+                results[id(p)] = ok_row(p, result)
+        except Exception:
+            for p in ready:
+                start = time.perf_counter()
+                try:
+                    results[id(p)] = ok_row(p, generate_prepared(pipe, [p.prompt], **gen)[0])
+                except Exception as e:
+                    results[id(p)] = error_row(p, error_text(e), time.perf_counter() - start)
+    return [results[id(p)] if p.prompt is not None else error_row(p, p.error) for p in batch]
+
+
+# ---- writing -----------------------------------------------------------------------------------------------------
+
+class RowWriter:
+    """Appends rows to a JSONL file, one write + flush per row, so a kill loses at most the row in flight.
+
+    Opening reads the rows already there and cuts off a torn last line (text after the last newline).
+    """
+
+    def __init__(self, path: str | os.PathLike):
+        self.path = pathlib.Path(path)
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        try:
+            self.existing, self.bad_lines = read_rows(self.path, repair=True)
+            self._file = open(self.path, "ab")
+        except OSError as e:
+            raise CaptionInputError(f"cannot use {self.path} as the output file: {e}") from e
+
+    def write(self, row: dict) -> None:
+        self._file.write(row_bytes(row))
+        self._file.flush()
+
+    def drop(self, paths: set[str]) -> None:
+        """Rewrite the file without the rows of ``paths`` (atomically: a crash leaves the old or the new file)."""
+        self._file.close()
+        self.existing = [row for row in self.existing if row["path"] not in paths]
+        replace_file(self.path, self.existing)
+        self._file = open(self.path, "ab")
+
+    def close(self) -> None:
+        self._file.close()
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
+
+
+def row_bytes(row: dict) -> bytes:
+    return (json.dumps(row, ensure_ascii=False) + "\n").encode("utf-8")
+
+
+def replace_file(path: pathlib.Path, rows: Sequence[dict]) -> None:
+    """Write ``rows`` to a temporary file next to ``path``, fsync it and rename it onto ``path``."""
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
+    try:
+        with os.fdopen(fd, "wb") as f:
+            for row in rows:
+                f.write(row_bytes(row))
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        if os.path.exists(tmp):
+            os.remove(tmp)
+        raise
+
+
+def read_rows(path: str | os.PathLike, *, repair: bool = False) -> tuple[list[dict], int]:
+    """(rows, bad complete lines) of a JSONL output file ([] if missing). ``repair``: truncate a torn last line."""
+    path = pathlib.Path(path)
+    if not path.exists():
+        return [], 0
+    with open(path, "r+b" if repair else "rb") as f:
+        data = f.read()
+        parsed = parse_rows(data)
+        if repair and parsed.complete_bytes < len(data):
+            f.truncate(parsed.complete_bytes)
+    return parsed.rows, parsed.bad_lines
+
+
+# ---- the run -----------------------------------------------------------------------------------------------------
+
+class _Progress:
+    """A progress bar on ``stream`` with items/s and ETA: tqdm, or a plain line redrawn at most once a second."""
+
+    def __init__(self, total: int, enabled: bool, stream: TextIO):
+        self._bar = None
+        self._plain = None
+        if not (enabled and total):
+            return
+        try:
+            from tqdm import tqdm
+        except ImportError:
+            self._plain = {"total": total, "n": 0, "start": time.perf_counter(), "shown": 0.0, "stream": stream}
+            return
+        self._bar = tqdm(total=total, unit="item", file=stream, dynamic_ncols=True, smoothing=0.1)
+
+    def update(self, n: int, failed: int) -> None:
+        if self._bar is not None:
+            self._bar.update(n)
+            if failed:
+                self._bar.set_postfix(failed=failed, refresh=False)
+        elif self._plain is not None:
+            p = self._plain
+            p["n"] += n
+            now = time.perf_counter()
+            if now - p["shown"] >= 1.0 or p["n"] == p["total"]:
+                p["shown"] = now
+                rate = p["n"] / max(now - p["start"], 1e-9)
+                eta = (p["total"] - p["n"]) / rate if rate else float("inf")
+                print(f"\r{p['n']}/{p['total']} items, {rate:.2f} items/s, ETA {eta:.0f}s, {failed} failed",
+                      end="", file=p["stream"], flush=True)
+
+    def close(self) -> None:
+        if self._bar is not None:
+            self._bar.close()
+        elif self._plain is not None and self._plain["n"]:
+            print(file=self._plain["stream"])
+
+
+def supported(pipe, item: CaptionItem) -> bool:
+    return item.kind in pipe.config.modalities
+
+
+def run_captions(pipe, items: Sequence[CaptionItem], out: str | os.PathLike,
+                 options: CaptionOptions = CaptionOptions(), *, shard_index: int = 0, shard_count: int = 1,
+                 log: TextIO | None = sys.stderr) -> CaptionSummary:
+    """Caption this process's shard of ``items`` into its output file, resuming what is there.
+
+    pipe: a Pipeline, or a function returning one (called only when there is something left to caption).
+    shard_index / shard_count: this process among all (default 0 of 1); with more than one, rows go to
+    ``part_path(out, shard_index, shard_count)`` and items already in a merged ``out`` count as finished too.
+    Ctrl-C stops the run cleanly: the summary has ``interrupted=True`` and every row written so far is kept.
+    Returns the summary (also printed to ``log``).
+    """
+    shard = shard_items(list(items), shard_index, shard_count)
+    path = part_path(out, shard_index, shard_count)
+    start = time.perf_counter()
+    with RowWriter(path) as writer:
+        if writer.bad_lines and log:
+            print(f"[omnijax] {path}: ignoring {writer.bad_lines} unreadable lines", file=log)
+        rows = writer.existing + (read_rows(out)[0] if path != pathlib.Path(out) else [])
+        todo = remaining(shard, finished_paths(rows, retry_errors=options.retry_errors))
+        retried = {item.path for item in todo} & {row["path"] for row in writer.existing}
+        if retried:  # their error rows go, so that the file keeps one row per item
+            writer.drop(retried)
+        summary = CaptionSummary(str(path), total=len(shard), already=len(shard) - len(todo))
+        progress = None
+        iterator = None
+        try:
+            if todo and not hasattr(pipe, "prepare"):
+                pipe = pipe()
+                start = time.perf_counter()  # throughput counts captioning, not loading
+            progress = _Progress(len(todo), options.progress and log is not None, log or sys.stderr)
+            runnable = []
+            for item in todo:
+                if supported(pipe, item):
+                    runnable.append(item)
+                else:
+                    writer.write(skipped_row(item, f"the {pipe.family} model takes no {item.kind} input"))
+                    summary.skipped += 1
+                    progress.update(1, summary.failed)
+            if runnable:
+                iterator = iter(caption_dataset(pipe, runnable, options))
+                for batch in iterator:
+                    batch_rows = caption_batch(pipe, batch, options)
+                    for row in batch_rows:
+                        writer.write(row)
+                        if row["status"] == "ok":
+                            summary.done += 1
+                        else:
+                            summary.failed += 1
+                    progress.update(len(batch_rows), summary.failed)
+        except KeyboardInterrupt:
+            summary.interrupted = True
+        finally:
+            if iterator is not None and hasattr(iterator, "close"):
+                iterator.close()
+            if progress is not None:
+                progress.close()
+            summary.seconds = time.perf_counter() - start
+    if log:
+        print(f"[omnijax] {summary.line()}", file=log)
+    return summary
+
+
+# ---- merging -----------------------------------------------------------------------------------------------------
+
+@dataclasses.dataclass
+class MergeSummary:
+    output: str
+    parts: list[str]
+    rows: int
+    ok: int
+    failed: int
+    skipped: int
+
+    def line(self) -> str:
+        return (f"merged {len(self.parts)} part files into {self.output}: {self.rows} rows ({self.ok} ok, "
+                f"{self.failed} failed, {self.skipped} skipped)")
+
+
+def find_parts(out: str | os.PathLike) -> list[tuple[int, int, pathlib.Path]]:
+    """(process index, process count, file) of each of ``out``'s part files, sorted."""
+    out = pathlib.Path(out)
+    pattern = part_pattern(out)
+    if not out.parent.is_dir():
+        return []
+    return sorted((int(m.group(1)), int(m.group(2)), out.parent / name)
+                  for name in os.listdir(out.parent) if (m := pattern.fullmatch(name)))
+
+
+def merge_parts(out: str | os.PathLike, *, remove_parts: bool = False) -> MergeSummary:
+    """Join ``out``'s part files (and the rows already in ``out``) into ``out``: one row per path (an ok row
+    preferred over a skipped one, over an error one), parts in process order. Written to a temporary file and
+    renamed into place. Raises CaptionInputError when there are no parts, a part is missing, or part counts
+    disagree."""
+    out = pathlib.Path(out)
+    found = find_parts(out)
+    if not found:
+        raise CaptionInputError(f"no part files like {part_path(out, 0, 2).name} next to {out}")
+    check_parts([(index, count, path.name) for index, count, path in found])
+    parts = [path for _, _, path in found]
+    rows = read_rows(out)[0]
+    for part in parts:
+        rows += read_rows(part)[0]
+    merged = dedup_rows(rows)
+    replace_file(out, merged)
+    if remove_parts:
+        for part in parts:
+            part.unlink()
+    statuses = [row_status(r) for r in merged]
+    return MergeSummary(str(out), [str(p) for p in parts], len(merged), statuses.count("ok"),
+                        statuses.count("error"), statuses.count("skipped"))

@@ -1,0 +1,185 @@
+"""The gradio web demo: a multimodal chat with any loaded ``Pipeline`` (``omnijax demo``).
+
+A ``gr.ChatInterface`` with a ``gr.MultimodalTextbox`` (images, and audio files / microphone when the model takes
+audio), answers streamed piece by piece, gradio's Stop button (it cancels the generator, which releases the model
+for the next request), sampling controls, and one stats line per answer. Requests go through gradio's queue and
+one lock, so generations run one at a time and every browser tab gets its answer in turn. A bad file or a failed
+generation becomes an error message in the chat; the server keeps serving.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from typing import Any, Callable, Iterator
+
+import gradio as gr
+
+from app.errors import OmnijaxError
+from demo.chat_state import (
+    AUDIO_EXTENSIONS,
+    DEFAULT_MAX_UPLOAD_MB,
+    IMAGE_EXTENSIONS,
+    MEDIA_KINDS,
+    AnswerStats,
+    answer_message,
+    build_messages,
+    error_message,
+    format_stats,
+    model_header,
+    sampling_options,
+    validate_upload,
+)
+
+log = logging.getLogger(__name__)
+
+DEFAULT_MAX_NEW_TOKENS = 256
+DEFAULT_MODEL_NOTICE = ("This is the embedded tiny demo model: its weights are random, so its answers are "
+                        "meaningless. Start with `--model DIR` for a real checkpoint.")
+
+
+def accepted_media(pipe) -> tuple[str, ...]:
+    """The media kinds ("image", "audio") the pipeline's model takes, from ``pipe.config.modalities``."""
+    return tuple(kind for kind in MEDIA_KINDS if kind in pipe.config.modalities)
+
+
+def _stream_into(pipe, messages: list[dict], options: dict, sink: dict) -> Iterator[str]:
+    """``pipe.stream``'s text pieces; its return value (a GenerationResult, when the pipeline gives one) lands in
+    ``sink["result"]``."""
+    sink["result"] = yield from pipe.stream(messages, **options)
+
+
+def _file_path(file: Any) -> str:
+    return file.get("path") if isinstance(file, dict) else str(file)
+
+
+def _media_paths(messages: list[dict]) -> list[str]:
+    """The paths of every media part of pipeline ``messages``."""
+    return [str(part[part["type"]]) for m in messages for part in m["content"] if part["type"] in MEDIA_KINDS]
+
+
+def _report(error: Exception, paths: list[str]) -> dict:
+    """The chat message for a failed request: an OmnijaxError's own text; anything else is also logged."""
+    if isinstance(error, OmnijaxError):
+        return error_message(error, paths)
+    log.error("request failed", exc_info=error)
+    return error_message(f"request failed: {type(error).__name__}: {error}", paths)
+
+
+def make_responder(pipe, *, max_upload_mb: float = DEFAULT_MAX_UPLOAD_MB) -> Callable[..., Iterator[tuple]]:
+    """The chat function: ``respond(message, history, max_new_tokens, temperature, top_p, top_k, seed)``.
+
+    message: the MultimodalTextbox value ``{"text": str, "files": [path, ...]}``; history: the Chatbot's messages.
+    Yields ``(assistant message, stats markdown)`` pairs: the answer so far while streaming (stats left as they
+    are), then the whole answer with its stats line; or one error message.
+    """
+    media_kinds = accepted_media(pipe)
+    max_bytes = int(max_upload_mb * 2**20)
+    lock = threading.Lock()  # the Pipeline is not thread-safe: one generation at a time
+
+    def respond(message, history, max_new_tokens, temperature, top_p, top_k, seed):
+        message = message or {}
+        paths = [_file_path(f) for f in message.get("files") or []]
+        try:
+            media = [(validate_upload(p, max_bytes=max_bytes, modalities=media_kinds), p) for p in paths]
+            messages = build_messages(history or [], message.get("text") or "", media)
+            options = sampling_options(max_new_tokens, temperature, top_p, top_k, seed)
+        except Exception as e:  # noqa: BLE001 - a bad request must not stop the server
+            yield _report(e, paths), ""
+            return
+        answer, sink, first = "", {}, None
+        try:
+            with lock:  # released when the generator finishes or is closed (Stop closes it)
+                start = time.perf_counter()
+                for piece in _stream_into(pipe, messages, options, sink):
+                    answer += piece
+                    if first is None:
+                        first = time.perf_counter() - start
+                        yield answer_message(answer), ""  # clears the previous answer's stats
+                    else:
+                        yield answer_message(answer), gr.skip()
+                total = time.perf_counter() - start
+        except Exception as e:  # noqa: BLE001 - a failed generation must not stop the server
+            report = _report(e, _media_paths(messages))
+            yield ([answer_message(answer), report] if answer else report), ""
+            return
+        result = sink.get("result")
+        if result is not None:  # the final text can differ from the pieces: later bytes can change how a run decodes
+            answer = result.text
+        stats = AnswerStats(prompt_tokens=getattr(result, "prompt_tokens", None),
+                            generated_tokens=len(result.token_ids) if result is not None else None,
+                            first_token_s=first, total_s=total)
+        yield answer_message(answer), format_stats(stats)
+
+    return respond
+
+
+def _settings(pipe) -> list[gr.components.Component]:
+    """Max new tokens, temperature, top-p, top-k and seed controls (rendered where they are created)."""
+    most = max(1, min(int(pipe.config.max_context), 8192))
+    return [
+        gr.Slider(1, most, value=min(DEFAULT_MAX_NEW_TOKENS, most), step=1, label="Max new tokens"),
+        gr.Slider(0.0, 2.0, value=0.0, step=0.05, label="Temperature", info="0 = greedy"),
+        gr.Slider(0.01, 1.0, value=1.0, step=0.01, label="Top-p", info="1 = off"),
+        gr.Slider(0, 200, value=0, step=1, label="Top-k", info="0 = off"),
+        gr.Number(value=0, precision=0, minimum=0, label="Seed"),
+    ]
+
+
+def build_demo(pipe, *, max_upload_mb: float = DEFAULT_MAX_UPLOAD_MB, notice: str | None = None) -> gr.Blocks:
+    """The demo page for ``pipe``: model header, chat, the last answer's stats, generation settings (sidebar).
+
+    Launch it with ``launch`` (which sets up the queue and the upload size cap).
+    """
+    kinds = accepted_media(pipe)
+    by_kind = {"image": IMAGE_EXTENSIONS, "audio": AUDIO_EXTENSIONS}
+    extensions = sorted(ext for kind in kinds for ext in by_kind[kind])
+    attach = " or ".join(f"{k}s" for k in kinds)
+    sources = (["upload"] if kinds else []) + (["microphone"] if "audio" in kinds else [])
+    textbox = gr.MultimodalTextbox(
+        file_types=extensions or None, file_count="multiple", sources=sources,
+        placeholder="Type a message" + (f", attach or paste {attach}…" if kinds else "…"),
+        autofocus=True, submit_btn=True, stop_btn=True, elem_id="chat-input", show_label=False,
+    )
+    chatbot = gr.Chatbot(label=f"{pipe.name} ({pipe.family})", elem_id="chatbot", scale=1, height=520,
+                         buttons=["copy", "copy_all"], feedback_options=None, group_consecutive_messages=False)
+    with gr.Blocks(title=f"omnijax · {pipe.name}", analytics_enabled=False, fill_height=True) as demo:
+        with gr.Sidebar(label="Generation settings", position="right", open=True, elem_id="settings"):
+            gr.Markdown("### Generation settings")
+            settings = _settings(pipe)
+        gr.Markdown(f"## omnijax chat\n{model_header(pipe.name, pipe.family, kinds, notice)}",
+                    elem_id="model-info")
+        stats = gr.Markdown("", elem_id="answer-stats", render=False)
+        gr.ChatInterface(
+            make_responder(pipe, max_upload_mb=max_upload_mb),
+            multimodal=True, chatbot=chatbot, textbox=textbox, additional_inputs=settings,
+            additional_outputs=[stats], concurrency_limit=1, api_name="chat", analytics_enabled=False,
+            fill_height=True,
+        )
+        stats.render()
+    return demo
+
+
+def launch(demo: gr.Blocks, *, host: str = "127.0.0.1", port: int = 7860,
+           max_upload_mb: float = DEFAULT_MAX_UPLOAD_MB, block: bool = True, quiet: bool = False):
+    """Serve ``demo`` on ``host:port``: queued (one generation at a time), uploads capped at ``max_upload_mb``.
+
+    block=False returns once the server is up (call ``demo.close()`` to stop it).
+    """
+    demo.queue(default_concurrency_limit=1, max_size=64)
+    return demo.launch(server_name=host, server_port=port, max_file_size=int(max_upload_mb * 2**20),
+                       share=False, inbrowser=False, show_error=True, ssr_mode=False, pwa=False,
+                       mcp_server=False, prevent_thread_lock=not block, quiet=quiet)
+
+
+def serve(args, *, block: bool = True) -> gr.Blocks:
+    """``omnijax demo``: load ``args.model`` (default: the embedded tiny model) and serve the chat on
+    ``args.host:args.port``. Returns the demo (after the server stops, or at once with block=False)."""
+    from app.cli import load_pipeline
+
+    pipe = load_pipeline(args)
+    demo = build_demo(pipe, max_upload_mb=args.max_upload_mb,
+                      notice=DEFAULT_MODEL_NOTICE if args.model is None else None)
+    launch(demo, host=args.host, port=args.port, max_upload_mb=args.max_upload_mb, block=block)
+    return demo
