@@ -169,7 +169,11 @@ def load_params(index: TensorIndex, params: dict[ParamPath, tuple[tuple, tuple]]
     """Read every parameter into a sharded device array; returns the nested pure-dict params pytree."""
     skipped = check_weight_map(params, weight_map, index.keys(), unused_patterns)
     if skipped:
-        log.info("skipping %d checkpoint tensors this model does not use (e.g. %s)", len(skipped), skipped[0])
+        groups: dict[str, int] = {}
+        for key in skipped:
+            groups[key.split(".")[0]] = groups.get(key.split(".")[0], 0) + 1
+        log.info("skipping %d checkpoint tensors this model does not use: %s", len(skipped),
+                 ", ".join(f"{g}.* ({n})" for g, n in sorted(groups.items())))
     target = numpy_dtype(dtype)
     tree: dict = {}
     for path, (shape, axes) in params.items():

@@ -1,0 +1,150 @@
+"""Qwen3-Omni thinker end to end against transformers (float32): processor outputs, MRoPE positions, logits,
+greedy tokens, batching, full-model checkpoints and bad input."""
+
+import logging
+
+import numpy as np
+import pytest
+import torch
+from PIL import Image
+
+from app.errors import MediaError, PromptError
+from app.pipeline import Pipeline
+
+SR = 16000
+
+
+def image(seed: int, size=(64, 48)) -> Image.Image:
+    return Image.fromarray(np.random.default_rng(seed).integers(0, 256, (size[1], size[0], 3), dtype=np.uint8))
+
+
+def clip(seed: int, seconds: float) -> np.ndarray:
+    t = np.arange(int(seconds * SR)) / SR
+    noise = 0.05 * np.random.default_rng(seed).standard_normal(t.shape)
+    return (0.3 * np.sin(2 * np.pi * (200 + 50 * seed) * t) + noise).astype(np.float32)
+
+
+def user(*parts, system=None):
+    content = []
+    for p in parts:
+        if isinstance(p, Image.Image):
+            content.append({"type": "image", "image": p})
+        elif isinstance(p, np.ndarray):
+            content.append({"type": "audio", "audio": p})
+        else:
+            content.append({"type": "text", "text": p})
+    messages = [{"role": "system", "content": system}] if system else []
+    return messages + [{"role": "user", "content": content}]
+
+
+CASES = {
+    "text": user("Tell me about the sea."),
+    "image": user(image(1), "What is in the picture?"),
+    "audio": user(clip(1, 1.7), "What do you hear?"),
+    "image_audio": user(image(2, (40, 56)), clip(2, 0.5), "Answer the spoken question about this image.",
+                        system="You are a helpful assistant."),
+    "two_images": user(image(3), "and", image(4, (32, 32)), "compare them."),
+    "two_clips": user(clip(3, 1.2), clip(4, 2.3), "Which one is louder?"),
+}
+
+
+def hf_inputs(processor, messages):
+    return processor.apply_chat_template(messages, add_generation_prompt=True, tokenize=True, return_dict=True,
+                                         return_tensors="pt")
+
+
+@pytest.mark.parametrize("case", list(CASES))
+def test_processor_and_positions_parity(qwen_pipeline, hf_qwen_processor, hf_qwen_thinker, case):
+    ours = qwen_pipeline.prepare(CASES[case])
+    ref = hf_inputs(hf_qwen_processor, CASES[case])
+    np.testing.assert_array_equal(ours.token_ids, ref["input_ids"][0].numpy())
+    if "pixel_values" in ref:
+        patches = np.concatenate([it["patches"] for it in ours.media["image"]])
+        assert np.abs(patches - ref["pixel_values"].numpy()).max() <= 1e-5
+        assert [it["grid"] for it in ours.media["image"]] == [tuple(g) for g in ref["image_grid_thw"].tolist()]
+    else:
+        assert "image" not in ours.media
+    if "input_features" in ref:
+        mask = ref["feature_attention_mask"].numpy().astype(bool)
+        feats = ref["input_features"].numpy()
+        assert len(ours.media["audio"]) == len(mask)
+        for item, f, m in zip(ours.media["audio"], feats, mask):
+            assert item["features"].shape == f[:, m].shape
+            assert np.abs(item["features"] - f[:, m]).max() <= 1e-4
+    else:
+        assert "audio" not in ours.media
+    positions, deltas = hf_qwen_thinker.get_rope_index(
+        ref["input_ids"], image_grid_thw=ref.get("image_grid_thw"), attention_mask=ref["attention_mask"],
+        audio_seqlens=ref["feature_attention_mask"].sum(-1) if "feature_attention_mask" in ref else None)
+    np.testing.assert_array_equal(ours.rope_positions, positions[:, 0].numpy().astype(np.int64))
+    assert ours.rope_delta == int(deltas[0, 0])
+
+
+@pytest.mark.parametrize("case", list(CASES))
+def test_logit_parity(qwen_pipeline, hf_qwen_processor, hf_qwen_thinker, case):
+    inputs = hf_inputs(hf_qwen_processor, CASES[case])
+    with torch.no_grad():
+        ref = hf_qwen_thinker(**inputs).logits[0].numpy()
+    ours = qwen_pipeline.engine.score([qwen_pipeline.prepare(CASES[case])])[0]
+    assert ours.shape == ref.shape
+    assert np.abs(ours - ref).max() <= 1e-4 * max(1.0, float(np.abs(ref).max()))
+
+
+def test_tiny_config_exercises_windows_deepstack_and_both_mlp_kinds(qwen_pipeline):
+    cfg = qwen_pipeline.config
+    assert cfg.decoder.deepstack_layers >= 2
+    assert {"moe", "dense"} <= set(cfg.decoder.mlp_types)
+    audio = cfg.encoder_config("audio")
+    frames = qwen_pipeline.prepare(user(clip(5, 12.0), "Hi"))
+    n_frames = frames.media["audio"][0]["features"].shape[1]
+    assert n_frames // 100 >= audio.n_window_infer // 100 + 1  # a 12 s clip spans several attention windows
+
+
+@pytest.mark.parametrize("case", ["text", "image", "audio", "image_audio"])
+def test_greedy_generation_equals_transformers(qwen_pipeline, hf_qwen_processor, hf_qwen_thinker, case):
+    inputs = hf_inputs(hf_qwen_processor, CASES[case])
+    with torch.no_grad():
+        ref = hf_qwen_thinker.generate(**inputs, max_new_tokens=18, do_sample=False)
+    ref_new = ref[0, inputs["input_ids"].shape[1]:].tolist()
+    ours = qwen_pipeline.generate(CASES[case], max_new_tokens=18)
+    assert len(ref_new) >= 16
+    assert ours.token_ids == ref_new
+
+
+def test_mixed_batch_equals_each_alone(qwen_pipeline):
+    convs = [CASES["audio"], CASES["text"], CASES["image_audio"]]
+    batch = qwen_pipeline.generate(convs, max_new_tokens=10)
+    alone = [qwen_pipeline.generate(c, max_new_tokens=10) for c in convs]
+    assert [r.token_ids for r in batch] == [r.token_ids for r in alone]
+
+
+def test_full_checkpoint_loads_the_thinker_and_skips_speech_output(tiny_qwen_full_dir, qwen_pipeline, caplog):
+    with caplog.at_level(logging.INFO, logger="app.checkpoint"):
+        full = Pipeline.from_pretrained(tiny_qwen_full_dir)
+    assert any("skipping" in r.getMessage() and "talker" in r.getMessage() for r in caplog.records)
+    msg = CASES["image_audio"]
+    assert full.generate(msg, max_new_tokens=8).token_ids == qwen_pipeline.generate(msg, max_new_tokens=8).token_ids
+
+
+def test_bad_audio_inputs(qwen_pipeline, tmp_path):
+    corrupt = tmp_path / "q.wav"
+    corrupt.write_bytes(b"RIFF....WAVEfmt garbage" * 4)
+    with pytest.raises(MediaError, match="q.wav"):
+        qwen_pipeline.generate(user(np.zeros(0, np.float32), "Hi") if False else
+                               [{"role": "user", "content": [{"type": "audio", "audio": str(corrupt)}]}])
+    with pytest.raises(MediaError, match="empty|no samples|0 samples"):
+        qwen_pipeline.generate(user(np.zeros(0, np.float32), "Hi"))
+
+
+def test_audio_longer_than_the_limit(tiny_qwen_dir):
+    pipe = Pipeline.from_pretrained(tiny_qwen_dir, max_audio_seconds=2.0)
+    with pytest.raises(MediaError, match="2.5.*2"):
+        pipe.generate(user(clip(1, 2.5), "Hi"))
+    assert pipe.generate(user(clip(1, 1.5), "Hi"), max_new_tokens=2).token_ids
+
+
+def test_placeholders_that_do_not_match_the_media(qwen_pipeline):
+    with pytest.raises(PromptError, match="2 image and 0 audio placeholders for 1 images"):
+        qwen_pipeline.generate(user(image(1), "what about <|image_pad|> this?"))
+    with pytest.raises(PromptError, match="0 image and 1 audio placeholders for 0 images and 0 audio"):
+        qwen_pipeline.generate(user("hear <|audio_pad|>"))
