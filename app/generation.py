@@ -22,7 +22,8 @@ from decoder.kv_cache import init_cache
 from decoder.masks import block_ids
 from decoder.sharding import named_sharding, use_mesh
 
-DEFAULT_BUCKETS = (64, 128, 256, 512, 1024, 2048, 4096, 8192, 16384, 32768, 65536, 131072)
+# Prompt and cache lengths: powers of two and the halfway points between them (at most a third is padding).
+DEFAULT_BUCKETS = tuple(sorted({b for k in range(6, 18) for b in (1 << k, 3 << (k - 1))}))
 
 
 def bucket_for(n: int, buckets: tuple[int, ...]) -> int:
@@ -140,15 +141,16 @@ class Engine:
             return (i < max_new) & ~jnp.all(done)
 
         def body(state):
+            # token i from token i - 1 (which sits at sequence position length + i - 1)
             i, tok, done, buf, cache = state
-            buf = buf.at[:, i].set(jnp.where(done, pad, tok))
-            done = done | jnp.isin(tok, eos_ids)
-            logits, cache = self._forward_token(dec, cache, tok, lengths_B + i, delta_B, start + i)
-            nxt = choose(logits, jax.random.fold_in(key, i + 1), values, mode)
-            return i + 1, nxt, done, buf, cache
+            logits, cache = self._forward_token(dec, cache, tok, lengths_B + i - 1, delta_B, start + i - 1)
+            nxt = choose(logits, jax.random.fold_in(key, i), values, mode)
+            buf = buf.at[:, i].set(jnp.where(done, pad, nxt))
+            return i + 1, nxt, done | jnp.isin(nxt, eos_ids), buf, cache
 
         tok0 = choose(logits_BV, jax.random.fold_in(key, 0), values, mode)
-        state = (jnp.int32(0), tok0, jnp.zeros((b,), bool), jnp.full((b, steps_cap), pad, jnp.int32), cache)
+        buf = jnp.full((b, steps_cap), pad, jnp.int32).at[:, 0].set(tok0)
+        state = (jnp.int32(1), tok0, jnp.isin(tok0, eos_ids), buf, cache)
         i, _, _, buf, _ = jax.lax.while_loop(cond, body, state)
         return buf, i
 

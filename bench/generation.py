@@ -62,17 +62,39 @@ class Prompts:
         self.image = image
 
     def with_image(self, target_tokens: int):
+        """An image prompt of exactly ``target_tokens`` tokens (filler text trimmed token by token)."""
         words = 1
         while True:
             messages = [{"role": "user", "content": [{"type": "image", "image": self.image},
                                                      {"type": "text", "text": " ".join(["word"] * words)}]}]
             prepared = self.pipe.prepare(messages)
-            if len(prepared.token_ids) >= target_tokens:
-                return prepared
-            words += max(1, (target_tokens - len(prepared.token_ids)) // 2)
+            excess = len(prepared.token_ids) - target_tokens
+            if excess >= 0:
+                break
+            words += max(1, -excess // 2)
+        media_id = self.pipe.config.media_token_id("image")
+        cut = int(np.flatnonzero(prepared.token_ids == media_id)[-1]) + 4  # into the filler after the image
+        keep = np.r_[0:cut, cut + excess:len(prepared.token_ids)]
+        prepared.token_ids = prepared.token_ids[keep]
+        prepared.bidirectional = prepared.bidirectional[keep]
+        assert len(prepared.token_ids) == target_tokens
+        return prepared
 
     def text(self, words: int = 12):
         return self.pipe.prepare([{"role": "user", "content": " ".join(["hello"] * words)}])
+
+
+class ProcessorOnly:
+    """omnijax's prompt preparation without loading any weights (for measuring the other system alone)."""
+
+    def __init__(self, folder):
+        from app.checkpoint import read_json
+        from app.families import family_for_config
+
+        hf = read_json(pathlib.Path(folder), "config.json")
+        spec = family_for_config(hf)
+        self.config = spec.parse_config(hf)
+        self.prepare = spec.make_processor(pathlib.Path(folder), self.config).prepare
 
 
 class OmnijaxRunner:
@@ -193,21 +215,12 @@ def memory_probe(system: str, folder: str) -> None:
     from PIL import Image
 
     image = Image.fromarray(np.random.default_rng(0).integers(0, 256, (240, 320, 3), dtype=np.uint8))
-    omni = OmnijaxRunner(folder) if system == "omnijax" else None
-    prep = Prompts(omni.pipe if omni else OmnijaxRunner.__new__(OmnijaxRunner), image)
-    if omni is None:
-        from app.pipeline import Pipeline
-
-        prep.pipe = Pipeline.from_pretrained(folder)  # only for its processor; its weights are freed below
-        prompt = prep.with_image(512)
-        del prep.pipe
-        import gc
-
-        gc.collect()
-        runner = TransformersRunner(folder, system.split("_", 1)[1])
+    if system == "omnijax":
+        runner = OmnijaxRunner(folder)
+        prompt = Prompts(runner.pipe, image).with_image(512)
     else:
-        prompt = prep.with_image(512)
-        runner = omni
+        prompt = Prompts(ProcessorOnly(folder), image).with_image(512)
+        runner = TransformersRunner(folder, system.split("_", 1)[1])
     runner.generate([prompt], 16)
     print(json.dumps({"peak_rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024}))
 
@@ -258,7 +271,7 @@ def run(family: str, out_dir: pathlib.Path, repeats: int, smoke: bool, ckpt_root
     def prompts_for(pipe):
         p = Prompts(pipe, image)
         # two lengths inside the same 128-token bucket for the recompilation check
-        a, b = p.with_image(100), p.with_image(115)
+        a, b = p.with_image(100), p.with_image(120)
         return {"image_128": p.with_image(128), "image_100": a, "image_115": b, "image_512": p.with_image(512),
                 "text": p.text()}
 

@@ -1,0 +1,29 @@
+"""The generation benchmark's smoke run: a tiny model, one repeat. It checks the report, never the speed."""
+
+import json
+
+from bench.generation import main
+
+HEADLINES = ["decode_b1_speedup", "decode_b8_speedup", "ttft512_ratio", "decode_b1_roofline_fraction",
+             "recompiles_in_bucket", "compile_s"]
+MEASURES = ["ttft_128_s", "ttft_512_s", "image_encode_s", "decode_b1_tok_s", "decode_b8_tok_s"]
+
+
+def test_smoke_report_has_every_field(tmp_path):
+    out = tmp_path / "results"
+    assert main(["--smoke", "--no-bf16", "--out", str(out), "--checkpoints", str(tmp_path / "ckpt")]) == 0
+    reports = sorted(out.glob("generation-gemma3-*.json"))
+    assert len(reports) == 1 and (out / "latest-gemma3.md").exists()
+    report = json.loads(reports[0].read_text())
+    for key in HEADLINES:
+        assert isinstance(report[key], (int, float)), key
+    assert report["recompiles_in_bucket"] == 0
+    assert report["prompt_tokens"]["image_512"] == 512 and report["prompt_tokens"]["image_128"] == 128
+    for system in ("omnijax", "transformers_float32"):
+        measures = report["systems"][system]["measures"]
+        for key in MEASURES:
+            assert measures[key]["median"] > 0, (system, key)
+        assert report["systems"][system]["peak_rss_mb"] > 0
+    assert report["bandwidth_gbs"]["matvec"] > 0 and report["roofline_tok_s"] > 0
+    table = (out / "latest-gemma3.md").read_text()
+    assert "decode_b1_speedup" in table and "omnijax" in table
