@@ -13,18 +13,20 @@ from decoder.rope import apply_rotary
 from decoder.sharding import constrain
 
 
-def dot_attention(q_BLNH: jax.Array, k_BSKH: jax.Array, v_BSKH: jax.Array, mask_BLS: jax.Array, *, scale: float,
+def dot_attention(q_BLNH: jax.Array, k_BKSH: jax.Array, v_BKSH: jax.Array, mask_BLS: jax.Array, *, scale: float,
                   softcap: float | None = None) -> jax.Array:
-    """softmax(q.k * scale [softcapped] + mask) . v with N query heads sharing K kv heads -> [batch, q_len, N, H]."""
+    """softmax(q.k * scale [softcapped] + mask) . v with N query heads sharing K kv heads -> [batch, q_len, N, H].
+
+    Keys and values are heads-major [batch, kv_heads, keys, head_dim] (the KV cache layout)."""
     b, l, n, h = q_BLNH.shape
-    kv = k_BSKH.shape[2]
+    kv = k_BKSH.shape[1]
     q = q_BLNH.reshape(b, l, kv, n // kv, h)
-    scores = jnp.einsum("blkgh,bskh->bkgls", q, k_BSKH, preferred_element_type=jnp.float32) * scale
+    scores = jnp.einsum("blkgh,bksh->bkgls", q, k_BKSH, preferred_element_type=jnp.float32) * scale
     if softcap is not None:
         scores = jnp.tanh(scores / softcap) * softcap
     scores = jnp.where(mask_BLS[:, None, None, :, :], scores, jnp.finfo(jnp.float32).min)
-    probs = jax.nn.softmax(scores, axis=-1).astype(v_BSKH.dtype)
-    out = jnp.einsum("bkgls,bskh->blkgh", probs, v_BSKH)
+    probs = jax.nn.softmax(scores, axis=-1).astype(v_BKSH.dtype)
+    out = jnp.einsum("bkgls,bksh->blkgh", probs, v_BKSH)
     return out.reshape(b, l, n, h)
 
 
@@ -46,7 +48,7 @@ class Attention(nnx.Module):
             self.q_norm = self.k_norm = None
 
     def __call__(self, x_BLD: jax.Array, cos_BLH: jax.Array, sin_BLH: jax.Array, mask_BLS: jax.Array,
-                 cache_k_BTKH: jax.Array, cache_v_BTKH: jax.Array, write_index: jax.Array, *,
+                 cache_k_BKTH: jax.Array, cache_v_BKTH: jax.Array, write_index: jax.Array, *,
                  attend_cache: bool) -> tuple[jax.Array, jax.Array, jax.Array]:
         """Returns (output [B, L, D], updated cache k, updated cache v).
 
@@ -63,11 +65,14 @@ class Attention(nnx.Module):
         q = apply_rotary(q, cos_BLH, sin_BLH)
         k = apply_rotary(k, cos_BLH, sin_BLH)
         q = constrain(q, ("batch", "length", "heads", "head_dim"))
+        k = k.transpose(0, 2, 1, 3)  # [B, K, L, H]
+        v = v.transpose(0, 2, 1, 3)
         zero = jnp.zeros((), jnp.int32)
-        cache_k = jax.lax.dynamic_update_slice(cache_k_BTKH, k.astype(cache_k_BTKH.dtype), (zero, write_index, zero, zero))
-        cache_v = jax.lax.dynamic_update_slice(cache_v_BTKH, v.astype(cache_v_BTKH.dtype), (zero, write_index, zero, zero))
-        cache_k = constrain(cache_k, ("batch", "cache_len", "kv_heads", "head_dim"))
-        cache_v = constrain(cache_v, ("batch", "cache_len", "kv_heads", "head_dim"))
+        at = (zero, zero, write_index, zero)
+        cache_k = jax.lax.dynamic_update_slice(cache_k_BKTH, k.astype(cache_k_BKTH.dtype), at)
+        cache_v = jax.lax.dynamic_update_slice(cache_v_BKTH, v.astype(cache_v_BKTH.dtype), at)
+        cache_k = constrain(cache_k, ("batch", "kv_heads", "cache_len", "head_dim"))
+        cache_v = constrain(cache_v, ("batch", "kv_heads", "cache_len", "head_dim"))
         keys, values = (cache_k, cache_v) if attend_cache else (k, v)
         out = dot_attention(q, keys.astype(q.dtype), values.astype(q.dtype), mask_BLS, scale=self.scale,
                             softcap=self.softcap)

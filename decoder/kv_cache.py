@@ -1,6 +1,6 @@
 """The KV cache: a plain pytree sized by a cache budget, so decode shapes never change.
 
-    k, v:  tuple (one per layer) of [batch, cache_len, kv_heads, head_dim]
+    k, v:  tuple (one per layer) of [batch, kv_heads, cache_len, head_dim] (heads-major: no per-step transpose)
     pos:   [batch, cache_len] int32 sequence position of the token in each slot, -1 for empty/padding
     block: [batch, cache_len] int32 media block id of the token in each slot, -1 for text/empty
 """
@@ -15,8 +15,8 @@ from decoder.sharding import constrain
 
 
 def init_cache(cfg: DecoderConfig, batch: int, cache_len: int, dtype=jnp.float32) -> dict:
-    shape = (batch, cache_len, cfg.num_kv_heads, cfg.head_dim)
-    zeros = lambda: constrain(jnp.zeros(shape, dtype), ("batch", "cache_len", "kv_heads", "head_dim"))
+    shape = (batch, cfg.num_kv_heads, cache_len, cfg.head_dim)
+    zeros = lambda: constrain(jnp.zeros(shape, dtype), ("batch", "kv_heads", "cache_len", "head_dim"))
     return {
         "k": tuple(zeros() for _ in range(cfg.num_layers)),
         "v": tuple(zeros() for _ in range(cfg.num_layers)),
