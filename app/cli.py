@@ -8,6 +8,7 @@ import sys
 import time
 
 from app.cli_caption import add_caption_parser, run_caption
+from app.cli_demo import add_demo_parser, run_demo
 from app.errors import OmnijaxError
 
 
@@ -38,6 +39,7 @@ def parser() -> argparse.ArgumentParser:
     gen.add_argument("--no-stream", action="store_true", help="print the answer at the end instead of streaming")
     _add_sampling(gen)
     add_caption_parser(sub)
+    add_demo_parser(sub)
     return top
 
 
@@ -86,6 +88,8 @@ def main(argv=None) -> int:
             return run_generate(args)
         if args.command == "caption":
             return run_caption(args)
+        if args.command == "demo":
+            return run_demo(args)
     except OmnijaxError as e:
         print(f"omnijax: error: {e}", file=sys.stderr)
         return 2

@@ -6,7 +6,6 @@ import argparse
 import ipaddress
 import sys
 
-from app.cli import _add_model
 from demo.chat_state import DEFAULT_MAX_UPLOAD_MB
 
 DEFAULT_HOST = "127.0.0.1"
@@ -35,6 +34,8 @@ def _megabytes(text: str) -> float:
 
 def add_demo_parser(subparsers) -> argparse.ArgumentParser:
     """Add the ``demo`` command (model flags, --host, --port, --max-upload-mb) to ``subparsers``."""
+    from app.cli import _add_model  # here, not at the top: app.cli imports this module
+
     p = subparsers.add_parser("demo", help="serve a multimodal web chat in the browser (gradio)")
     _add_model(p)
     p.add_argument("--host", default=DEFAULT_HOST,

@@ -6,7 +6,7 @@ import dataclasses
 import logging
 import pathlib
 import time
-from typing import Any, Iterator, Sequence
+from typing import Any, Generator, Sequence
 
 import jax.numpy as jnp
 import numpy as np
@@ -138,32 +138,65 @@ class Pipeline:
                                 seconds=seconds)
 
     def stream(self, messages, *, max_new_tokens: int = 64, temperature: float = 0.0, top_k: int = 0,
-               top_p: float = 1.0, seed: int = 0, stop: Sequence[str] | None = None) -> Iterator[str]:
-        """Text pieces of one conversation's answer as they are generated."""
+               top_p: float = 1.0, seed: int = 0,
+               stop: Sequence[str] | None = None) -> Generator[str, None, GenerationResult]:
+        """Text pieces of one conversation's answer as they are generated (one piece per token, "" while a token
+        adds no visible text yet, so a consumer can stop between any two tokens).
+
+        The generator's return value (``result = yield from pipe.stream(...)``) is the answer's GenerationResult as
+        ``generate`` gives it. Text already streamed is never decoded again (incremental detokenisation), so for
+        byte-fallback runs that end up invalid UTF-8 the joined pieces can differ from ``result.text``.
+        """
         if _is_batch(messages):
             raise PromptError("stream takes one conversation; use generate for a batch")
         sampling = SamplingParams(temperature=temperature, top_k=top_k, top_p=top_p, seed=seed)
+        start = time.perf_counter()
         prompt = self.prepare(messages)
         checker = StopChecker(self.processor.decode, stop)
+        detok = IncrementalDetokenizer(self.processor.decode)
         ids: list[int] = []
-        sent = ""
+        shown = ""  # text yielded so far
+        reason = "length"
         for tok in self.engine.stream([prompt], max_new_tokens, sampling):
             t = int(tok[0])
-            if t in self.config.eos_ids:
-                break
             ids.append(t)
+            if t in self.config.eos_ids:
+                reason = "eos"
+                break
             if checker.push(t):
-                final = checker.text(ids)
-                if len(final) > len(sent):
-                    yield final[len(sent):]
-                return
-            text = self.processor.decode(ids)
-            if text.endswith("\ufffd"):  # a partial UTF-8 character: wait for the rest
-                continue
+                reason = "stop"
+                break
+            text = shown + detok.push(t)
             visible = checker.holdback(text)
-            if visible.startswith(sent) and len(visible) > len(sent):
-                yield visible[len(sent):]
-                sent = visible
-        final = self.processor.decode(ids)
-        if final.startswith(sent) and len(final) > len(sent):
-            yield final[len(sent):]
+            piece = visible[len(shown):] if visible.startswith(shown) else ""
+            shown += piece
+            yield piece
+        answer = ids[:-1] if reason == "eos" else ids
+        final = checker.text(answer) if reason == "stop" else self.processor.decode(answer)
+        if final.startswith(shown) and len(final) > len(shown):
+            yield final[len(shown):]
+        return GenerationResult(text=final, token_ids=ids, prompt_tokens=len(prompt.token_ids),
+                                finish_reason=reason, seconds=time.perf_counter() - start)
+
+
+class IncrementalDetokenizer:
+    """New text per token, decoding only a short window of recent tokens (as serving engines do).
+
+    ``push(token)`` returns the text the token completes: "" while the window ends in a partial UTF-8 character.
+    Text returned once is fixed: later tokens never change it.
+    """
+
+    def __init__(self, decode):
+        self.decode = decode
+        self.ids: list[int] = []
+        self.prefix = 0  # window start
+        self.read = 0  # tokens before this are already returned
+
+    def push(self, token_id: int) -> str:
+        self.ids.append(token_id)
+        before = self.decode(self.ids[self.prefix:self.read])
+        after = self.decode(self.ids[self.prefix:])
+        if len(after) > len(before) and not after.endswith("\ufffd") and after.startswith(before):
+            self.prefix, self.read = self.read, len(self.ids)
+            return after[len(before):]
+        return ""

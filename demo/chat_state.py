@@ -28,7 +28,7 @@ ERROR_TITLE = "⚠️ Error"
 
 
 def media_kind(path: str | os.PathLike, mime_type: str | None = None) -> str | None:
-    """"image", "audio" or None (not a media file this demo reads), from the file name's extension.
+    """The kind of media file at ``path`` ("image" or "audio"; None for others), from its name's extension.
 
     ``mime_type`` (as the browser or gradio reported it) only decides when the extension is unknown, and only
     for types whose every variant the decoders read (``image/png``, ``audio/wav``, ... not ``image/svg+xml``).

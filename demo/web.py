@@ -9,6 +9,7 @@ generation becomes an error message in the chat; the server keeps serving.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import threading
 import time
@@ -92,13 +93,14 @@ def make_responder(pipe, *, max_upload_mb: float = DEFAULT_MAX_UPLOAD_MB) -> Cal
         try:
             with lock:  # released when the generator finishes or is closed (Stop closes it)
                 start = time.perf_counter()
-                for piece in _stream_into(pipe, messages, options, sink):
-                    answer += piece
-                    if first is None:
-                        first = time.perf_counter() - start
-                        yield answer_message(answer), ""  # clears the previous answer's stats
-                    else:
-                        yield answer_message(answer), gr.skip()
+                with contextlib.closing(_stream_into(pipe, messages, options, sink)) as pieces:
+                    for piece in pieces:
+                        answer += piece
+                        if first is None:
+                            first = time.perf_counter() - start
+                            yield answer_message(answer), ""  # clears the previous answer's stats
+                        else:
+                            yield answer_message(answer), gr.skip()
                 total = time.perf_counter() - start
         except Exception as e:  # noqa: BLE001 - a failed generation must not stop the server
             report = _report(e, _media_paths(messages))
@@ -158,6 +160,7 @@ def build_demo(pipe, *, max_upload_mb: float = DEFAULT_MAX_UPLOAD_MB, notice: st
             fill_height=True,
         )
         stats.render()
+        chatbot.clear(lambda: "", None, stats, queue=False, api_visibility="private")
     return demo
 
 

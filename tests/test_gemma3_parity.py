@@ -114,11 +114,33 @@ def test_batch_of_different_lengths_equals_each_alone(gemma3_pipeline):
     assert [r.text for r in batch] == [r.text for r in alone]
 
 
-def test_stream_yields_the_generated_text(gemma3_pipeline):
-    full = gemma3_pipeline.generate(CASES["one_image"], max_new_tokens=12)
-    pieces = list(gemma3_pipeline.stream(CASES["one_image"], max_new_tokens=12))
-    assert len(pieces) > 1
-    assert "".join(pieces) == full.text
+def collect(stream):
+    pieces = []
+    while True:
+        try:
+            pieces.append(next(stream))
+        except StopIteration as done:
+            return pieces, done.value
+
+
+@pytest.mark.parametrize("case", ["one_image", "text"])
+def test_stream_yields_the_generated_answer(gemma3_pipeline, case):
+    full = gemma3_pipeline.generate(CASES[case], max_new_tokens=12)
+    pieces, result = collect(gemma3_pipeline.stream(CASES[case], max_new_tokens=12))
+    assert len(pieces) >= len(full.token_ids) - (full.finish_reason == "eos")  # a piece per token
+    assert (result.text, result.token_ids, result.finish_reason, result.prompt_tokens) == \
+        (full.text, full.token_ids, full.finish_reason, full.prompt_tokens)
+    if "\ufffd" not in full.text:
+        assert "".join(pieces) == full.text
+
+
+def test_incremental_detokenizer_never_changes_text_already_returned():
+    from app.pipeline import IncrementalDetokenizer
+
+    table = {1: b"ab", 2: b"\xe2", 3: b"\x82", 4: b"\xac", 5: b" c"}
+    decode = lambda ids: b"".join(table[i] for i in ids).decode("utf-8", errors="replace")
+    d = IncrementalDetokenizer(decode)
+    assert [d.push(t) for t in (1, 2, 3, 4, 5)] == ["ab", "", "", "\u20ac", " c"]
 
 
 def test_stop_string_cuts_the_answer(gemma3_pipeline):
@@ -129,8 +151,10 @@ def test_stop_string_cuts_the_answer(gemma3_pipeline):
     assert cut.finish_reason == "stop"
     assert cut.text == full.text[:full.text.find(stop)]
     assert cut.token_ids == full.token_ids[:len(cut.token_ids)]
-    streamed = "".join(gemma3_pipeline.stream(CASES["text"], max_new_tokens=16, stop=[stop]))
-    assert streamed == cut.text
+    pieces, result = collect(gemma3_pipeline.stream(CASES["text"], max_new_tokens=16, stop=[stop]))
+    assert (result.text, result.token_ids, result.finish_reason) == (cut.text, cut.token_ids, "stop")
+    if "\ufffd" not in cut.text:
+        assert "".join(pieces) == cut.text
 
 
 def test_sampling_is_seeded(gemma3_pipeline):

@@ -1,7 +1,7 @@
 """The web demo: pure chat-state functions, the chat function on the tiny pipeline, and the page in headless Chromium.
 
 The browser tests start the demo on a free 127.0.0.1 port with the tiny Gemma 3 checkpoint and drive Debian's
-``chromium`` through Playwright (skipped when either is missing); every request the page makes to anything but
+``chromium`` through Playwright (scripts/test.sh installs both); every request the page makes to anything but
 the loopback address is blocked and reported.
 """
 
@@ -17,6 +17,7 @@ import tempfile
 import threading
 import time
 import types
+import wave
 
 import numpy as np
 import pytest
@@ -274,6 +275,24 @@ def test_responder_reports_bad_input_in_the_chat(gemma3_pipeline, broken_image, 
     assert _answer_text(answer) == expected.text
 
 
+def test_responder_takes_audio_for_an_audio_model(qwen_pipeline, tmp_path):
+    """The same chat function serves a family with audio input (Qwen3-Omni)."""
+    from demo.web import make_responder
+
+    wav = tmp_path / "tone.wav"
+    with wave.open(str(wav), "wb") as f:
+        f.setnchannels(1)
+        f.setsampwidth(2)
+        f.setframerate(16000)
+        f.writeframes((8000 * np.sin(np.arange(8000) * 2 * np.pi * 440 / 16000)).astype(np.int16).tobytes())
+    expected = qwen_pipeline.generate([_user({"type": "audio", "audio": str(wav)}, _text("What is this?"))],
+                                      max_new_tokens=MAX_NEW)
+    outputs = _run(make_responder(qwen_pipeline), {"text": "What is this?", "files": [str(wav)]})
+    assert _answer_text(outputs[-1][0]) == expected.text
+    match = STATS_RE.fullmatch(outputs[-1][1])
+    assert match and int(match[1]) == expected.prompt_tokens and int(match[2]) == len(expected.token_ids)
+
+
 # ---- the page built for any family --------------------------------------------------------------------------------
 
 def _fake_pipe(modalities):
@@ -371,9 +390,9 @@ def served(gemma3_pipeline):
 @pytest.fixture(scope="module")
 def browser():
     """A headless Chromium context with a fresh profile; requests to anything but 127.0.0.1 are blocked."""
-    sync_api = pytest.importorskip("playwright.sync_api", reason="pip install playwright")
-    if not os.path.exists(CHROMIUM):
-        pytest.skip("needs Debian's chromium: apt-get install -y chromium chromium-driver")
+    from playwright import sync_api  # a test dependency (pyproject's "test" extra)
+
+    assert os.path.exists(CHROMIUM), "the browser tests need Debian's chromium (scripts/test.sh installs it)"
     profile = tempfile.mkdtemp(prefix="omnijax-chromium-")
     blocked: list[str] = []
 
@@ -477,6 +496,14 @@ def test_browser_bad_image_then_valid_request(served, browser, gemma3_pipeline, 
     answer, stats = _wait_for_answer(page, 2)
     assert answer == hello.text
     _check_stats(stats, hello)
+
+    page.locator("#chatbot").get_by_role("button", name="Clear").click()  # a new conversation
+    page.wait_for_function("document.querySelectorAll('#chatbot [data-testid=bot]').length == 0")
+    page.wait_for_function("document.querySelector('#answer-stats').innerText.trim() === ''")
+    _send(page, "Hello there")
+    answer, stats = _wait_for_answer(page, 1)
+    assert answer == hello.text  # nothing of the cleared conversation reached the model
+    _check_stats(stats, hello)
     page.close()
 
 
@@ -487,7 +514,7 @@ def test_browser_stop_button_stops_generation(served, browser):
     _send(page, "Keep talking.")  # the tiny model streams a piece per token for this one
     deadline = time.monotonic() + 60
     while not (len(recording.streams) > before and recording.streams[-1]["pieces"] >= 2):
-        assert time.monotonic() < deadline, "generation did not start"
+        assert time.monotonic() < deadline, f"no 2 streamed pieces within 60 s: {recording.streams[before:]}"
         page.wait_for_timeout(50)  # (not time.sleep: the route guard runs while Playwright waits)
     record = recording.streams[-1]
     assert record["options"]["max_new_tokens"] == 2000
