@@ -179,8 +179,8 @@ def load_params(index: TensorIndex, params: dict[ParamPath, tuple[tuple, tuple]]
     for path, (shape, axes) in params.items():
         spec = weight_map[path]
         parts = [index.read(key) for key in spec.keys]
-        name = spec.keys[0] if len(spec.keys) == 1 else f"{spec.keys[0]} (+{len(spec.keys) - 1} stacked)"
-        if len({p.shape for p in parts}) > 1:
+        name = spec.keys[0] if len(spec.keys) == 1 else f"{spec.keys[0]} (+{len(spec.keys) - 1} joined)"
+        if spec.concat_axis is None and len({p.shape for p in parts}) > 1:
             raise CheckpointError(f"tensors stacked into parameter {'/'.join(map(str, path))} differ in shape: "
                                   f"{sorted({tuple(p.shape) for p in parts})}")
         try:

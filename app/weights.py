@@ -1,7 +1,7 @@
 """How checkpoint tensors become parameters: a weight map is data, built by pure functions per family.
 
 A weight map is ``dict[param_path, TensorSpec]`` where ``param_path`` is the tuple path of a parameter in the
-model's NNX state (e.g. ``("decoder", "layers", 0, "attn", "q_proj", "kernel")``) and ``TensorSpec`` names the
+model's NNX state (e.g. ``("decoder", "layers", 0, "attn", "qkv_proj", "kernel")``) and ``TensorSpec`` names the
 tensor on disk and the layout change from torch's layout to ours.
 """
 
@@ -19,7 +19,8 @@ class TensorSpec:
     """One checkpoint tensor feeding one parameter.
 
     key: the tensor's name in the safetensors files, or several names whose tensors are stacked along a new
-        first axis (per-expert tensors -> one [experts, ...] parameter).
+        first axis (per-expert tensors -> one [experts, ...] parameter) or, with ``concat_axis``, concatenated
+        (q/k/v projections -> one fused projection).
     transpose: axis permutation applied to each tensor after reading (``(1, 0)`` turns a torch Linear weight
         [out, in] into our kernel [in, out]); None keeps the layout.
     reshape: shape applied after the transpose (and stacking); None keeps the shape.
@@ -28,6 +29,7 @@ class TensorSpec:
     key: str | tuple[str, ...]
     transpose: tuple[int, ...] | None = None
     reshape: tuple[int, ...] | None = None
+    concat_axis: int | None = None
 
     @property
     def keys(self) -> tuple[str, ...]:
@@ -38,7 +40,12 @@ class TensorSpec:
         arrays = [arrays] if isinstance(arrays, np.ndarray) else list(arrays)
         if self.transpose is not None:
             arrays = [np.transpose(a, self.transpose) for a in arrays]
-        array = arrays[0] if isinstance(self.key, str) else np.stack(arrays)
+        if isinstance(self.key, str):
+            array = arrays[0]
+        elif self.concat_axis is not None:
+            array = np.concatenate(arrays, axis=self.concat_axis)
+        else:
+            array = np.stack(arrays)
         if self.reshape is not None:
             array = np.reshape(array, self.reshape)
         return array
@@ -47,6 +54,14 @@ class TensorSpec:
 def linear(key_prefix: str) -> TensorSpec:
     """A torch ``nn.Linear`` weight ``{prefix}.weight`` [out, in] as our kernel [in, out]."""
     return TensorSpec(f"{key_prefix}.weight", transpose=(1, 0))
+
+
+def fused_linear(key_prefixes: list[str], suffix: str = "weight") -> TensorSpec:
+    """Several torch Linear weights [out_i, in] (or biases [out_i] with suffix "bias") as one kernel
+    [in, sum out_i] (bias [sum out_i]): one matmul instead of several."""
+    if suffix == "bias":
+        return TensorSpec(tuple(f"{p}.bias" for p in key_prefixes), concat_axis=0)
+    return TensorSpec(tuple(f"{p}.weight" for p in key_prefixes), transpose=(1, 0), concat_axis=1)
 
 
 def stacked_linear(key_prefixes: list[str]) -> TensorSpec:

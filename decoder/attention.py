@@ -17,17 +17,23 @@ def dot_attention(q_BLNH: jax.Array, k_BKSH: jax.Array, v_BKSH: jax.Array, mask_
                   softcap: float | None = None) -> jax.Array:
     """softmax(q.k * scale [softcapped] + mask) . v with N query heads sharing K kv heads -> [batch, q_len, N, H].
 
-    Keys and values are heads-major [batch, kv_heads, keys, head_dim] (the KV cache layout)."""
+    Keys and values are heads-major [batch, kv_heads, keys, head_dim] (the KV cache layout). The G = N / K query
+    heads of one kv head are folded into the rows of one matrix product per kv head.
+    """
     b, l, n, h = q_BLNH.shape
-    kv = k_BKSH.shape[1]
-    q = q_BLNH.reshape(b, l, kv, n // kv, h)
-    scores = jnp.einsum("blkgh,bksh->bkgls", q, k_BKSH, preferred_element_type=jnp.float32) * scale
+    kv, s = k_BKSH.shape[1], k_BKSH.shape[2]
+    g = n // kv
+    q = (q_BLNH * jnp.asarray(scale, q_BLNH.dtype)).reshape(b, l, kv, g, h).transpose(0, 2, 3, 1, 4)
+    scores = jnp.einsum("bkqh,bksh->bkqs", q.reshape(b, kv, g * l, h), k_BKSH,
+                        preferred_element_type=jnp.float32).reshape(b, kv, g, l, s)
     if softcap is not None:
         scores = jnp.tanh(scores / softcap) * softcap
-    scores = jnp.where(mask_BLS[:, None, None, :, :], scores, jnp.finfo(jnp.float32).min)
-    probs = jax.nn.softmax(scores, axis=-1).astype(v_BKSH.dtype)
-    out = jnp.einsum("bkgls,bksh->blkgh", probs, v_BKSH)
-    return out.reshape(b, l, n, h)
+    scores = scores + jnp.where(mask_BLS, 0.0, -1e30).astype(jnp.float32)[:, None, None]
+    scores = scores - jnp.max(scores, axis=-1, keepdims=True)
+    probs = jnp.exp(scores)
+    probs = (probs / jnp.sum(probs, axis=-1, keepdims=True)).astype(v_BKSH.dtype)
+    out = jnp.einsum("bkqs,bksh->bkqh", probs.reshape(b, kv, g * l, s), v_BKSH).reshape(b, kv, g, l, h)
+    return out.transpose(0, 3, 1, 2, 4).reshape(b, l, n, h)
 
 
 class Attention(nnx.Module):
@@ -37,9 +43,8 @@ class Attention(nnx.Module):
         self.scale = cfg.scale
         self.softcap = cfg.attn_logit_softcap
         bias = cfg.attention_bias
-        self.q_proj = Linear(d, n * h, axes=("embed", "heads"), use_bias=bias, rngs=rngs)
-        self.k_proj = Linear(d, kv * h, axes=("embed", "kv_heads"), use_bias=bias, rngs=rngs)
-        self.v_proj = Linear(d, kv * h, axes=("embed", "kv_heads"), use_bias=bias, rngs=rngs)
+        # q, k and v projections fused into one [embed, (N + 2K) * head_dim] kernel: one matmul
+        self.qkv_proj = Linear(d, (n + 2 * kv) * h, axes=("embed", "heads"), use_bias=bias, rngs=rngs)
         self.o_proj = Linear(n * h, d, axes=("heads", "embed"), use_bias=bias, rngs=rngs)
         if cfg.qk_norm:
             self.q_norm = RMSNorm(h, eps=cfg.rms_norm_eps, plus_one=cfg.norm_plus_one, axis_name="head_dim")
@@ -57,9 +62,11 @@ class Attention(nnx.Module):
         empty cache; mask [B, L, L]).
         """
         b, l, _ = x_BLD.shape
-        q = self.q_proj(x_BLD).reshape(b, l, self.num_heads, self.head_dim)
-        k = self.k_proj(x_BLD).reshape(b, l, self.num_kv_heads, self.head_dim)
-        v = self.v_proj(x_BLD).reshape(b, l, self.num_kv_heads, self.head_dim)
+        n, kv, h = self.num_heads, self.num_kv_heads, self.head_dim
+        qkv = self.qkv_proj(x_BLD)
+        q = qkv[..., :n * h].reshape(b, l, n, h)
+        k = qkv[..., n * h:(n + kv) * h].reshape(b, l, kv, h)
+        v = qkv[..., (n + kv) * h:].reshape(b, l, kv, h)
         if self.q_norm is not None:
             q, k = self.q_norm(q), self.k_norm(k)
         q = apply_rotary(q, cos_BLH, sin_BLH)

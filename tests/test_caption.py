@@ -323,3 +323,22 @@ def test_ctrl_c_then_rerun_with_the_default_model(tmp_path, jax_cache):
     rows = rows_by_path(out)
     assert sorted(rows) == sorted(str(p) for p in images)
     assert all(r["status"] == "ok" and r["new_tokens"] > 0 for r in rows.values())
+
+
+def test_audio_files_are_captioned_by_a_family_with_audio(tmp_path, qwen_pipeline):
+    import soundfile
+
+    folder = tmp_path / "media"
+    folder.mkdir()
+    t = np.arange(24000) / 16000
+    soundfile.write(folder / "tone.wav", (0.3 * np.sin(2 * np.pi * 330 * t)).astype(np.float32), 16000)
+    PIL.Image.fromarray(np.random.default_rng(7).integers(0, 256, (40, 56, 3), dtype=np.uint8)).save(folder / "a.png")
+    out = tmp_path / "captions.jsonl"
+    run_captions(qwen_pipeline, discover(str(folder)), out, OPTIONS, log=None)
+    rows = {pathlib.Path(r["path"]).name: r for r in read_rows(out)[0]}
+    assert set(rows) == {"tone.wav", "a.png"}
+    for name, row in rows.items():
+        assert row["status"] == "ok", row
+        item = CaptionItem(str(folder / name), "audio" if name.endswith(".wav") else "image")
+        expected = qwen_pipeline.generate(messages_for(item, row["prompt"]), max_new_tokens=MAX_NEW)
+        assert row["caption"] == expected.text

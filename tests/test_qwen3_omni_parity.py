@@ -45,6 +45,8 @@ CASES = {
                         system="You are a helpful assistant."),
     "two_images": user(image(3), "and", image(4, (32, 32)), "compare them."),
     "two_clips": user(clip(3, 1.2), clip(4, 2.3), "Which one is louder?"),
+    # 4.5 s = 450 feature frames: with n_window_infer 200 the audio tower attends in three separate windows
+    "long_audio": user(clip(6, 4.5), "Summarise."),
 }
 
 
@@ -148,3 +150,20 @@ def test_placeholders_that_do_not_match_the_media(qwen_pipeline):
         qwen_pipeline.generate(user(image(1), "what about <|image_pad|> this?"))
     with pytest.raises(PromptError, match="0 image and 1 audio placeholders for 0 images and 0 audio"):
         qwen_pipeline.generate(user("hear <|audio_pad|>"))
+
+
+def test_cli_with_audio_and_image_matches_the_api(tiny_qwen_dir, qwen_pipeline, tmp_path, capsys):
+    import soundfile
+
+    from app.cli import main
+
+    wav, png = tmp_path / "q.wav", tmp_path / "chart.png"
+    soundfile.write(wav, clip(7, 1.0), SR)
+    image(8).save(png)
+    code = main(["generate", "--model", str(tiny_qwen_dir), "--audio", str(wav), "--image", str(png),
+                 "--prompt", "Answer the question.", "--max-new-tokens", "8", "--no-stream"])
+    assert code == 0
+    expected = qwen_pipeline.generate([{"role": "user", "content": [
+        {"type": "image", "image": str(png)}, {"type": "audio", "audio": str(wav)},
+        {"type": "text", "text": "Answer the question."}]}], max_new_tokens=8)
+    assert capsys.readouterr().out == expected.text + "\n"

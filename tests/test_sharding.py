@@ -24,7 +24,7 @@ convs = [[{"role": "user", "content": [{"type": "image", "image": img}, {"type":
 out = {}
 for name, mesh in [("one", make_mesh(1, jax.devices()[:1])), ("model4", make_mesh(4)), ("data2_model2", make_mesh(2))]:
     pipe = Pipeline.from_pretrained(folder, mesh=mesh)
-    leaf = pipe.engine.params["decoder"]["layers"][0]["mlp"]["gate_proj"]["kernel"]
+    leaf = pipe.engine.params["decoder"]["layers"][0]["mlp"]["gate_up_proj"]["kernel"]
     out[name] = {"tokens": [r.token_ids for r in pipe.generate(convs, max_new_tokens=12)],
                  "shards": len(leaf.addressable_shards), "spec": str(leaf.sharding.spec)}
 print("RESULT" + json.dumps(out))

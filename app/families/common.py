@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from app.weights import linear, plain, prefixed, stacked_linear
+from app.weights import fused_linear, linear, plain, prefixed, stacked_linear
 from decoder.config import DecoderConfig
 
 LLAMA_NORMS = {"attn_norm_in": "input_layernorm", "mlp_norm_in": "post_attention_layernorm"}
@@ -24,10 +24,12 @@ def decoder_weight_map(cfg: DecoderConfig, prefix: str, *, norms: dict[str, str]
     for i in range(cfg.num_layers):
         p = f"{prefix}layers.{i}."
         layer = {(ours, "weight"): plain(f"{p}{theirs}.weight") for ours, theirs in norms.items()}
-        for proj in ("q_proj", "k_proj", "v_proj", "o_proj"):
-            layer[("attn", proj, "kernel")] = linear(f"{p}self_attn.{proj}")
-            if cfg.attention_bias:
-                layer[("attn", proj, "bias")] = plain(f"{p}self_attn.{proj}.bias")
+        qkv = [f"{p}self_attn.{proj}" for proj in ("q_proj", "k_proj", "v_proj")]
+        layer[("attn", "qkv_proj", "kernel")] = fused_linear(qkv)
+        layer[("attn", "o_proj", "kernel")] = linear(f"{p}self_attn.o_proj")
+        if cfg.attention_bias:
+            layer[("attn", "qkv_proj", "bias")] = fused_linear(qkv, "bias")
+            layer[("attn", "o_proj", "bias")] = plain(f"{p}self_attn.o_proj.bias")
         if cfg.qk_norm:
             for norm in ("q_norm", "k_norm"):
                 layer[("attn", norm, "weight")] = plain(f"{p}self_attn.{norm}.weight")
@@ -37,7 +39,7 @@ def decoder_weight_map(cfg: DecoderConfig, prefix: str, *, norms: dict[str, str]
             for proj in ("gate_proj", "up_proj", "down_proj"):
                 layer[("mlp", proj)] = stacked_linear([f"{x}.{proj}" for x in experts])
         else:
-            for proj in ("gate_proj", "up_proj", "down_proj"):
-                layer[("mlp", proj, "kernel")] = linear(f"{p}mlp.{proj}")
+            layer[("mlp", "gate_up_proj", "kernel")] = fused_linear([f"{p}mlp.gate_proj", f"{p}mlp.up_proj"])
+            layer[("mlp", "down_proj", "kernel")] = linear(f"{p}mlp.down_proj")
         wm.update(prefixed(layer, ("layers", i)))
     return wm
