@@ -117,10 +117,10 @@ class Engine:
         cache = init_cache(self.cfg.decoder, tokens_BL.shape[0], cache_len, self.dtype)
         h, cache = dec(x, seq_pos_BL=seq_pos_BL, block_BL=block_ids(bidir_BL), cache=cache,
                        write_index=jnp.int32(0), attend_cache=False, rope_pos_ABL=rope_pos_ABL,
-                       deepstack=deepstack or None)
+                       deepstack=deepstack or None, last_only=not all_logits)
         if all_logits:
             return dec.logits(h), cache
-        return dec.logits(h[:, -1:])[:, 0], cache
+        return dec.logits(h)[:, 0], cache
 
     def _forward_token(self, dec, cache, tok_B, pos_B, delta_B, index):
         x = dec.embedder.encode(tok_B[:, None])

@@ -54,12 +54,13 @@ class Attention(nnx.Module):
 
     def __call__(self, x_BLD: jax.Array, cos_BLH: jax.Array, sin_BLH: jax.Array, mask_BLS: jax.Array,
                  cache_k_BKTH: jax.Array, cache_v_BKTH: jax.Array, write_index: jax.Array, *,
-                 attend_cache: bool) -> tuple[jax.Array, jax.Array, jax.Array]:
+                 attend_cache: bool, last_query_only: bool = False) -> tuple[jax.Array, jax.Array, jax.Array]:
         """Returns (output [B, L, D], updated cache k, updated cache v).
 
         The new keys/values are written into the cache at slot ``write_index``. With ``attend_cache`` the queries
         attend over the whole cache (decode; mask [B, L, T]); without it only over the new keys (prefill of an
-        empty cache; mask [B, L, L]).
+        empty cache; mask [B, L, L]). ``last_query_only``: keys and values of every position go into the cache
+        but only the last position's output is computed ([B, 1, D]).
         """
         b, l, _ = x_BLD.shape
         n, kv, h = self.num_heads, self.num_kv_heads, self.head_dim
@@ -81,6 +82,8 @@ class Attention(nnx.Module):
         cache_k = constrain(cache_k, ("batch", "kv_heads", "cache_len", "head_dim"))
         cache_v = constrain(cache_v, ("batch", "kv_heads", "cache_len", "head_dim"))
         keys, values = (cache_k, cache_v) if attend_cache else (k, v)
+        if last_query_only:
+            q, mask_BLS, l = q[:, -1:], mask_BLS[:, -1:], 1
         out = dot_attention(q, keys.astype(q.dtype), values.astype(q.dtype), mask_BLS, scale=self.scale,
                             softcap=self.softcap)
         return self.o_proj(out.reshape(b, l, self.num_heads * self.head_dim)), cache_k, cache_v

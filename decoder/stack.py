@@ -28,7 +28,8 @@ class Decoder(nnx.Module):
 
     def __call__(self, x_BLD: jax.Array, *, seq_pos_BL: jax.Array, block_BL: jax.Array, cache: dict,
                  write_index: jax.Array, attend_cache: bool, rope_pos_ABL: jax.Array | None = None,
-                 deepstack: tuple[jax.Array, tuple[jax.Array, ...]] | None = None) -> tuple[jax.Array, dict]:
+                 deepstack: tuple[jax.Array, tuple[jax.Array, ...]] | None = None,
+                 last_only: bool = False) -> tuple[jax.Array, dict]:
         """Run the layers on input embeddings; returns (final-normed hidden [B, L, D], updated cache).
 
         seq_pos_BL: sequence position of each input token (-1 for padding), for masks and the cache.
@@ -36,6 +37,8 @@ class Decoder(nnx.Module):
         rope_pos_ABL: RoPE positions [axes, B, L] (default: seq_pos_BL); 3 axes (t, h, w) for MRoPE.
         deepstack: (positions mask [B, L], features per layer [rows, D]): features i are added at the masked
             positions (j-th row at the j-th position) after layer i.
+        last_only: only the last position's hidden state is wanted ([B, 1, D]); the last layer then computes its
+            attention output and MLP for that position alone (the cache is still filled for every position).
         """
         cfg = self.cfg
         x_BLD = constrain(x_BLD, ("batch", "length", "embed"))
@@ -51,13 +54,16 @@ class Decoder(nnx.Module):
         for i, layer in enumerate(self.layers):
             t = cfg.layer_types[i]
             cos, sin = rope[t]
+            last = last_only and i == len(self.layers) - 1 and not (deepstack is not None and i < len(deepstack[1]))
             x_BLD, k, v = layer(x_BLD, cos, sin, masks[t], cache["k"][i], cache["v"][i], write_index,
-                                attend_cache=attend_cache)
+                                attend_cache=attend_cache, last_query_only=last)
             new_k.append(k)
             new_v.append(v)
             if deepstack is not None and i < len(deepstack[1]):
                 x_BLD = add_at_placeholders(x_BLD, deepstack[0], deepstack[1][i])
         cache = dict(cache, k=tuple(new_k), v=tuple(new_v))
+        if last_only:
+            x_BLD = x_BLD[:, -1:]
         return self.final_norm(x_BLD), cache
 
     def logits(self, h_BLD: jax.Array) -> jax.Array:
