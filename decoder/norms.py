@@ -7,6 +7,16 @@ import jax.numpy as jnp
 from flax import nnx
 
 
+def rms_norm(x: jax.Array, weight: jax.Array | None, *, eps: float, plus_one: bool) -> jax.Array:
+    """RMS normalisation over the last axis in float32; ``weight`` broadcasts against x (None: no scale)."""
+    xf = x.astype(jnp.float32)
+    y = xf * jax.lax.rsqrt(jnp.mean(xf * xf, axis=-1, keepdims=True) + eps)
+    if weight is not None:
+        w = weight.astype(jnp.float32)
+        y = y * (1.0 + w) if plus_one else y * w
+    return y.astype(x.dtype)
+
+
 class RMSNorm(nnx.Module):
     """RMS normalisation over the last axis, computed in float32 and cast back to the input dtype.
 
@@ -22,12 +32,7 @@ class RMSNorm(nnx.Module):
             if with_scale else None
 
     def __call__(self, x: jax.Array) -> jax.Array:
-        xf = x.astype(jnp.float32)
-        y = xf * jax.lax.rsqrt(jnp.mean(xf * xf, axis=-1, keepdims=True) + self.eps)
-        if self.weight is not None:
-            w = self.weight[...].astype(jnp.float32)
-            y = y * (1.0 + w) if self.plus_one else y * w
-        return y.astype(x.dtype)
+        return rms_norm(x, None if self.weight is None else self.weight[...], eps=self.eps, plus_one=self.plus_one)
 
 
 class LayerNorm(nnx.Module):
