@@ -21,13 +21,15 @@ Parameter tree (paths in the NNX state) and logical axes::
     ("conv2d1" | "conv2d2" | "conv2d3", "kernel")   [O, I, 3, 3] torch OIHW layout  ("audio_conv", None, None, None)
     ("conv2d1" | "conv2d2" | "conv2d3", "bias")     [O]  ("audio_conv",)
     ("conv_out", "kernel")                          [C * F, d_model]  (None, "audio_embed"), no bias
-    ("layers", i, "self_attn_layer_norm" | "final_layer_norm", "weight" | "bias")   [d_model]  ("audio_embed",)
-    ("layers", i, "self_attn", "q_proj" | "k_proj" | "v_proj", "kernel" | "bias")   ("audio_embed", "audio_heads")
-    ("layers", i, "self_attn", "out_proj", "kernel" | "bias")                       ("audio_heads", "audio_embed")
-    ("layers", i, "fc1" | "fc2", "kernel" | "bias")    "audio_embed" <-> "audio_mlp"
+    ("layers", i, "norm1" | "norm2", "weight" | "bias")   [d_model]  ("audio_embed",)
+                                                    <- self_attn_layer_norm | final_layer_norm
+    ("layers", i, "attn", "q_proj" | "k_proj" | "v_proj", "kernel" | "bias")   ("audio_embed", "audio_heads")
+    ("layers", i, "attn", "out_proj", "kernel" | "bias")                       ("audio_heads", "audio_embed")
+                                                    <- self_attn.*
+    ("layers", i, "mlp", "fc1" | "fc2", "kernel" | "bias")    "audio_embed" <-> "audio_mlp"  <- fc1 | fc2
     ("ln_post", "weight" | "bias")
-    ("proj1", "kernel" | "bias")                    [d_model, d_model]  ("audio_embed", "audio_mlp")
-    ("proj2", "kernel" | "bias")                    [d_model, output_dim]  ("audio_mlp", "embed")
+    ("proj", "fc1", "kernel" | "bias")              [d_model, d_model]  ("audio_embed", "audio_mlp")  <- proj1
+    ("proj", "fc2", "kernel" | "bias")              [d_model, output_dim]  ("audio_mlp", "embed")  <- proj2
 """
 
 from __future__ import annotations
@@ -41,8 +43,11 @@ from flax import nnx
 
 from app.weights import ParamPath, TensorSpec, linear, plain
 from decoder.linear import Linear, param
+from decoder.mlp import activation
 from decoder.norms import LayerNorm
-from encoders.qwen3_omni_vision import activation, segment_attention
+from encoders.blocks import (FeedForward, MultiHeadProjections, PreLNBlock, config_getter, feed_forward_map,
+                             layer_norm_map, multi_head_projections_map, pre_ln_block_norms_map)
+from encoders.qwen3_omni_vision import segment_attention
 
 
 @dataclasses.dataclass(frozen=True)
@@ -63,14 +68,7 @@ class QwenAudioConfig:
     @classmethod
     def from_hf(cls, d: dict) -> "QwenAudioConfig":
         """From the thinker config's ``audio_config`` dict; missing keys take HF defaults."""
-        defaults = cls()
-
-        def get(*names):
-            for name in names:
-                if name in d and d[name] is not None:
-                    return d[name]
-            return getattr(defaults, names[0])
-
+        get = config_getter(d, cls())
         cfg = cls(
             num_mel_bins=int(get("num_mel_bins")),
             encoder_layers=int(get("encoder_layers", "num_hidden_layers")),
@@ -198,39 +196,22 @@ class StridedConv2d(nnx.Module):
         return y + self.bias[...].astype(y.dtype)[None, :, None, None]
 
 
-class QwenAudioAttention(nnx.Module):
+class QwenAudioAttention(MultiHeadProjections):
+    """Multi-head self-attention with biases, restricted to the attention windows ``seqlens``; [S, D] -> [S, D]."""
+
     def __init__(self, cfg: QwenAudioConfig, *, rngs: nnx.Rngs):
-        d = cfg.d_model
-        self.num_heads = cfg.encoder_attention_heads
-        self.head_dim = cfg.head_dim
-        self.q_proj = Linear(d, d, axes=("audio_embed", "audio_heads"), use_bias=True, rngs=rngs)
-        self.k_proj = Linear(d, d, axes=("audio_embed", "audio_heads"), use_bias=True, rngs=rngs)
-        self.v_proj = Linear(d, d, axes=("audio_embed", "audio_heads"), use_bias=True, rngs=rngs)
-        self.out_proj = Linear(d, d, axes=("audio_heads", "audio_embed"), use_bias=True, rngs=rngs)
+        super().__init__(cfg.d_model, cfg.encoder_attention_heads, "audio_embed", "audio_heads", rngs=rngs)
 
     def __call__(self, x_SD: jax.Array, seqlens: tuple[int, ...]) -> jax.Array:
-        s = x_SD.shape[0]
-        split = lambda y: y.reshape(s, self.num_heads, self.head_dim)  # noqa: E731
-        out = segment_attention(split(self.q_proj(x_SD)), split(self.k_proj(x_SD)), split(self.v_proj(x_SD)),
-                                seqlens, self.head_dim ** -0.5)
-        return self.out_proj(out.reshape(s, self.num_heads * self.head_dim))
+        return super().__call__(x_SD, lambda q, k, v: segment_attention(q, k, v, seqlens, self.head_dim ** -0.5))
 
 
-class QwenAudioEncoderLayer(nnx.Module):
-    """Pre-LN block: x + attn(ln(x)), then x + fc2(act(fc1(ln(x))))."""
-
-    def __init__(self, cfg: QwenAudioConfig, *, rngs: nnx.Rngs):
-        d = cfg.d_model
-        self.act = activation(cfg.activation_function)
-        self.self_attn_layer_norm = LayerNorm(d, eps=cfg.layer_norm_eps, axis_name="audio_embed")
-        self.self_attn = QwenAudioAttention(cfg, rngs=rngs)
-        self.final_layer_norm = LayerNorm(d, eps=cfg.layer_norm_eps, axis_name="audio_embed")
-        self.fc1 = Linear(d, cfg.encoder_ffn_dim, axes=("audio_embed", "audio_mlp"), use_bias=True, rngs=rngs)
-        self.fc2 = Linear(cfg.encoder_ffn_dim, d, axes=("audio_mlp", "audio_embed"), use_bias=True, rngs=rngs)
-
-    def __call__(self, x: jax.Array, seqlens: tuple[int, ...]) -> jax.Array:
-        x = x + self.self_attn(self.self_attn_layer_norm(x), seqlens)
-        return x + self.fc2(self.act(self.fc1(self.final_layer_norm(x))))
+def qwen_audio_encoder_layer(cfg: QwenAudioConfig, *, rngs: nnx.Rngs) -> PreLNBlock:
+    """Pre-LN block: x + attn(norm1(x), seqlens), then x + fc2(act(fc1(norm2(x)))); [S, D] -> [S, D]."""
+    d = cfg.d_model
+    return PreLNBlock(d, cfg.layer_norm_eps, "audio_embed", QwenAudioAttention(cfg, rngs=rngs),
+                      FeedForward(d, cfg.encoder_ffn_dim, cfg.activation_function, "audio_embed", "audio_mlp",
+                                  rngs=rngs))
 
 
 class QwenAudioTower(nnx.Module):
@@ -242,10 +223,10 @@ class QwenAudioTower(nnx.Module):
         self.conv2d2 = StridedConv2d(c, c, rngs=rngs)
         self.conv2d3 = StridedConv2d(c, c, rngs=rngs)
         self.conv_out = Linear(c * cfg.mel_after_convs, d, axes=(None, "audio_embed"), rngs=rngs)
-        self.layers = nnx.List([QwenAudioEncoderLayer(cfg, rngs=rngs) for _ in range(cfg.encoder_layers)])
+        self.layers = nnx.List([qwen_audio_encoder_layer(cfg, rngs=rngs) for _ in range(cfg.encoder_layers)])
         self.ln_post = LayerNorm(d, eps=cfg.layer_norm_eps, axis_name="audio_embed")
-        self.proj1 = Linear(d, d, axes=("audio_embed", "audio_mlp"), use_bias=True, rngs=rngs)
-        self.proj2 = Linear(d, cfg.output_dim, axes=("audio_mlp", "embed"), use_bias=True, rngs=rngs)
+        self.proj = FeedForward(d, d, cfg.activation_function, "audio_embed", "audio_mlp", rngs=rngs,
+                                out_dim=cfg.output_dim, axes_out="embed")
 
     def __call__(self, features: jax.Array, lengths) -> jax.Array:
         """features [n_mels, sum(lengths)], lengths static (frames per clip) -> [total_tokens, output_dim]."""
@@ -291,8 +272,7 @@ class QwenAudioTower(nnx.Module):
             x = layer(x, seqlens)
 
         # 5. output head.
-        x = self.ln_post(x)
-        return self.proj2(activation(cfg.activation_function)(self.proj1(x)))
+        return self.proj(self.ln_post(x))
 
 
 def qwen_audio_weight_map(cfg: QwenAudioConfig,
@@ -304,20 +284,11 @@ def qwen_audio_weight_map(cfg: QwenAudioConfig,
     for conv in ("conv2d1", "conv2d2", "conv2d3"):
         m[(conv, "kernel")] = plain(f"{p}{conv}.weight")
         m[(conv, "bias")] = plain(f"{p}{conv}.bias")
-    for name in ("proj1", "proj2"):
-        m[(name, "kernel")] = linear(f"{p}{name}")
-        m[(name, "bias")] = plain(f"{p}{name}.bias")
-    for name in ("weight", "bias"):
-        m[("ln_post", name)] = plain(f"{p}ln_post.{name}")
+    m.update(feed_forward_map(("proj",), f"{p}proj1", f"{p}proj2"))
+    m.update(layer_norm_map(("ln_post",), f"{p}ln_post"))
     for i in range(cfg.encoder_layers):
         lp = f"{p}layers.{i}."
-        for norm in ("self_attn_layer_norm", "final_layer_norm"):
-            for name in ("weight", "bias"):
-                m[("layers", i, norm, name)] = plain(f"{lp}{norm}.{name}")
-        for proj in ("q_proj", "k_proj", "v_proj", "out_proj"):
-            m[("layers", i, "self_attn", proj, "kernel")] = linear(f"{lp}self_attn.{proj}")
-            m[("layers", i, "self_attn", proj, "bias")] = plain(f"{lp}self_attn.{proj}.bias")
-        for fc in ("fc1", "fc2"):
-            m[("layers", i, fc, "kernel")] = linear(f"{lp}{fc}")
-            m[("layers", i, fc, "bias")] = plain(f"{lp}{fc}.bias")
+        m.update(pre_ln_block_norms_map(("layers", i), f"{lp}self_attn_layer_norm", f"{lp}final_layer_norm"))
+        m.update(multi_head_projections_map(("layers", i, "attn"), f"{lp}self_attn"))
+        m.update(feed_forward_map(("layers", i, "mlp"), f"{lp}fc1", f"{lp}fc2"))
     return m

@@ -20,10 +20,10 @@ Parameter tree (paths in the NNX state) and logical axes::
     ("blocks", i, "attn", "qkv", "kernel") [D, 3, D]  ("vision_embed", None, "vision_heads")  torch [3D, D]
     ("blocks", i, "attn", "qkv", "bias")   [3, D]     (None, "vision_heads")
     ("blocks", i, "attn", "proj", "kernel" | "bias")           ("vision_heads", "vision_embed")
-    ("blocks", i, "mlp", "linear_fc1" | "linear_fc2", "kernel" | "bias")   "vision_embed" <-> "vision_mlp"
+    ("blocks", i, "mlp", "fc1" | "fc2", "kernel" | "bias")   "vision_embed" <-> "vision_mlp"  <- linear_fc1 | 2
     ("merger", "ln_q", "weight" | "bias")  [D]
-    ("merger" | ("deepstack_mergers", j), "fc1", ...)  [4D, 4D]  ("vision_merge", "vision_mlp")
-    ("merger" | ("deepstack_mergers", j), "fc2", ...)  [4D, out_hidden]  ("vision_mlp", "embed")
+    ("merger" | ("deepstack_mergers", j), "mlp", "fc1", ...)  [4D, 4D]  ("vision_merge", "vision_mlp")  <- mlp.0
+    ("merger" | ("deepstack_mergers", j), "mlp", "fc2", ...)  [4D, out_hidden]  ("vision_mlp", "embed")  <- mlp.2
     ("deepstack_mergers", j, "ln_q", "weight" | "bias")  [4D]  ("vision_merge",)
 """
 
@@ -36,39 +36,14 @@ import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
-from app.weights import ParamPath, TensorSpec, linear, plain
+from app.weights import ParamPath, TensorSpec, plain
 from decoder.linear import Linear, param
+from decoder.mlp import activation
 from decoder.norms import LayerNorm
+from encoders.blocks import (FeedForward, PreLNBlock, biased_linear_map, config_getter, feed_forward_map,
+                             layer_norm_map, pre_ln_block_norms_map, uniform_int)
 
 Grid = tuple[tuple[int, int, int], ...]
-
-_ACTIVATIONS = {
-    "gelu_pytorch_tanh": lambda x: jax.nn.gelu(x, approximate=True),
-    "gelu_new": lambda x: jax.nn.gelu(x, approximate=True),
-    "gelu_fast": lambda x: jax.nn.gelu(x, approximate=True),
-    "gelu": lambda x: jax.nn.gelu(x, approximate=False),
-    "quick_gelu": lambda x: x * jax.nn.sigmoid(1.702 * x),
-    "silu": jax.nn.silu,
-    "relu": jax.nn.relu,
-}
-
-
-def activation(name: str):
-    """The activation function HF's ``ACT2FN[name]`` computes."""
-    try:
-        return _ACTIVATIONS[name]
-    except KeyError:
-        raise ValueError(f"unsupported activation {name!r} (supported: {sorted(_ACTIVATIONS)})") from None
-
-
-def _as_int(value, name: str) -> int:
-    """HF allows sizes as an int or a list of equal ints."""
-    if isinstance(value, (list, tuple)):
-        if len(set(value)) != 1:
-            raise ValueError(f"non-uniform {name} {value} is not supported")
-        return int(value[0])
-    return int(value)
-
 
 @dataclasses.dataclass(frozen=True)
 class QwenVisionConfig:
@@ -91,13 +66,7 @@ class QwenVisionConfig:
     def from_hf(cls, d: dict) -> "QwenVisionConfig":
         """From the thinker config's ``vision_config`` dict; missing keys take HF defaults."""
         defaults = cls()
-
-        def get(*names):
-            for name in names:
-                if name in d and d[name] is not None:
-                    return d[name]
-            return getattr(defaults, names[0])
-
+        get = config_getter(d, defaults)
         rope = d.get("rope_parameters") or {}
         cfg = cls(
             depth=int(get("depth", "num_hidden_layers")),
@@ -106,9 +75,9 @@ class QwenVisionConfig:
             intermediate_size=int(get("intermediate_size")),
             num_heads=int(get("num_heads", "num_attention_heads")),
             in_channels=int(get("in_channels", "in_chans")),
-            patch_size=_as_int(get("patch_size"), "patch_size"),
+            patch_size=uniform_int(get("patch_size"), "patch_size"),
             spatial_merge_size=int(get("spatial_merge_size")),
-            temporal_patch_size=_as_int(get("temporal_patch_size"), "temporal_patch_size"),
+            temporal_patch_size=uniform_int(get("temporal_patch_size"), "temporal_patch_size"),
             out_hidden_size=int(get("out_hidden_size")),
             num_position_embeddings=int(get("num_position_embeddings")),
             deepstack_visual_indexes=tuple(int(i) for i in get("deepstack_visual_indexes")),
@@ -328,30 +297,11 @@ class QwenVisionAttention(nnx.Module):
         return self.proj(out.reshape(s, self.num_heads * self.head_dim))
 
 
-class QwenVisionMLP(nnx.Module):
-    def __init__(self, cfg: QwenVisionConfig, *, rngs: nnx.Rngs):
-        self.act = activation(cfg.hidden_act)
-        self.linear_fc1 = Linear(cfg.hidden_size, cfg.intermediate_size, axes=("vision_embed", "vision_mlp"),
-                                 use_bias=True, rngs=rngs)
-        self.linear_fc2 = Linear(cfg.intermediate_size, cfg.hidden_size, axes=("vision_mlp", "vision_embed"),
-                                 use_bias=True, rngs=rngs)
-
-    def __call__(self, x: jax.Array) -> jax.Array:
-        return self.linear_fc2(self.act(self.linear_fc1(x)))
-
-
-class QwenVisionBlock(nnx.Module):
-    """Pre-LN block: x + attn(norm1(x)), then x + mlp(norm2(x))."""
-
-    def __init__(self, cfg: QwenVisionConfig, *, rngs: nnx.Rngs):
-        self.norm1 = LayerNorm(cfg.hidden_size, eps=cfg.layer_norm_eps, axis_name="vision_embed")
-        self.norm2 = LayerNorm(cfg.hidden_size, eps=cfg.layer_norm_eps, axis_name="vision_embed")
-        self.attn = QwenVisionAttention(cfg, rngs=rngs)
-        self.mlp = QwenVisionMLP(cfg, rngs=rngs)
-
-    def __call__(self, x, cos, sin, seqlens):
-        x = x + self.attn(self.norm1(x), cos, sin, seqlens)
-        return x + self.mlp(self.norm2(x))
+def qwen_vision_block(cfg: QwenVisionConfig, *, rngs: nnx.Rngs) -> PreLNBlock:
+    """Pre-LN block: x + attn(norm1(x), cos, sin, seqlens), then x + mlp(norm2(x)); [S, D] -> [S, D]."""
+    d = cfg.hidden_size
+    return PreLNBlock(d, cfg.layer_norm_eps, "vision_embed", QwenVisionAttention(cfg, rngs=rngs),
+                      FeedForward(d, cfg.intermediate_size, cfg.hidden_act, "vision_embed", "vision_mlp", rngs=rngs))
 
 
 class QwenPatchMerger(nnx.Module):
@@ -363,8 +313,8 @@ class QwenPatchMerger(nnx.Module):
         self.postshuffle_norm = postshuffle_norm
         self.ln_q = LayerNorm(self.merged if postshuffle_norm else cfg.hidden_size, eps=cfg.layer_norm_eps,
                               axis_name="vision_merge" if postshuffle_norm else "vision_embed")
-        self.fc1 = Linear(self.merged, self.merged, axes=("vision_merge", "vision_mlp"), use_bias=True, rngs=rngs)
-        self.fc2 = Linear(self.merged, cfg.out_hidden_size, axes=("vision_mlp", "embed"), use_bias=True, rngs=rngs)
+        self.mlp = FeedForward(self.merged, self.merged, "gelu", "vision_merge", "vision_mlp", rngs=rngs,
+                               out_dim=cfg.out_hidden_size, axes_out="embed")
 
     def __call__(self, x_PD: jax.Array) -> jax.Array:
         """[P, D] patches in merge-block order -> [P / merge**2, out_hidden]."""
@@ -372,7 +322,7 @@ class QwenPatchMerger(nnx.Module):
             x = self.ln_q(x_PD.reshape(-1, self.merged))
         else:
             x = self.ln_q(x_PD).reshape(-1, self.merged)
-        return self.fc2(jax.nn.gelu(self.fc1(x), approximate=False))
+        return self.mlp(x)
 
 
 class QwenVisionTower(nnx.Module):
@@ -385,7 +335,7 @@ class QwenVisionTower(nnx.Module):
         d = cfg.hidden_size
         self.patch_embed = Linear(cfg.patch_dim, d, axes=(None, "vision_embed"), use_bias=True, rngs=rngs)
         self.pos_embed = param(rngs, (cfg.num_position_embeddings, d), (None, "vision_embed"))
-        self.blocks = nnx.List([QwenVisionBlock(cfg, rngs=rngs) for _ in range(cfg.depth)])
+        self.blocks = nnx.List([qwen_vision_block(cfg, rngs=rngs) for _ in range(cfg.depth)])
         self.merger = QwenPatchMerger(cfg, postshuffle_norm=False, rngs=rngs)
         self.deepstack_mergers = nnx.List([QwenPatchMerger(cfg, postshuffle_norm=True, rngs=rngs)
                                            for _ in cfg.deepstack_visual_indexes])
@@ -431,24 +381,16 @@ def qwen_vision_weight_map(cfg: QwenVisionConfig, key_prefix: str = "thinker.vis
     }
     for i in range(cfg.depth):
         bp = f"{p}blocks.{i}."
-        for norm in ("norm1", "norm2"):
-            for name in ("weight", "bias"):
-                m[("blocks", i, norm, name)] = plain(f"{bp}{norm}.{name}")
+        m.update(pre_ln_block_norms_map(("blocks", i), f"{bp}norm1", f"{bp}norm2"))
         m[("blocks", i, "attn", "qkv", "kernel")] = TensorSpec(f"{bp}attn.qkv.weight", transpose=(1, 0),
                                                                reshape=(d, 3, d))
         m[("blocks", i, "attn", "qkv", "bias")] = TensorSpec(f"{bp}attn.qkv.bias", reshape=(3, d))
-        m[("blocks", i, "attn", "proj", "kernel")] = linear(f"{bp}attn.proj")
-        m[("blocks", i, "attn", "proj", "bias")] = plain(f"{bp}attn.proj.bias")
-        for fc in ("linear_fc1", "linear_fc2"):
-            m[("blocks", i, "mlp", fc, "kernel")] = linear(f"{bp}mlp.{fc}")
-            m[("blocks", i, "mlp", fc, "bias")] = plain(f"{bp}mlp.{fc}.bias")
+        m.update(biased_linear_map(("blocks", i, "attn", "proj"), f"{bp}attn.proj"))
+        m.update(feed_forward_map(("blocks", i, "mlp"), f"{bp}mlp.linear_fc1", f"{bp}mlp.linear_fc2"))
 
     def merger(path: ParamPath, kp: str) -> None:
-        for name in ("weight", "bias"):
-            m[path + ("ln_q", name)] = plain(f"{kp}ln_q.{name}")
-        for ours, theirs in (("fc1", "mlp.0"), ("fc2", "mlp.2")):
-            m[path + (ours, "kernel")] = linear(f"{kp}{theirs}")
-            m[path + (ours, "bias")] = plain(f"{kp}{theirs}.bias")
+        m.update(layer_norm_map(path + ("ln_q",), f"{kp}ln_q"))
+        m.update(feed_forward_map(path + ("mlp",), f"{kp}mlp.0", f"{kp}mlp.2"))
 
     merger(("merger",), f"{p}merger.")
     for j in range(len(cfg.deepstack_visual_indexes)):

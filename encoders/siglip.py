@@ -8,8 +8,8 @@ Parameter tree (paths in the NNX state)::
     ("patch_embed", "kernel")    [C*p*p, D]   conv weight [D, C, p, p] -> transpose (1, 2, 3, 0) -> reshape
     ("patch_embed", "bias")      [D]
     ("pos_embed",)               [num_patches, D]
-    ("layers", i, "layer_norm1" | "layer_norm2", "weight" | "bias")
-    ("layers", i, "self_attn", "q_proj" | "k_proj" | "v_proj" | "out_proj", "kernel" | "bias")
+    ("layers", i, "norm1" | "norm2", "weight" | "bias")                                 <- layer_norm1 | layer_norm2
+    ("layers", i, "attn", "q_proj" | "k_proj" | "v_proj" | "out_proj", "kernel" | "bias")   <- self_attn.*
     ("layers", i, "mlp", "fc1" | "fc2", "kernel" | "bias")
     ("post_layernorm", "weight" | "bias")
 
@@ -27,18 +27,11 @@ import jax
 import jax.numpy as jnp
 from flax import nnx
 
-from app.weights import ParamPath, TensorSpec, linear, plain
+from app.weights import ParamPath, TensorSpec, plain
 from decoder.linear import Linear, param
 from decoder.norms import LayerNorm
-
-
-def _as_int(value) -> int:
-    """HF allows ``image_size``/``patch_size`` as an int or a (h, w) pair; only square sizes are supported."""
-    if isinstance(value, (list, tuple)):
-        if len(set(value)) != 1:
-            raise ValueError(f"non-square size {value} is not supported")
-        return int(value[0])
-    return int(value)
+from encoders.blocks import (FeedForward, MultiHeadProjections, PreLNBlock, feed_forward_map, layer_norm_map,
+                             multi_head_projections_map, pre_ln_block_norms_map, uniform_int)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -64,8 +57,8 @@ class SiglipVisionConfig:
             num_hidden_layers=int(get("num_hidden_layers")),
             num_attention_heads=int(get("num_attention_heads")),
             num_channels=int(get("num_channels")),
-            image_size=_as_int(get("image_size")),
-            patch_size=_as_int(get("patch_size")),
+            image_size=uniform_int(get("image_size"), "image_size"),
+            patch_size=uniform_int(get("patch_size"), "patch_size"),
             layer_norm_eps=float(get("layer_norm_eps")),
             hidden_act=str(get("hidden_act")),
         )
@@ -83,70 +76,28 @@ class SiglipVisionConfig:
         return self.patches_per_side ** 2
 
 
-_ACTIVATIONS = {
-    "gelu_pytorch_tanh": lambda x: jax.nn.gelu(x, approximate=True),
-    "gelu_new": lambda x: jax.nn.gelu(x, approximate=True),
-    "gelu_fast": lambda x: jax.nn.gelu(x, approximate=True),
-    "gelu": lambda x: jax.nn.gelu(x, approximate=False),
-    "quick_gelu": lambda x: x * jax.nn.sigmoid(1.702 * x),
-}
+def dense_attention(q_NTHK: jax.Array, k_NTHK: jax.Array, v_NTHK: jax.Array, scale: float) -> jax.Array:
+    """Bidirectional attention over all T tokens of each item; [N, T, heads, head_dim] -> same. Softmax in float32."""
+    scores = jnp.einsum("nqhd,nkhd->nhqk", q_NTHK, k_NTHK) * scale
+    probs = jax.nn.softmax(scores.astype(jnp.float32), axis=-1).astype(v_NTHK.dtype)
+    return jnp.einsum("nhqk,nkhd->nqhd", probs, v_NTHK)
 
 
-def _activation(name: str):
-    try:
-        return _ACTIVATIONS[name]
-    except KeyError:
-        raise ValueError(f"unsupported SigLIP hidden_act {name!r}") from None
-
-
-class SiglipAttention(nnx.Module):
+class SiglipAttention(MultiHeadProjections):
     """Bidirectional multi-head self-attention with biases; scores scaled by head_dim**-0.5, softmax in float32."""
 
     def __init__(self, cfg: SiglipVisionConfig, *, rngs: nnx.Rngs):
-        d = cfg.hidden_size
-        if cfg.head_dim * cfg.num_attention_heads != d:
-            raise ValueError(f"hidden_size {d} is not divisible by num_attention_heads {cfg.num_attention_heads}")
-        self.num_heads = cfg.num_attention_heads
-        self.head_dim = cfg.head_dim
-        self.q_proj = Linear(d, d, axes=("vision_embed", "vision_heads"), use_bias=True, rngs=rngs)
-        self.k_proj = Linear(d, d, axes=("vision_embed", "vision_heads"), use_bias=True, rngs=rngs)
-        self.v_proj = Linear(d, d, axes=("vision_embed", "vision_heads"), use_bias=True, rngs=rngs)
-        self.out_proj = Linear(d, d, axes=("vision_heads", "vision_embed"), use_bias=True, rngs=rngs)
+        super().__init__(cfg.hidden_size, cfg.num_attention_heads, "vision_embed", "vision_heads", rngs=rngs)
 
-    def __call__(self, x: jax.Array) -> jax.Array:
-        n, t, _ = x.shape
-        split = lambda y: y.reshape(n, t, self.num_heads, self.head_dim)  # noqa: E731
-        q, k, v = split(self.q_proj(x)), split(self.k_proj(x)), split(self.v_proj(x))
-        scores = jnp.einsum("nqhd,nkhd->nhqk", q, k) * (self.head_dim ** -0.5)
-        probs = jax.nn.softmax(scores.astype(jnp.float32), axis=-1).astype(v.dtype)
-        out = jnp.einsum("nhqk,nkhd->nqhd", probs, v).reshape(n, t, self.num_heads * self.head_dim)
-        return self.out_proj(out)
+    def __call__(self, x_NTD: jax.Array) -> jax.Array:
+        return super().__call__(x_NTD, lambda q, k, v: dense_attention(q, k, v, self.head_dim ** -0.5))
 
 
-class SiglipMLP(nnx.Module):
-    def __init__(self, cfg: SiglipVisionConfig, *, rngs: nnx.Rngs):
-        self.act = _activation(cfg.hidden_act)
-        self.fc1 = Linear(cfg.hidden_size, cfg.intermediate_size, axes=("vision_embed", "vision_mlp"),
-                          use_bias=True, rngs=rngs)
-        self.fc2 = Linear(cfg.intermediate_size, cfg.hidden_size, axes=("vision_mlp", "vision_embed"),
-                          use_bias=True, rngs=rngs)
-
-    def __call__(self, x: jax.Array) -> jax.Array:
-        return self.fc2(self.act(self.fc1(x)))
-
-
-class SiglipEncoderLayer(nnx.Module):
-    """Pre-LN transformer block: x + attn(ln1(x)), then x + mlp(ln2(x))."""
-
-    def __init__(self, cfg: SiglipVisionConfig, *, rngs: nnx.Rngs):
-        self.layer_norm1 = LayerNorm(cfg.hidden_size, eps=cfg.layer_norm_eps, axis_name="vision_embed")
-        self.self_attn = SiglipAttention(cfg, rngs=rngs)
-        self.layer_norm2 = LayerNorm(cfg.hidden_size, eps=cfg.layer_norm_eps, axis_name="vision_embed")
-        self.mlp = SiglipMLP(cfg, rngs=rngs)
-
-    def __call__(self, x: jax.Array) -> jax.Array:
-        x = x + self.self_attn(self.layer_norm1(x))
-        return x + self.mlp(self.layer_norm2(x))
+def siglip_encoder_layer(cfg: SiglipVisionConfig, *, rngs: nnx.Rngs) -> PreLNBlock:
+    """Pre-LN transformer block: x + attn(norm1(x)), then x + mlp(norm2(x)); [N, T, D] -> [N, T, D]."""
+    d = cfg.hidden_size
+    return PreLNBlock(d, cfg.layer_norm_eps, "vision_embed", SiglipAttention(cfg, rngs=rngs),
+                      FeedForward(d, cfg.intermediate_size, cfg.hidden_act, "vision_embed", "vision_mlp", rngs=rngs))
 
 
 def unfold_patches(pixels_NCHW: jax.Array, patch_size: int) -> jax.Array:
@@ -169,7 +120,7 @@ class SiglipVisionTower(nnx.Module):
         self.patch_embed = Linear(cfg.num_channels * cfg.patch_size ** 2, d, axes=(None, "vision_embed"),
                                   use_bias=True, rngs=rngs)
         self.pos_embed = param(rngs, (cfg.num_patches, d), (None, "vision_embed"))
-        self.layers = nnx.List([SiglipEncoderLayer(cfg, rngs=rngs) for _ in range(cfg.num_hidden_layers)])
+        self.layers = nnx.List([siglip_encoder_layer(cfg, rngs=rngs) for _ in range(cfg.num_hidden_layers)])
         self.post_layernorm = LayerNorm(d, eps=cfg.layer_norm_eps, axis_name="vision_embed")
 
     def __call__(self, pixels_NCHW: jax.Array) -> jax.Array:
@@ -194,20 +145,13 @@ def siglip_weight_map(cfg: SiglipVisionConfig, key_prefix: str = "vision_tower."
                                               reshape=(c * ps * ps, d)),
         ("patch_embed", "bias"): plain(f"{p}embeddings.patch_embedding.bias"),
         ("pos_embed",): plain(f"{p}embeddings.position_embedding.weight"),
-        ("post_layernorm", "weight"): plain(f"{p}post_layernorm.weight"),
-        ("post_layernorm", "bias"): plain(f"{p}post_layernorm.bias"),
+        **layer_norm_map(("post_layernorm",), f"{p}post_layernorm"),
     }
     for i in range(cfg.num_hidden_layers):
         lp = f"{p}encoder.layers.{i}."
-        for norm in ("layer_norm1", "layer_norm2"):
-            for name in ("weight", "bias"):
-                m[("layers", i, norm, name)] = plain(f"{lp}{norm}.{name}")
-        for proj in ("q_proj", "k_proj", "v_proj", "out_proj"):
-            m[("layers", i, "self_attn", proj, "kernel")] = linear(f"{lp}self_attn.{proj}")
-            m[("layers", i, "self_attn", proj, "bias")] = plain(f"{lp}self_attn.{proj}.bias")
-        for fc in ("fc1", "fc2"):
-            m[("layers", i, "mlp", fc, "kernel")] = linear(f"{lp}mlp.{fc}")
-            m[("layers", i, "mlp", fc, "bias")] = plain(f"{lp}mlp.{fc}.bias")
+        m.update(pre_ln_block_norms_map(("layers", i), f"{lp}layer_norm1", f"{lp}layer_norm2"))
+        m.update(multi_head_projections_map(("layers", i, "attn"), f"{lp}self_attn"))
+        m.update(feed_forward_map(("layers", i, "mlp"), f"{lp}mlp.fc1", f"{lp}mlp.fc2"))
     return m
 
 
