@@ -211,7 +211,7 @@ class Engine:
         with use_mesh(self.mesh):
             buf, steps = self._decode(self.params, cache, logits, self._put(batch.lengths, ("batch",)),
                                       self._put(batch.rope_delta, ("batch",)), jnp.int32(length), jnp.int32(max_new), jax.random.key(sampling.seed),
-                                      sampling.values(), jnp.asarray([-1]) if ignore_eos else self.eos_ids,
+                                      sampling.values(), jnp.full_like(self.eos_ids, -1) if ignore_eos else self.eos_ids,
                                       mode=sampling.mode(), steps_cap=cache_len - length)
         return np.asarray(buf)[:, :int(steps)]
 

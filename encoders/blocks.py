@@ -10,7 +10,7 @@ Parameter tree of each module (paths relative to the module)::
 
 from __future__ import annotations
 
-from typing import Any, Callable
+from typing import Callable
 
 import jax
 from flax import nnx
@@ -108,26 +108,3 @@ def pre_ln_block_norms_map(path: ParamPath, norm1_key: str, norm2_key: str) -> d
 
 # ---------------------------------------------------------------------------------------------------------------
 # Reading HF config dicts.
-
-
-def uniform_int(value, name: str) -> int:
-    """HF allows some sizes as an int or a list of equal ints (e.g. ``image_size`` as (h, w)); only uniform sizes
-    are supported."""
-    if isinstance(value, (list, tuple)):
-        if len(set(value)) != 1:
-            raise ValueError(f"non-uniform {name} {value} is not supported")
-        return int(value[0])
-    return int(value)
-
-
-def config_getter(d: dict, defaults: Any) -> Callable[..., Any]:
-    """``get(*names)``: the first of ``names`` present in ``d`` with a non-None value, else the attribute
-    ``names[0]`` of ``defaults`` (a config built with its defaults)."""
-
-    def get(*names: str) -> Any:
-        for name in names:
-            if name in d and d[name] is not None:
-                return d[name]
-        return getattr(defaults, names[0])
-
-    return get

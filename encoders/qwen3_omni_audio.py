@@ -45,8 +45,9 @@ from app.weights import ParamPath, TensorSpec, linear, plain
 from decoder.linear import Linear, param
 from decoder.mlp import activation
 from decoder.norms import LayerNorm
-from encoders.blocks import (FeedForward, MultiHeadProjections, PreLNBlock, config_getter, feed_forward_map,
-                             layer_norm_map, multi_head_projections_map, pre_ln_block_norms_map)
+from app.config_values import config_getter
+from encoders.blocks import (FeedForward, MultiHeadProjections, PreLNBlock, feed_forward_map, layer_norm_map,
+                             multi_head_projections_map, pre_ln_block_norms_map)
 from encoders.qwen3_omni_vision import segment_attention
 
 

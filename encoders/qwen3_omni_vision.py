@@ -40,8 +40,9 @@ from app.weights import ParamPath, TensorSpec, plain
 from decoder.linear import Linear, param
 from decoder.mlp import activation
 from decoder.norms import LayerNorm
-from encoders.blocks import (FeedForward, PreLNBlock, biased_linear_map, config_getter, feed_forward_map,
-                             layer_norm_map, pre_ln_block_norms_map, uniform_int)
+from app.config_values import config_getter, uniform_int
+from encoders.blocks import (FeedForward, PreLNBlock, biased_linear_map, feed_forward_map, layer_norm_map,
+                             pre_ln_block_norms_map)
 
 Grid = tuple[tuple[int, int, int], ...]
 

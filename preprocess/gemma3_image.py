@@ -24,7 +24,8 @@ from typing import Any
 import numpy as np
 import PIL.Image
 
-from preprocess.processor_config import as_float, as_int, processor_section
+from app.config_values import as_float, as_int, config_getter
+from preprocess.processor_config import processor_section
 from app.errors import CheckpointError, MediaError
 from preprocess.images import load_image
 
@@ -111,9 +112,7 @@ class Gemma3ImageConfig:
         defaults = cls()
         kwargs: dict[str, Any] = {}
 
-        def get(key: str):
-            value = d.get(key)
-            return getattr(defaults, key) if value is None else value
+        get = config_getter(d, defaults)
 
         try:
             size = d.get("size")

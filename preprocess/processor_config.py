@@ -43,15 +43,3 @@ def processor_section(path: str | os.PathLike, sections: tuple[str, ...], what: 
         raise CheckpointError(f"no {what} config in {folder}: expected {PREPROCESSOR_CONFIG_NAME} or a "
                               f"{sections[0]!r} section in {PROCESSOR_CONFIG_NAME}")
     return read_json(preprocessor_file), str(preprocessor_file)
-
-
-def as_int(value: Any, key: str) -> int:
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or int(value) != value:
-        raise ValueError(f"'{key}' must be an integer, got {value!r}")
-    return int(value)
-
-
-def as_float(value: Any, key: str) -> float:
-    if isinstance(value, bool) or not isinstance(value, (int, float)):
-        raise ValueError(f"'{key}' must be a number, got {value!r}")
-    return float(value)

@@ -27,7 +27,8 @@ from typing import Any
 
 import numpy as np
 
-from preprocess.processor_config import as_float, as_int, processor_section
+from app.config_values import as_float, as_int, config_getter
+from preprocess.processor_config import processor_section
 from app.errors import CheckpointError, MediaError
 
 
@@ -119,9 +120,7 @@ class WhisperFeatureConfig:
             raise CheckpointError(f"{source}: expected feature_extractor_type 'WhisperFeatureExtractor', got {kind!r}")
         defaults = cls()
 
-        def get(key: str):
-            value = d.get(key)
-            return getattr(defaults, key) if value is None else value
+        get = config_getter(d, defaults)
 
         try:
             kwargs: dict[str, Any] = {}
