@@ -96,7 +96,7 @@ class Engine:
         self._collate = {m: type(encoders[m]).collate for m in cfg.modalities}
         self._encode = jax.jit(self._encode_impl, static_argnames=("modality", "static"))
         self._prefill = jax.jit(self._prefill_impl, static_argnames=("cache_len", "all_logits"))
-        self._decode = jax.jit(self._decode_impl, static_argnames=("mode", "steps_cap"))
+        self._decode = jax.jit(self._decode_impl, static_argnames=("mode", "steps_cap"), donate_argnames=("cache",))
         self._step = jax.jit(self._step_impl, static_argnames=("mode",), donate_argnames=("cache",))
 
     # ---- jitted bodies -------------------------------------------------------------------------------------

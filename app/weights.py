@@ -22,7 +22,7 @@ class TensorSpec:
         first axis (per-expert tensors -> one [experts, ...] parameter) or, with ``concat_axis``, concatenated
         (q/k/v projections -> one fused projection).
     transpose: axis permutation applied to each tensor after reading (``(1, 0)`` turns a torch Linear weight
-        [out, in] into our kernel [in, out]); None keeps the layout.
+        [out, in] into an [in, out] matrix); None keeps the layout.
     reshape: shape applied after the transpose (and stacking); None keeps the shape.
     """
 
@@ -52,16 +52,14 @@ class TensorSpec:
 
 
 def linear(key_prefix: str) -> TensorSpec:
-    """A torch ``nn.Linear`` weight ``{prefix}.weight`` [out, in] as our kernel [in, out]."""
-    return TensorSpec(f"{key_prefix}.weight", transpose=(1, 0))
+    """A torch ``nn.Linear`` weight ``{prefix}.weight`` [out, in] as our kernel (the same layout)."""
+    return TensorSpec(f"{key_prefix}.weight")
 
 
 def fused_linear(key_prefixes: list[str], suffix: str = "weight") -> TensorSpec:
     """Several torch Linear weights [out_i, in] (or biases [out_i] with suffix "bias") as one kernel
-    [in, sum out_i] (bias [sum out_i]): one matmul instead of several."""
-    if suffix == "bias":
-        return TensorSpec(tuple(f"{p}.bias" for p in key_prefixes), concat_axis=0)
-    return TensorSpec(tuple(f"{p}.weight" for p in key_prefixes), transpose=(1, 0), concat_axis=1)
+    [sum out_i, in] (bias [sum out_i]): one matmul instead of several."""
+    return TensorSpec(tuple(f"{p}.{suffix}" for p in key_prefixes), concat_axis=0)
 
 
 def stacked_linear(key_prefixes: list[str]) -> TensorSpec:

@@ -7,33 +7,46 @@ import jax.numpy as jnp
 from flax import nnx
 
 from decoder.config import DecoderConfig
+from decoder.kv_cache import after, write_slots
 from decoder.linear import Linear
 from decoder.norms import RMSNorm
 from decoder.rope import apply_rotary
 from decoder.sharding import constrain
 
 
-def dot_attention(q_BLNH: jax.Array, k_BKSH: jax.Array, v_BKSH: jax.Array, mask_BLS: jax.Array, *, scale: float,
+def dot_attention(q_BLNH: jax.Array, segments: list[tuple[jax.Array, jax.Array, jax.Array]], *, scale: float,
                   softcap: float | None = None) -> jax.Array:
-    """softmax(q.k * scale [softcapped] + mask) . v with N query heads sharing K kv heads -> [batch, q_len, N, H].
+    """softmax(q.k * scale [softcapped] + mask) . v over the keys of all ``segments`` -> [batch, q_len, N, H].
 
-    Keys and values are heads-major [batch, kv_heads, keys, head_dim] (the KV cache layout). The G = N / K query
-    heads of one kv head are folded into the rows of one matrix product per kv head.
+    Each segment is (keys [B, K, S, H], values [B, K, S, H], mask [B, L, S]) in the heads-major KV cache layout;
+    one softmax spans every segment's keys (decode attends to the cache as it was plus the new tokens without
+    concatenating them). N query heads share K kv heads: the G = N / K query heads of one kv head are folded into
+    the rows of one matrix product per kv head.
     """
     b, l, n, h = q_BLNH.shape
-    kv, s = k_BKSH.shape[1], k_BKSH.shape[2]
+    kv = segments[0][0].shape[1]
     g = n // kv
     q = (q_BLNH * jnp.asarray(scale, q_BLNH.dtype)).reshape(b, l, kv, g, h).transpose(0, 2, 3, 1, 4)
-    scores = jnp.einsum("bkqh,bksh->bkqs", q.reshape(b, kv, g * l, h), k_BKSH,
-                        preferred_element_type=jnp.float32).reshape(b, kv, g, l, s)
-    if softcap is not None:
-        scores = jnp.tanh(scores / softcap) * softcap
-    scores = scores + jnp.where(mask_BLS, 0.0, -1e30).astype(jnp.float32)[:, None, None]
+    q = q.reshape(b, kv, g * l, h)
+    parts = []
+    for k_BKSH, _, mask_BLS in segments:
+        s = k_BKSH.shape[2]
+        scores = jnp.einsum("bkqh,bksh->bkqs", q, k_BKSH.astype(q.dtype),
+                            preferred_element_type=jnp.float32).reshape(b, kv, g, l, s)
+        if softcap is not None:
+            scores = jnp.tanh(scores / softcap) * softcap
+        parts.append(scores + jnp.where(mask_BLS, 0.0, -1e30).astype(jnp.float32)[:, None, None])
+    scores = parts[0] if len(parts) == 1 else jnp.concatenate(parts, axis=-1)
     scores = scores - jnp.max(scores, axis=-1, keepdims=True)
     probs = jnp.exp(scores)
-    probs = (probs / jnp.sum(probs, axis=-1, keepdims=True)).astype(v_BKSH.dtype)
-    out = jnp.einsum("bkqs,bksh->bkqh", probs.reshape(b, kv, g * l, s), v_BKSH).reshape(b, kv, g, l, h)
-    return out.transpose(0, 3, 1, 2, 4).reshape(b, l, n, h)
+    probs = probs / jnp.sum(probs, axis=-1, keepdims=True)
+    out, offset = 0, 0
+    for _, v_BKSH, _ in segments:
+        s = v_BKSH.shape[2]
+        p = probs[..., offset:offset + s].astype(q.dtype).reshape(b, kv, g * l, s)
+        out = out + jnp.einsum("bkqs,bksh->bkqh", p, v_BKSH.astype(q.dtype))
+        offset += s
+    return out.reshape(b, kv, g, l, h).transpose(0, 3, 1, 2, 4).reshape(b, l, n, h)
 
 
 class Attention(nnx.Module):
@@ -43,7 +56,7 @@ class Attention(nnx.Module):
         self.scale = cfg.scale
         self.softcap = cfg.attn_logit_softcap
         bias = cfg.attention_bias
-        # q, k and v projections fused into one [embed, (N + 2K) * head_dim] kernel: one matmul
+        # q, k and v projections fused into one [(N + 2K) * head_dim, embed] kernel: one matmul
         self.qkv_proj = Linear(d, (n + 2 * kv) * h, axes=("embed", "heads"), use_bias=bias, rngs=rngs)
         self.o_proj = Linear(n * h, d, axes=("heads", "embed"), use_bias=bias, rngs=rngs)
         if cfg.qk_norm:
@@ -54,13 +67,15 @@ class Attention(nnx.Module):
 
     def __call__(self, x_BLD: jax.Array, cos_BLH: jax.Array, sin_BLH: jax.Array, mask_BLS: jax.Array,
                  cache_k_BKTH: jax.Array, cache_v_BKTH: jax.Array, write_index: jax.Array, *,
-                 attend_cache: bool, last_query_only: bool = False) -> tuple[jax.Array, jax.Array, jax.Array]:
+                 cache_mask_BLT: jax.Array | None = None,
+                 last_query_only: bool = False) -> tuple[jax.Array, jax.Array, jax.Array]:
         """Returns (output [B, L, D], updated cache k, updated cache v).
 
-        The new keys/values are written into the cache at slot ``write_index``. With ``attend_cache`` the queries
-        attend over the whole cache (decode; mask [B, L, T]); without it only over the new keys (prefill of an
-        empty cache; mask [B, L, L]). ``last_query_only``: keys and values of every position go into the cache
-        but only the last position's output is computed ([B, 1, D]).
+        The queries attend to the new keys/values (``mask_BLS`` [B, L, L]) and, given ``cache_mask_BLT``
+        [B, L, T] (decode), to the cache as it was before this call. The new keys/values are then written into
+        the cache at slot ``write_index``; the write is ordered after the cache reads so that XLA updates the
+        cache in place instead of copying it. ``last_query_only``: keys and values of every position go into the
+        cache but only the last position's output is computed ([B, 1, D]).
         """
         b, l, _ = x_BLD.shape
         n, kv, h = self.num_heads, self.num_kv_heads, self.head_dim
@@ -75,15 +90,15 @@ class Attention(nnx.Module):
         q = constrain(q, ("batch", "length", "heads", "head_dim"))
         k = k.transpose(0, 2, 1, 3)  # [B, K, L, H]
         v = v.transpose(0, 2, 1, 3)
-        zero = jnp.zeros((), jnp.int32)
-        at = (zero, zero, write_index, zero)
-        cache_k = jax.lax.dynamic_update_slice(cache_k_BKTH, k.astype(cache_k_BKTH.dtype), at)
-        cache_v = jax.lax.dynamic_update_slice(cache_v_BKTH, v.astype(cache_v_BKTH.dtype), at)
-        cache_k = constrain(cache_k, ("batch", "kv_heads", "cache_len", "head_dim"))
-        cache_v = constrain(cache_v, ("batch", "kv_heads", "cache_len", "head_dim"))
-        keys, values = (cache_k, cache_v) if attend_cache else (k, v)
         if last_query_only:
             q, mask_BLS, l = q[:, -1:], mask_BLS[:, -1:], 1
-        out = dot_attention(q, keys.astype(q.dtype), values.astype(q.dtype), mask_BLS, scale=self.scale,
-                            softcap=self.softcap)
+        segments = [(k, v, mask_BLS)]
+        if cache_mask_BLT is not None:
+            segments.insert(0, (cache_k_BKTH, cache_v_BKTH, cache_mask_BLT))
+        out = dot_attention(q, segments, scale=self.scale, softcap=self.softcap)
+        if cache_mask_BLT is not None:
+            dep_BK11 = out[:, 0].reshape(b, kv, n // kv, h)[:, :, :1, :1]  # shard-local: same heads as k, v
+            k, v = after(k, dep_BK11), after(v, dep_BK11)
+        cache_k = write_slots(cache_k_BKTH, k, write_index)
+        cache_v = write_slots(cache_v_BKTH, v, write_index)
         return self.o_proj(out.reshape(b, l, self.num_heads * self.head_dim)), cache_k, cache_v

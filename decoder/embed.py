@@ -15,7 +15,7 @@ class Embedder(nnx.Module):
         self.vocab_size = vocab_size
         self.embed_scale = embed_scale
         self.embedding = param(rngs, (vocab_size, hidden), ("vocab", "embed"))
-        self.lm_head = None if tie else param(rngs, (hidden, vocab_size), ("embed", "vocab"))
+        self.lm_head = None if tie else param(rngs, (vocab_size, hidden), ("vocab", "embed"))  # torch layout
 
     def encode(self, tokens_BL: jax.Array) -> jax.Array:
         """Scaled embeddings [batch, seq, hidden]; ids outside the table (media placeholders) read row 0."""
@@ -26,11 +26,8 @@ class Embedder(nnx.Module):
 
     def logits(self, h_BLD: jax.Array) -> jax.Array:
         """Logits [batch, seq, vocab] in float32."""
-        if self.lm_head is None:
-            w = self.embedding[...]
-            return jnp.einsum("bld,vd->blv", h_BLD, w.astype(h_BLD.dtype), preferred_element_type=jnp.float32)
-        return jnp.einsum("bld,dv->blv", h_BLD, self.lm_head[...].astype(h_BLD.dtype),
-                          preferred_element_type=jnp.float32)
+        w = self.embedding[...] if self.lm_head is None else self.lm_head[...]
+        return jnp.einsum("bld,vd->blv", h_BLD, w.astype(h_BLD.dtype), preferred_element_type=jnp.float32)
 
 
 def _rows_at_placeholders(is_placeholder_BL: jax.Array, features_MD: jax.Array, dtype) -> jax.Array:

@@ -31,3 +31,20 @@ def write_positions(cache: dict, pos_BL: jax.Array, block_BL: jax.Array, write_i
     return dict(cache,
                 pos=jax.lax.dynamic_update_slice(cache["pos"], pos_BL.astype(jnp.int32), (zero, write_index)),
                 block=jax.lax.dynamic_update_slice(cache["block"], block_BL.astype(jnp.int32), (zero, write_index)))
+
+
+def write_slots(cache_BKTH: jax.Array, new_BKLH: jax.Array, write_index: jax.Array) -> jax.Array:
+    """One layer's cache [B, K, T, H] with the new keys or values [B, K, L, H] written at slots write_index..+L."""
+    zero = jnp.zeros((), jnp.int32)
+    out = jax.lax.dynamic_update_slice(cache_BKTH, new_BKLH.astype(cache_BKTH.dtype), (zero, zero, write_index, zero))
+    return constrain(out, ("batch", "kv_heads", "cache_len", "head_dim"))
+
+
+def after(x: jax.Array, dep: jax.Array) -> jax.Array:
+    """``x`` unchanged, but computed from ``dep`` (broadcastable to ``x``) as far as the compiler can tell.
+
+    A cache update that depends on the attention output is scheduled after the cache has been read, so XLA can
+    write the cache in place inside a loop; without the dependency it may schedule the write first and copy every
+    cache buffer on every step. The added term is min(|dep|, 0) = 0 (NaN only where ``dep`` already is).
+    """
+    return x + jnp.minimum(jnp.abs(dep), 0).astype(x.dtype)

@@ -33,7 +33,7 @@ def activation(name: str):
 class GatedMLP(nnx.Module):
     """down(act(gate(x)) * up(x)); x [batch, seq, embed] -> [batch, seq, embed].
 
-    gate and up are one fused [embed, 2 * mlp] kernel (gate columns first): one matmul reads both."""
+    gate and up are one fused [2 * mlp, embed] kernel (gate rows first): one matmul reads both."""
 
     def __init__(self, hidden: int, intermediate: int, act: str, *, rngs: nnx.Rngs):
         self.gate_up_proj = Linear(hidden, 2 * intermediate, axes=("embed", "mlp"), rngs=rngs)

@@ -12,15 +12,15 @@ import jax
 import jax.numpy as jnp
 from flax import nnx
 
-from decoder.linear import param
+from decoder.linear import matmul_oi, param
 from decoder.mlp import activation
 
 GATHER_LIMIT = 64  # assignments (tokens x k) up to which weights are gathered per assignment
 
 
-def route(x_TD: jax.Array, router_DE: jax.Array, k: int, normalize: bool) -> tuple[jax.Array, jax.Array]:
+def route(x_TD: jax.Array, router_ED: jax.Array, k: int, normalize: bool) -> tuple[jax.Array, jax.Array]:
     """(weights [T, k] in x's dtype, expert ids [T, k]): softmax in float32, top-k, optional renormalisation."""
-    logits = jnp.matmul(x_TD, router_DE.astype(x_TD.dtype))
+    logits = matmul_oi(x_TD, router_ED)
     probs = jax.nn.softmax(logits.astype(jnp.float32), axis=-1)
     top_w, top_i = jax.lax.top_k(probs, k)
     if normalize:
@@ -70,7 +70,7 @@ class MoEMLP(nnx.Module):
 
     def __init__(self, hidden: int, intermediate: int, num_experts: int, top_k: int, act: str, *,
                  normalize: bool = True, rngs: nnx.Rngs):
-        self.router = param(rngs, (hidden, num_experts), ("embed", None))
+        self.router = param(rngs, (num_experts, hidden), (None, "embed"))  # torch layout [experts, embed]
         self.gate_proj = param(rngs, (num_experts, hidden, intermediate), ("expert", "embed", "mlp"))
         self.up_proj = param(rngs, (num_experts, hidden, intermediate), ("expert", "embed", "mlp"))
         self.down_proj = param(rngs, (num_experts, intermediate, hidden), ("expert", "mlp", "embed"))

@@ -42,25 +42,30 @@ class Decoder(nnx.Module):
         """
         cfg = self.cfg
         x_BLD = constrain(x_BLD, ("batch", "length", "embed"))
-        cache = write_positions(cache, seq_pos_BL, block_BL, write_index)
-        k_pos, k_block = (cache["pos"], cache["block"]) if attend_cache else (seq_pos_BL, block_BL)
         if rope_pos_ABL is None:
             rope_pos_ABL = jnp.maximum(seq_pos_BL, 0)[None]
         rope = {t: cos_sin(rope_pos_ABL, r, cfg.head_dim) for t, r in cfg.rope_by_type.items()}
-        masks = {t: attention_mask(seq_pos_BL, k_pos, block_BL, k_block, window=cfg.window_of(t),
-                                   bidirectional=t in cfg.bidirectional_layer_types)
-                 for t in set(cfg.layer_types)}
+
+        def masks_for(k_pos, k_block):
+            return {t: attention_mask(seq_pos_BL, k_pos, block_BL, k_block, window=cfg.window_of(t),
+                                      bidirectional=t in cfg.bidirectional_layer_types)
+                    for t in set(cfg.layer_types)}
+
+        # the new tokens see each other; in decode also the cache as it was (its new slots are still empty)
+        masks = masks_for(seq_pos_BL, block_BL)
+        cache_masks = masks_for(cache["pos"], cache["block"]) if attend_cache else {}
         new_k, new_v = [], []
         for i, layer in enumerate(self.layers):
             t = cfg.layer_types[i]
             cos, sin = rope[t]
             last = last_only and i == len(self.layers) - 1 and not (deepstack is not None and i < len(deepstack[1]))
             x_BLD, k, v = layer(x_BLD, cos, sin, masks[t], cache["k"][i], cache["v"][i], write_index,
-                                attend_cache=attend_cache, last_query_only=last)
+                                cache_mask_BLT=cache_masks.get(t), last_query_only=last)
             new_k.append(k)
             new_v.append(v)
             if deepstack is not None and i < len(deepstack[1]):
                 x_BLD = add_at_placeholders(x_BLD, deepstack[0], deepstack[1][i])
+        cache = write_positions(cache, seq_pos_BL, block_BL, write_index)
         cache = dict(cache, k=tuple(new_k), v=tuple(new_v))
         if last_only:
             x_BLD = x_BLD[:, -1:]

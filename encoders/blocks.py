@@ -79,7 +79,7 @@ class PreLNBlock(nnx.Module):
 
 
 def biased_linear_map(path: ParamPath, key: str) -> dict[ParamPath, TensorSpec]:
-    """A Linear with bias at ``path`` <- torch ``{key}.weight`` (transposed) and ``{key}.bias``."""
+    """A Linear with bias at ``path`` <- torch ``{key}.weight`` and ``{key}.bias``."""
     return {path + ("kernel",): linear(key), path + ("bias",): plain(f"{key}.bias")}
 
 

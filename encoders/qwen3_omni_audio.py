@@ -20,7 +20,7 @@ Parameter tree (paths in the NNX state) and logical axes::
 
     ("conv2d1" | "conv2d2" | "conv2d3", "kernel")   [O, I, 3, 3] torch OIHW layout  ("audio_conv", None, None, None)
     ("conv2d1" | "conv2d2" | "conv2d3", "bias")     [O]  ("audio_conv",)
-    ("conv_out", "kernel")                          [C * F, d_model]  (None, "audio_embed"), no bias
+    ("conv_out", "kernel")                          [d_model, C * F]  ("audio_embed", None), no bias
     ("layers", i, "norm1" | "norm2", "weight" | "bias")   [d_model]  ("audio_embed",)
                                                     <- self_attn_layer_norm | final_layer_norm
     ("layers", i, "attn", "q_proj" | "k_proj" | "v_proj", "kernel" | "bias")   ("audio_embed", "audio_heads")
@@ -29,7 +29,9 @@ Parameter tree (paths in the NNX state) and logical axes::
     ("layers", i, "mlp", "fc1" | "fc2", "kernel" | "bias")    "audio_embed" <-> "audio_mlp"  <- fc1 | fc2
     ("ln_post", "weight" | "bias")
     ("proj", "fc1", "kernel" | "bias")              [d_model, d_model]  ("audio_embed", "audio_mlp")  <- proj1
-    ("proj", "fc2", "kernel" | "bias")              [d_model, output_dim]  ("audio_mlp", "embed")  <- proj2
+    ("proj", "fc2", "kernel" | "bias")              [output_dim, d_model]  ("audio_mlp", "embed")  <- proj2
+
+Linear kernels are stored [out, in] (torch's layout); their axes above are given in (in, out) order.
 """
 
 from __future__ import annotations

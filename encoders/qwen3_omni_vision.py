@@ -13,7 +13,7 @@ grid entry), computed as dense attention over groups of equal-length segments (`
 
 Parameter tree (paths in the NNX state) and logical axes::
 
-    ("patch_embed", "kernel")              [C*T*p*p, D]  (None, "vision_embed")   conv3d weight [D, C, T, p, p]
+    ("patch_embed", "kernel")              [D, C*T*p*p]  ("vision_embed", None)   conv3d weight [D, C, T, p, p]
     ("patch_embed", "bias")                [D]
     ("pos_embed",)                         [num_position_embeddings, D]  (None, "vision_embed")
     ("blocks", i, "norm1" | "norm2", "weight" | "bias")        [D]  ("vision_embed",)
@@ -23,7 +23,9 @@ Parameter tree (paths in the NNX state) and logical axes::
     ("blocks", i, "mlp", "fc1" | "fc2", "kernel" | "bias")   "vision_embed" <-> "vision_mlp"  <- linear_fc1 | 2
     ("merger", "ln_q", "weight" | "bias")  [D]
     ("merger" | ("deepstack_mergers", j), "mlp", "fc1", ...)  [4D, 4D]  ("vision_merge", "vision_mlp")  <- mlp.0
-    ("merger" | ("deepstack_mergers", j), "mlp", "fc2", ...)  [4D, out_hidden]  ("vision_mlp", "embed")  <- mlp.2
+    ("merger" | ("deepstack_mergers", j), "mlp", "fc2", ...)  [out_hidden, 4D]  ("vision_mlp", "embed")  <- mlp.2
+
+Linear kernels are stored [out, in] (torch's layout); their axes above are given in (in, out) order.
     ("deepstack_mergers", j, "ln_q", "weight" | "bias")  [4D]  ("vision_merge",)
 """
 
@@ -375,8 +377,8 @@ def qwen_vision_weight_map(cfg: QwenVisionConfig, key_prefix: str = "thinker.vis
     p = key_prefix
     d = cfg.hidden_size
     m: dict[ParamPath, TensorSpec] = {
-        ("patch_embed", "kernel"): TensorSpec(f"{p}patch_embed.proj.weight", transpose=(1, 2, 3, 4, 0),
-                                              reshape=(cfg.patch_dim, d)),
+        ("patch_embed", "kernel"): TensorSpec(f"{p}patch_embed.proj.weight",
+                                              reshape=(d, cfg.patch_dim)),
         ("patch_embed", "bias"): plain(f"{p}patch_embed.proj.bias"),
         ("pos_embed",): plain(f"{p}pos_embed.weight"),
     }

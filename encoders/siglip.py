@@ -5,7 +5,7 @@ built: Gemma 3 never uses its output, so its checkpoint tensors are reported by 
 
 Parameter tree (paths in the NNX state)::
 
-    ("patch_embed", "kernel")    [C*p*p, D]   conv weight [D, C, p, p] -> transpose (1, 2, 3, 0) -> reshape
+    ("patch_embed", "kernel")    [D, C*p*p]   conv weight [D, C, p, p] -> reshape
     ("patch_embed", "bias")      [D]
     ("pos_embed",)               [num_patches, D]
     ("layers", i, "norm1" | "norm2", "weight" | "bias")                                 <- layer_norm1 | layer_norm2
@@ -142,8 +142,8 @@ def siglip_weight_map(cfg: SiglipVisionConfig, key_prefix: str = "vision_tower."
     p = key_prefix
     c, ps, d = cfg.num_channels, cfg.patch_size, cfg.hidden_size
     m: dict[ParamPath, TensorSpec] = {
-        ("patch_embed", "kernel"): TensorSpec(f"{p}embeddings.patch_embedding.weight", transpose=(1, 2, 3, 0),
-                                              reshape=(c * ps * ps, d)),
+        ("patch_embed", "kernel"): TensorSpec(f"{p}embeddings.patch_embedding.weight",
+                                              reshape=(d, c * ps * ps)),
         ("patch_embed", "bias"): plain(f"{p}embeddings.patch_embedding.bias"),
         ("pos_embed",): plain(f"{p}embeddings.position_embedding.weight"),
         **layer_norm_map(("post_layernorm",), f"{p}post_layernorm"),

@@ -145,3 +145,37 @@ def test_stop_checker_holds_back_possible_stop_prefixes():
     assert c.holdback("abc x") == "abc "
     assert c.holdback("abc") == "abc"
     assert StopChecker(lambda ids: "", None).holdback("abc E") == "abc E"
+
+
+def test_attention_over_two_segments_equals_one_concatenated_segment():
+    from decoder.attention import dot_attention
+
+    rng = np.random.default_rng(0)
+    b, l, n, kv, h, s1, s2 = 2, 3, 4, 2, 8, 5, 3
+    q = jnp.asarray(rng.normal(size=(b, l, n, h)), jnp.float32)
+    k1, v1 = (jnp.asarray(rng.normal(size=(b, kv, s1, h)), jnp.float32) for _ in range(2))
+    k2, v2 = (jnp.asarray(rng.normal(size=(b, kv, s2, h)), jnp.float32) for _ in range(2))
+    m1 = jnp.asarray(rng.random((b, l, s1)) < 0.6)
+    m2 = jnp.asarray(np.tril(np.ones((l, s2), bool), 0)[None].repeat(b, 0))
+    split = dot_attention(q, [(k1, v1, m1), (k2, v2, m2)], scale=0.3, softcap=5.0)
+    joined = dot_attention(q, [(jnp.concatenate([k1, k2], 2), jnp.concatenate([v1, v2], 2),
+                                jnp.concatenate([m1, m2], 2))], scale=0.3, softcap=5.0)
+    np.testing.assert_allclose(np.asarray(split), np.asarray(joined), rtol=1e-5, atol=1e-6)
+    # and the reference softmax attention, head by head
+    qn, kn, vn, mn = (np.asarray(x) for x in (q, jnp.concatenate([k1, k2], 2), jnp.concatenate([v1, v2], 2),
+                                              jnp.concatenate([m1, m2], 2)))
+    for i in range(n):
+        sc = np.einsum("blh,bsh->bls", qn[:, :, i] * 0.3, kn[:, i // (n // kv)])
+        sc = np.where(mn, np.tanh(sc / 5.0) * 5.0, -np.inf)
+        p = np.exp(sc - sc.max(-1, keepdims=True))
+        p /= p.sum(-1, keepdims=True)
+        ref = np.einsum("bls,bsh->blh", p, vn[:, i // (n // kv)])
+        np.testing.assert_allclose(np.asarray(split)[:, :, i], ref, rtol=1e-5, atol=1e-6)
+
+
+def test_after_keeps_the_value():
+    from decoder.kv_cache import after
+
+    x = jnp.arange(12.0).reshape(3, 4)
+    for dep in (jnp.float32(-7.5), jnp.float32(np.inf), jnp.float32(0.0), jnp.full((3, 1), 2.0)):
+        np.testing.assert_array_equal(np.asarray(after(x, dep)), np.asarray(x))
