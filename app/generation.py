@@ -20,6 +20,7 @@ from app.sampling import SamplingParams, choose
 from decoder.embed import merge_media
 from decoder.kv_cache import init_cache
 from decoder.masks import block_ids
+from decoder.rope import rope_tables
 from decoder.sharding import named_sharding, use_mesh
 
 # Prompt and cache lengths: powers of two and the halfway points between them (at most a third is padding).
@@ -49,6 +50,17 @@ class Batch:
     rope_delta: np.ndarray  # [batch]
     lengths: np.ndarray  # [batch]
     media: dict[str, list]  # modality -> media items of every row, row-major
+
+    @property
+    def media_ahead(self) -> int:
+        """The longest run of bidirectional (media block) tokens in any row, rounded up to a power of two (0 if
+        none): how far ahead of itself a prompt token may attend."""
+        longest = 0
+        for row in self.bidirectional:
+            edges = np.flatnonzero(np.diff(np.r_[0, row.astype(np.int8), 0]))
+            if len(edges):
+                longest = max(longest, int(np.max(edges[1::2] - edges[::2])))
+        return 0 if longest == 0 else pow2_at_least(longest)
 
 
 def make_batch(prompts: list[PreparedPrompt], length: int, pad_id: int, rope_axes: int = 1) -> Batch:
@@ -95,7 +107,8 @@ class Engine:
         encoders = nnx.merge(graphdef, params).encoders
         self._collate = {m: type(encoders[m]).collate for m in cfg.modalities}
         self._encode = jax.jit(self._encode_impl, static_argnames=("modality", "static"))
-        self._prefill = jax.jit(self._prefill_impl, static_argnames=("cache_len", "all_logits"))
+        self._prefill = jax.jit(self._prefill_impl, static_argnames=("cache_len", "media_ahead", "all_logits"))
+        self._rope = jax.jit(lambda pos_ABL: rope_tables(pos_ABL, cfg.decoder.rope_by_type, cfg.decoder.head_dim))
         self._decode = jax.jit(self._decode_impl, static_argnames=("mode", "steps_cap"), donate_argnames=("cache",))
         self._step = jax.jit(self._step_impl, static_argnames=("mode",), donate_argnames=("cache",))
 
@@ -106,8 +119,8 @@ class Engine:
     def _encode_impl(self, params, inputs, *, modality, static):
         return self._model(params).encoders[modality](inputs, static)
 
-    def _prefill_impl(self, params, tokens_BL, seq_pos_BL, bidir_BL, rope_pos_ABL, media, deepstack, *, cache_len,
-                      all_logits=False):
+    def _prefill_impl(self, params, tokens_BL, seq_pos_BL, bidir_BL, rope, media, deepstack, *, cache_len,
+                      media_ahead, all_logits=False):
         dec = self._model(params).decoder
         x = dec.embedder.encode(tokens_BL)
         for modality, feats in media.items():
@@ -116,8 +129,8 @@ class Engine:
             deepstack = (tokens_BL == self.cfg.media_token_id(self.cfg.deepstack_modality), deepstack)
         cache = init_cache(self.cfg.decoder, tokens_BL.shape[0], cache_len, self.dtype)
         h, cache = dec(x, seq_pos_BL=seq_pos_BL, block_BL=block_ids(bidir_BL), cache=cache,
-                       write_index=jnp.int32(0), attend_cache=False, rope_pos_ABL=rope_pos_ABL,
-                       deepstack=deepstack or None, last_only=not all_logits)
+                       write_index=jnp.int32(0), attend_cache=False, rope=rope,
+                       deepstack=deepstack or None, last_only=not all_logits, media_ahead=media_ahead)
         if all_logits:
             return dec.logits(h), cache
         return dec.logits(h)[:, 0], cache
@@ -131,7 +144,7 @@ class Engine:
 
     def _decode_impl(self, params, cache, logits_BV, lengths_B, delta_B, start, max_new, key, values, eos_ids, *,
                      mode, steps_cap):
-        """Generate up to ``max_new`` tokens (<= steps_cap) -> (tokens [B, steps_cap] padded, steps run)."""
+        """Generate up to ``max_new`` tokens (<= steps_cap) -> (tokens [B, steps_cap] padded, steps run, cache)."""
         dec = self._model(params).decoder
         b = logits_BV.shape[0]
         pad = jnp.int32(self.cfg.pad_id)
@@ -151,8 +164,8 @@ class Engine:
         tok0 = choose(logits_BV, jax.random.fold_in(key, 0), values, mode)
         buf = jnp.full((b, steps_cap), pad, jnp.int32).at[:, 0].set(tok0)
         state = (jnp.int32(1), tok0, jnp.isin(tok0, eos_ids), buf, cache)
-        i, _, _, buf, _ = jax.lax.while_loop(cond, body, state)
-        return buf, i
+        i, _, _, buf, cache = jax.lax.while_loop(cond, body, state)
+        return buf, i, cache  # the cache is returned so that the donated input buffers hold it (no copy)
 
     def _step_impl(self, params, cache, tok_B, pos_B, delta_B, index, key, values, *, mode):
         dec = self._model(params).decoder
@@ -194,8 +207,10 @@ class Engine:
             logits, cache = self._prefill(self.params, self._put(batch.tokens, ("batch", "length")),
                                           self._put(batch.seq_pos, ("batch", "length")),
                                           self._put(batch.bidirectional, ("batch", "length")),
-                                          self._put(batch.rope_pos, (None, "batch", "length")), media, deepstack,
-                                          cache_len=cache_len, all_logits=all_logits)
+                                          self._rope(self._put(batch.rope_pos, (None, "batch", "length"))),
+                                          media, deepstack,
+                                          cache_len=cache_len, media_ahead=batch.media_ahead,
+                                          all_logits=all_logits)
         return batch, length, cache_len, max_new, logits, cache
 
     def score(self, prompts: list[PreparedPrompt]) -> list[np.ndarray]:
@@ -209,7 +224,7 @@ class Engine:
         """Token ids [batch, n] (n <= max_new_tokens), pad after EOS (``ignore_eos``: always max_new_tokens)."""
         batch, length, cache_len, max_new, logits, cache = self.prefill(prompts, max_new_tokens)
         with use_mesh(self.mesh):
-            buf, steps = self._decode(self.params, cache, logits, self._put(batch.lengths, ("batch",)),
+            buf, steps, _ = self._decode(self.params, cache, logits, self._put(batch.lengths, ("batch",)),
                                       self._put(batch.rope_delta, ("batch",)), jnp.int32(length), jnp.int32(max_new), jax.random.key(sampling.seed),
                                       sampling.values(), jnp.full_like(self.eos_ids, -1) if ignore_eos else self.eos_ids,
                                       mode=sampling.mode(), steps_cap=cache_len - length)

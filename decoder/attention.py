@@ -49,6 +49,28 @@ def dot_attention(q_BLNH: jax.Array, segments: list[tuple[jax.Array, jax.Array, 
     return out.reshape(b, kv, g, l, h).transpose(0, 3, 1, 2, 4).reshape(b, l, n, h)
 
 
+PREFILL_CHUNK = 128  # query rows per attention block when a long prompt is split (see ``attention_spans``)
+
+
+def attention_spans(first_query: int, length: int, *, window: int | None, ahead: int,
+                    chunk: int = PREFILL_CHUNK) -> list[tuple[int, int, int, int]]:
+    """(query start, query end, key start, key end) blocks covering queries ``first_query..length`` of a prompt.
+
+    A query at index i sees keys in [i - window + 1, i + ahead] at most (causal attention: ahead 0; tokens of a
+    bidirectional media block also see the rest of their block, which is at most ``ahead`` tokens long). Keys
+    outside a block's span are masked anyway; skipping them saves their work (about half of it for causal
+    attention, more for sliding windows). Prompts of at most two chunks stay one block.
+    """
+    rows = length - first_query
+    step = rows if rows <= 2 * chunk else chunk
+    spans = []
+    for qs in range(first_query, length, step):
+        qe = min(qs + step, length)
+        ks = 0 if window is None else max(0, qs - window + 1)
+        spans.append((qs, qe, ks, min(length, qe + ahead)))
+    return spans
+
+
 class Attention(nnx.Module):
     def __init__(self, cfg: DecoderConfig, *, rngs: nnx.Rngs):
         d, n, kv, h = cfg.hidden_size, cfg.num_heads, cfg.num_kv_heads, cfg.head_dim
@@ -67,15 +89,17 @@ class Attention(nnx.Module):
 
     def __call__(self, x_BLD: jax.Array, cos_BLH: jax.Array, sin_BLH: jax.Array, mask_BLS: jax.Array,
                  cache_k_BKTH: jax.Array, cache_v_BKTH: jax.Array, write_index: jax.Array, *,
-                 cache_mask_BLT: jax.Array | None = None,
-                 last_query_only: bool = False) -> tuple[jax.Array, jax.Array, jax.Array]:
+                 cache_mask_BLT: jax.Array | None = None, last_query_only: bool = False,
+                 key_reach: tuple[int | None, int] | None = None) -> tuple[jax.Array, jax.Array, jax.Array]:
         """Returns (output [B, L, D], updated cache k, updated cache v).
 
         The queries attend to the new keys/values (``mask_BLS`` [B, L, L]) and, given ``cache_mask_BLT``
         [B, L, T] (decode), to the cache as it was before this call. The new keys/values are then written into
         the cache at slot ``write_index``; the write is ordered after the cache reads so that XLA updates the
         cache in place instead of copying it. ``last_query_only``: keys and values of every position go into the
-        cache but only the last position's output is computed ([B, 1, D]).
+        cache but only the last position's output is computed ([B, 1, D]). ``key_reach`` (window, ahead): how
+        far back and ahead of itself a query can see (see ``attention_spans``); given for a prompt (no cache
+        attended), the attention is computed in blocks that skip the keys no query of the block can see.
         """
         b, l, _ = x_BLD.shape
         n, kv, h = self.num_heads, self.num_kv_heads, self.head_dim
@@ -90,12 +114,17 @@ class Attention(nnx.Module):
         q = constrain(q, ("batch", "length", "heads", "head_dim"))
         k = k.transpose(0, 2, 1, 3)  # [B, K, L, H]
         v = v.transpose(0, 2, 1, 3)
-        if last_query_only:
-            q, mask_BLS, l = q[:, -1:], mask_BLS[:, -1:], 1
-        segments = [(k, v, mask_BLS)]
+        first = l - 1 if last_query_only else 0
         if cache_mask_BLT is not None:
-            segments.insert(0, (cache_k_BKTH, cache_v_BKTH, cache_mask_BLT))
-        out = dot_attention(q, segments, scale=self.scale, softcap=self.softcap)
+            out = dot_attention(q, [(cache_k_BKTH, cache_v_BKTH, cache_mask_BLT), (k, v, mask_BLS)],
+                                scale=self.scale, softcap=self.softcap)
+        else:
+            spans = ([(first, l, 0, l)] if key_reach is None
+                     else attention_spans(first, l, window=key_reach[0], ahead=key_reach[1]))
+            out = jnp.concatenate([
+                dot_attention(q[:, qs:qe], [(k[:, :, ks:ke], v[:, :, ks:ke], mask_BLS[:, qs:qe, ks:ke])],
+                              scale=self.scale, softcap=self.softcap) for qs, qe, ks, ke in spans], axis=1)
+        l -= first
         if cache_mask_BLT is not None:
             dep_BK11 = out[:, 0].reshape(b, kv, n // kv, h)[:, :, :1, :1]  # shard-local: same heads as k, v
             k, v = after(k, dep_BK11), after(v, dep_BK11)

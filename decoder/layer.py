@@ -29,11 +29,12 @@ class DecoderLayer(nnx.Module):
         self.mlp_norm_out = norm() if cfg.sandwich_norm else None
 
     def __call__(self, x_BLD: jax.Array, cos_BLH, sin_BLH, mask_BLS, cache_k, cache_v, write_index, *,
-                 cache_mask_BLT=None, last_query_only: bool = False):
+                 cache_mask_BLT=None, last_query_only: bool = False, key_reach=None):
         """See Attention: ``cache_mask_BLT`` to attend to the cache too; ``last_query_only``: fill the cache for
         every position, return [B, 1, D] for the last one only."""
         h, cache_k, cache_v = self.attn(self.attn_norm_in(x_BLD), cos_BLH, sin_BLH, mask_BLS, cache_k, cache_v,
-                                        write_index, cache_mask_BLT=cache_mask_BLT, last_query_only=last_query_only)
+                                        write_index, cache_mask_BLT=cache_mask_BLT, last_query_only=last_query_only,
+                                        key_reach=key_reach)
         if last_query_only:
             x_BLD = x_BLD[:, -1:]
         if self.attn_norm_out is not None:

@@ -45,6 +45,14 @@ def cos_sin(positions_ABL: jax.Array, rope: RopeConfig, head_dim: int) -> tuple[
     return jnp.cos(emb), jnp.sin(emb)
 
 
+def rope_tables(positions_ABL: jax.Array, rope_by_type: dict[str, RopeConfig], head_dim: int) -> dict:
+    """{layer type: (cos, sin) [batch, seq, head_dim]} for every RoPE variant of a decoder.
+
+    Long prompts compute these in a call of their own and hand them to the layers: inside one compiled program
+    XLA would recompute the cos/sin in every fused consumer (every layer's q and k)."""
+    return {t: cos_sin(positions_ABL, r, head_dim) for t, r in rope_by_type.items()}
+
+
 def apply_rotary(x_BLNH: jax.Array, cos_BLH: jax.Array, sin_BLH: jax.Array) -> jax.Array:
     """Rotate-half RoPE on x [batch, seq, heads, head_dim] with cos/sin [batch, seq, head_dim]."""
     half = x_BLNH.shape[-1] // 2

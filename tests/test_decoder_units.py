@@ -179,3 +179,27 @@ def test_after_keeps_the_value():
     x = jnp.arange(12.0).reshape(3, 4)
     for dep in (jnp.float32(-7.5), jnp.float32(np.inf), jnp.float32(0.0), jnp.full((3, 1), 2.0)):
         np.testing.assert_array_equal(np.asarray(after(x, dep)), np.asarray(x))
+
+
+@pytest.mark.parametrize("window", [None, 7, 40])
+@pytest.mark.parametrize("first", [0, 299])
+def test_attention_spans_cover_every_visible_key(window, first):
+    from decoder.attention import attention_spans
+
+    rng = np.random.default_rng(window or 0)
+    length, ahead = 300, 16
+    pos = np.arange(length) - 20  # 20 padding slots
+    block = np.full(length, -1)
+    for b, start in enumerate(rng.choice(np.arange(30, length - ahead), 6, replace=False)):
+        block[start:start + ahead] = b
+    mask = reference_mask(pos, pos, block, block, window, True)
+    spans = attention_spans(first, length, window=window, ahead=ahead, chunk=64)
+    assert [s[:2] for s in spans] == sorted(s[:2] for s in spans)
+    assert spans[0][0] == first and spans[-1][1] == length
+    assert all(a[1] == b[0] for a, b in zip(spans, spans[1:]))
+    covered = np.zeros_like(mask)
+    for qs, qe, ks, ke in spans:
+        covered[qs:qe, ks:ke] = True
+    assert not (mask[first:] & ~covered[first:]).any()
+    if first == 0:
+        assert covered.sum() < covered.size  # something was skipped

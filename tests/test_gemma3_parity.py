@@ -32,6 +32,9 @@ CASES = {
     "one_image": conversation(image(1), "Describe this image."),
     "two_images": conversation("Compare", image(2), "with", image(3, (20, 70)), "please."),
     "long_with_system": conversation(LONG_TEXT, image(4), "and what follows " + LONG_TEXT, system="Be brief."),
+    # over a thousand tokens: the prompt's attention runs in blocks, and an image block crosses a block boundary
+    "very_long": conversation(*[x for i in range(5) for x in (LONG_TEXT * (1 + i % 2), image(10 + i))],
+                              "Describe the pictures."),
 }
 
 
@@ -93,6 +96,18 @@ def test_long_case_exercises_the_sliding_window(gemma3_pipeline):
     assert len(ids) > 3 * window
     first, last = image_positions[0], image_positions[-1]
     assert first // window != last // window  # the image block straddles a window boundary
+
+
+def test_very_long_case_splits_the_attention_across_an_image_block(gemma3_pipeline):
+    from decoder.attention import PREFILL_CHUNK, attention_spans
+
+    prompt = gemma3_pipeline.prepare(CASES["very_long"])
+    length, _, _ = gemma3_pipeline.engine.plan([prompt], 1)
+    pad = length - len(prompt.token_ids)
+    edges = np.flatnonzero(np.diff(np.r_[0, prompt.bidirectional.astype(np.int8), 0])) + pad
+    blocks = list(zip(edges[::2], edges[1::2]))
+    assert len(attention_spans(0, length, window=None, ahead=16)) > 2
+    assert any(a // PREFILL_CHUNK != (b - 1) // PREFILL_CHUNK for a, b in blocks)
 
 
 @pytest.mark.parametrize("case", ["text", "one_image", "two_images"])
