@@ -17,6 +17,9 @@ def test_smoke_report_has_every_field(tmp_path):
     report = json.loads(reports[0].read_text())
     for key in HEADLINES:
         assert isinstance(report[key], (int, float)), key
+    for key in HEADLINES[:4]:
+        assert report["ratios_of_medians"][key] > 0, key
+    assert len(report["round_bandwidth_gbs"]) == report["repeats"]
     assert report["recompiles_in_bucket"] == 0
     assert report["prompt_tokens"]["image_512"] == 512 and report["prompt_tokens"]["image_128"] == 128
     for system in ("omnijax", "transformers_float32"):
