@@ -126,7 +126,7 @@ def tiny_qwen_dir(tmp_path_factory):
     chat template, processor and generation files."""
     import qwen3_omni_checkpoint as qc
 
-    return qc.tiny_qwen_dir(tmp_path_factory)
+    return qc.build_tiny_thinker(tmp_path_factory.mktemp("tiny_qwen3_omni_thinker"))
 
 
 @pytest.fixture(scope="session")
@@ -134,7 +134,7 @@ def tiny_qwen_full_dir(tmp_path_factory):
     """A tiny full Qwen3-Omni folder (thinker + talker + code2wav); its thinker tensors equal ``tiny_qwen_dir``'s."""
     import qwen3_omni_checkpoint as qc
 
-    return qc.tiny_qwen_full_dir(tmp_path_factory)
+    return qc.build_tiny_full_model(tmp_path_factory.mktemp("tiny_qwen3_omni_full"))
 
 
 @pytest.fixture(scope="session")
@@ -142,7 +142,7 @@ def hf_qwen_thinker(tiny_qwen_dir):
     """The torch reference thinker loaded from ``tiny_qwen_dir``: float32, eager attention, eval mode."""
     import qwen3_omni_checkpoint as qc
 
-    return qc.hf_qwen_thinker(tiny_qwen_dir)
+    return qc.load_reference(tiny_qwen_dir)[0]
 
 
 @pytest.fixture(scope="session")
@@ -150,7 +150,7 @@ def hf_qwen_processor(tiny_qwen_dir):
     """The HF processor for ``tiny_qwen_dir`` (a Qwen3OmniMoeProcessor, without video when torchvision is missing)."""
     import qwen3_omni_checkpoint as qc
 
-    return qc.hf_qwen_processor(tiny_qwen_dir)
+    return qc.load_processor(tiny_qwen_dir)
 
 
 @pytest.fixture(scope="session")

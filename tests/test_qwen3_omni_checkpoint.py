@@ -17,6 +17,7 @@ from transformers import (AutoProcessor, AutoTokenizer, Qwen3OmniMoeForCondition
 from transformers.models.qwen3_omni_moe.modeling_qwen3_omni_moe import _get_feat_extract_output_lengths
 
 import qwen3_omni_checkpoint as qc
+import qwen3_omni_tokenizer as qt
 
 SR = 16000
 SYSTEM = "You are a helpful assistant."
@@ -59,7 +60,7 @@ def _tensors(path) -> dict[str, torch.Tensor]:
 
 
 def test_tokenizer_training_is_deterministic():
-    assert qc._train_tokenizer().to_str() == qc._train_tokenizer().to_str()
+    assert qt._train_tokenizer().to_str() == qt._train_tokenizer().to_str()
     # Every run (a new process, new hash seeds) learns the same merges.
     assert qc.role_token_ids() == {"system": 425, "user": 296, "assistant": 305}
     assert qc.build_tokenizer().encode("The river town wakes early.").ids == [297, 371, 411, 77, 337, 74, 275, 387,
@@ -89,7 +90,7 @@ def test_hf_tokenizer_matches_the_tokenizers_pipeline(tiny_qwen_dir):
     ids = hf(text, add_special_tokens=False)["input_ids"]
     assert ids == raw.encode(text, add_special_tokens=False).ids
     assert hf.decode(ids) == text
-    for attr, tok in qc._MODEL_SPECIFIC_TOKENS.items():
+    for attr, tok in qt._MODEL_SPECIFIC_TOKENS.items():
         assert getattr(hf, attr) == tok
         assert getattr(hf, attr + "_id") == qc.SPECIAL_TOKEN_IDS[tok]
     assert hf.eos_token == "<|im_end|>" and hf.pad_token == "<|endoftext|>" and hf.bos_token is None
