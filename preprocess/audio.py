@@ -24,6 +24,7 @@ import warnings
 import numpy as np
 
 from app.errors import MediaError
+from preprocess.sources import local_path
 
 # Scale of integer PCM arrays, as libsndfile reads them into floats: x / 2**(bits - 1).
 _INT_SCALE = {np.dtype(np.int16): 2.0**15, np.dtype(np.int32): 2.0**31}
@@ -212,12 +213,7 @@ def load_audio(source, sampling_rate: int = 16000, max_seconds: float | None = N
         return np.ascontiguousarray(samples, dtype=np.float32)
 
     if isinstance(source, (str, os.PathLike)):
-        text = os.fspath(source)
-        if isinstance(text, bytes):
-            text = os.fsdecode(text)
-        if text.startswith(("http://", "https://")):
-            raise MediaError(f"audio URLs are not fetched; download the file first: {text}")
-        return _load_file(pathlib.Path(text), sampling_rate, max_seconds)
+        return _load_file(local_path(source, "audio"), sampling_rate, max_seconds)
 
     raise MediaError(
         f"unsupported audio source of type {type(source).__name__}; expected a path, (array, sampling_rate) or a "

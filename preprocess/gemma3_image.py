@@ -27,7 +27,7 @@ import PIL.Image
 from app.config_values import as_float, as_int, config_getter
 from preprocess.processor_config import processor_section
 from app.errors import CheckpointError, MediaError
-from preprocess.images import load_image
+from preprocess.pixels import rescale_normalize, resize, to_chw_uint8
 
 
 # transformers' IMAGENET_STANDARD_MEAN / IMAGENET_STANDARD_STD, the Gemma3ImageProcessorPil class defaults.
@@ -166,23 +166,6 @@ class Gemma3ImageConfig:
         return cls.from_dict(settings, source=source)
 
 
-def to_chw_uint8(image, do_convert_rgb: bool = True) -> np.ndarray:
-    """uint8 [3, H, W] from a ``PIL.Image.Image`` (or any source :func:`preprocess.images.load_image` takes).
-
-    PIL images go through ``convert_rgb`` when ``do_convert_rgb``; without it they must already be RGB.
-    """
-    if not isinstance(image, PIL.Image.Image):
-        image = load_image(image)
-    elif do_convert_rgb:
-        image = load_image(image)
-    elif image.mode != "RGB":
-        raise MediaError(f"image mode is {image.mode!r}; with do_convert_rgb off images must already be RGB")
-    width, height = image.size
-    if width == 0 or height == 0:
-        raise MediaError(f"image has zero size ({width}x{height})")
-    return np.moveaxis(np.asarray(image, dtype=np.uint8), -1, 0)
-
-
 def pan_and_scan_boxes(height: int, width: int, cfg: Gemma3ImageConfig) -> list[tuple[int, int, int, int]]:
     """Crop boxes (top, left, bottom, right), row-major, that pan-and-scan takes from an H x W image.
 
@@ -237,40 +220,6 @@ def pan_and_scan_crops(image, cfg: Gemma3ImageConfig) -> list[np.ndarray]:
         raise MediaError(f"pan-and-scan expects a [C, H, W] array, got shape {tuple(image.shape)}")
     _, height, width = image.shape
     return [image[:, top:bottom, left:right] for top, left, bottom, right in pan_and_scan_boxes(height, width, cfg)]
-
-
-def resize(
-    image: np.ndarray, height: int, width: int, resample: int = int(PIL.Image.Resampling.BILINEAR)
-) -> np.ndarray:
-    """uint8 [3, height, width]: uint8 ``image`` [3, H, W] resized by PIL (``Image.resize((width, height), resample)``).
-
-    The reference resizes the uint8 pixels through PIL (not a float array), so the result is uint8.
-    """
-    if image.dtype != np.uint8 or image.ndim != 3 or image.shape[0] != 3:
-        raise MediaError(f"resize expects a uint8 [3, H, W] array, got {image.dtype} of shape {tuple(image.shape)}")
-    pil = PIL.Image.fromarray(np.ascontiguousarray(np.moveaxis(image, 0, -1)), mode="RGB")
-    resized = pil.resize((int(width), int(height)), resample=int(resample))
-    return np.moveaxis(np.asarray(resized, dtype=np.uint8), -1, 0)
-
-
-def rescale_normalize(image: np.ndarray, cfg: Gemma3ImageConfig) -> np.ndarray:
-    """float32 [3, H, W] from ``image`` [3, H, W] (uint8 or float) with the reference's dtypes.
-
-    Rescale: ``(image.astype(float64) * cfg.rescale_factor).astype(float32)``. Normalize: in float32 (a non-float
-    input is cast to float32 first), ``(x - mean) / std`` with mean and std as float32 arrays per channel.
-    """
-    if image.ndim != 3 or image.shape[0] != 3:
-        raise MediaError(f"rescale_normalize expects a [3, H, W] array, got shape {tuple(image.shape)}")
-    out = image
-    if cfg.do_rescale:
-        out = (out.astype(np.float64) * cfg.rescale_factor).astype(np.float32)
-    if cfg.do_normalize:
-        if not np.issubdtype(out.dtype, np.floating):
-            out = out.astype(np.float32)
-        mean = np.asarray(cfg.image_mean, dtype=out.dtype)[:, None, None]
-        std = np.asarray(cfg.image_std, dtype=out.dtype)[:, None, None]
-        out = (out - mean) / std
-    return out.astype(np.float32, copy=False)
 
 
 def process_images(images: list[PIL.Image.Image], cfg: Gemma3ImageConfig) -> tuple[np.ndarray, list[int]]:

@@ -22,6 +22,8 @@ import PIL.Image
 import PIL.ImageOps
 
 from app.errors import MediaError
+from preprocess.sources import local_path
+
 
 def convert_rgb(image: PIL.Image.Image) -> PIL.Image.Image:
     """``image`` in mode RGB, transparency composited onto an opaque white background.
@@ -135,15 +137,11 @@ def load_image(source) -> PIL.Image.Image:
         return _array_to_rgb(source, "numpy image")
 
     if isinstance(source, (str, os.PathLike)):
-        text = os.fspath(source)
-        if isinstance(text, bytes):
-            text = os.fsdecode(text)
-        if text.startswith(("http://", "https://")):
-            raise MediaError(f"image URLs are not fetched; download the file first: {text}")
-        rgb = _open_path(pathlib.Path(text))
+        path = local_path(source, "image")
+        rgb = _open_path(path)
         width, height = rgb.size
         if width == 0 or height == 0:
-            raise MediaError(f"image file {text} has zero size ({width}x{height})")
+            raise MediaError(f"image file {path} has zero size ({width}x{height})")
         return rgb
 
     raise MediaError(

@@ -28,7 +28,7 @@ import PIL.Image
 from app.config_values import as_float, as_int, config_getter
 from preprocess.processor_config import processor_section
 from app.errors import CheckpointError, MediaError
-from preprocess.gemma3_image import resize, to_chw_uint8
+from preprocess.pixels import rescale_normalize, resize, to_chw_uint8
 
 
 # transformers' OPENAI_CLIP_MEAN / OPENAI_CLIP_STD: the Qwen2VLImageProcessorPil class defaults. Qwen3-Omni
@@ -195,26 +195,6 @@ def smart_resize(height: int, width: int, factor: int, min_pixels: int, max_pixe
         h_bar = math.ceil(height * beta / factor) * factor
         w_bar = math.ceil(width * beta / factor) * factor
     return h_bar, w_bar
-
-
-def rescale_normalize(image: np.ndarray, cfg: QwenImageConfig) -> np.ndarray:
-    """float32 [3, H, W] from ``image`` [3, H, W] (uint8 or float) with the reference's dtypes.
-
-    Rescale: ``(image.astype(float64) * cfg.rescale_factor).astype(float32)``. Normalize: in float32 (a non-float
-    input is cast to float32 first), ``(x - mean) / std`` with float32 mean / std per channel.
-    """
-    if image.ndim != 3 or image.shape[0] != 3:
-        raise MediaError(f"rescale_normalize expects a [3, H, W] array, got shape {tuple(image.shape)}")
-    out = image
-    if cfg.do_rescale:
-        out = (out.astype(np.float64) * cfg.rescale_factor).astype(np.float32)
-    if cfg.do_normalize:
-        if not np.issubdtype(out.dtype, np.floating):
-            out = out.astype(np.float32)
-        mean = np.asarray(cfg.image_mean, dtype=out.dtype)[:, None, None]
-        std = np.asarray(cfg.image_std, dtype=out.dtype)[:, None, None]
-        out = (out - mean) / std
-    return out.astype(np.float32, copy=False)
 
 
 def patchify(image_CHW: np.ndarray, patch_size: int, merge_size: int, temporal_patch_size: int) -> np.ndarray:

@@ -16,10 +16,8 @@ from preprocess.gemma3_image import (
     pan_and_scan_boxes,
     pan_and_scan_crops,
     process_images,
-    rescale_normalize,
-    resize,
-    to_chw_uint8,
 )
+from preprocess.pixels import rescale_normalize, resize, to_chw_uint8
 from preprocess.images import convert_rgb, load_image
 
 TOL = 1e-5

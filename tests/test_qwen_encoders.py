@@ -35,6 +35,8 @@ AUDIO = dict(num_mel_bins=16, encoder_layers=2, encoder_attention_heads=4, encod
 VISION_PREFIX = "thinker.visual."
 AUDIO_PREFIX = "thinker.audio_tower."
 
+from module_parity import assert_close, flat_paths, load_module
+
 
 # ---------------------------------------------------------------------------------------------------------------
 # helpers
@@ -50,45 +52,8 @@ def _randomise(module: torch.nn.Module, seed: int) -> None:
                     else 0.2 * noise)
 
 
-def _flat_paths(tree, prefix=()) -> dict[tuple, object]:
-    if isinstance(tree, dict):
-        out = {}
-        for k, v in tree.items():
-            out.update(_flat_paths(v, prefix + (k,)))
-        return out
-    return {prefix: tree}
-
-
-def _set_path(tree: dict, path: tuple, value) -> None:
-    for k in path[:-1]:
-        tree = tree[k]
-    tree[path[-1]] = value
-
-
-def _load(make_module, weight_map, tensors: dict[str, np.ndarray]):
-    """Abstract build, then fill every parameter from ``tensors`` through the weight map."""
-    graphdef, state = nnx.split(nnx.eval_shape(make_module))
-    params = nnx.to_pure_dict(state)
-    abstract = _flat_paths(params)
-    assert set(abstract) == set(weight_map), set(abstract) ^ set(weight_map)
-    for path, spec in weight_map.items():
-        value = spec.apply(tensors[spec.key])
-        assert value.shape == tuple(abstract[path].shape), (path, value.shape, abstract[path].shape)
-        _set_path(params, path, jnp.asarray(value, jnp.float32))
-    return graphdef, params
-
-
 def _state_dict_np(module: torch.nn.Module, prefix: str) -> dict[str, np.ndarray]:
     return {prefix + k: v.detach().float().numpy() for k, v in module.state_dict().items()}
-
-
-def _assert_close(ours, ref) -> float:
-    ours, ref = np.asarray(ours), np.asarray(ref)
-    assert ours.shape == ref.shape, (ours.shape, ref.shape)
-    err = float(np.abs(ours - ref).max())
-    scale = max(1.0, float(np.abs(ref).max()))
-    assert err <= 1e-5 * scale, f"max abs diff {err} vs output scale {scale}"
-    return err / scale
 
 
 class _Runner:
@@ -112,7 +77,7 @@ def vision():
     ref = hf_qwen.Qwen3OmniMoeVisionEncoder(hf_cfg).eval()
     _randomise(ref, seed=1)
     cfg = QwenVisionConfig.from_hf(hf_cfg.to_dict())
-    graphdef, params = _load(lambda: QwenVisionTower(cfg, rngs=nnx.Rngs(0)),
+    graphdef, params = load_module(lambda: QwenVisionTower(cfg, rngs=nnx.Rngs(0)),
                              qwen_vision_weight_map(cfg, VISION_PREFIX), _state_dict_np(ref, VISION_PREFIX))
     return ref, _Runner(graphdef, params), cfg
 
@@ -125,7 +90,7 @@ def audio():
     ref = hf_qwen.Qwen3OmniMoeAudioEncoder(hf_cfg).eval()
     _randomise(ref, seed=2)
     cfg = QwenAudioConfig.from_hf(hf_cfg.to_dict())
-    graphdef, params = _load(lambda: QwenAudioTower(cfg, rngs=nnx.Rngs(0)),
+    graphdef, params = load_module(lambda: QwenAudioTower(cfg, rngs=nnx.Rngs(0)),
                              qwen_audio_weight_map(cfg, AUDIO_PREFIX), _state_dict_np(ref, AUDIO_PREFIX))
     return ref, _Runner(graphdef, params), cfg
 
@@ -151,10 +116,10 @@ def test_vision_tower_matches_hf(vision, grid):
         out = ref(hidden_states=torch.from_numpy(patches), grid_thw=torch.tensor(grid))
     embeds, deep = run(patches, grid)
     assert embeds.shape == (vision_token_count(grid, 2), cfg.out_hidden_size)
-    rel = _assert_close(embeds, out.pooler_output.numpy())
+    rel = assert_close(embeds, out.pooler_output.numpy())
     assert len(deep) == len(out.deepstack_features) == len(cfg.deepstack_visual_indexes)
     for ours, theirs in zip(deep, out.deepstack_features):
-        rel = max(rel, _assert_close(ours, theirs.numpy()))
+        rel = max(rel, assert_close(ours, theirs.numpy()))
     print(f"vision {grid}: rel err {rel:.2e}")
 
 
@@ -212,7 +177,7 @@ def test_audio_tower_matches_hf(audio, lengths):
         out = ref(input_features=torch.from_numpy(feats), feature_lens=torch.tensor(lengths)).last_hidden_state
     ours = run(feats, lengths)
     assert ours.shape == (sum(audio_output_length(n) for n in lengths), cfg.output_dim)
-    rel = _assert_close(ours, out.numpy())
+    rel = assert_close(ours, out.numpy())
     print(f"audio {lengths}: rel err {rel:.2e}")
 
 
@@ -284,7 +249,7 @@ def test_weight_map_paths_match_module_state():
     for module, wmap in ((lambda: QwenVisionTower(vcfg, rngs=nnx.Rngs(0)), qwen_vision_weight_map(vcfg)),
                          (lambda: QwenAudioTower(acfg, rngs=nnx.Rngs(0)), qwen_audio_weight_map(acfg))):
         abstract = nnx.eval_shape(module)
-        assert set(_flat_paths(nnx.to_pure_dict(nnx.split(abstract)[1]))) == set(wmap)
+        assert set(flat_paths(nnx.to_pure_dict(nnx.split(abstract)[1]))) == set(wmap)
         for path, var in nnx.to_flat_state(nnx.state(abstract, nnx.Param)):
             axes = var.get_metadata().get("axes")
             assert axes is not None and len(axes) == len(var.shape), (path, axes, var.shape)
@@ -307,7 +272,7 @@ def test_keys_match_saved_checkpoint(tmp_path):
         disk = {k for k in shapes if k.startswith(prefix)}
         mapped = {spec.key for spec in wmap.values()}
         assert mapped == disk, (disk - mapped, mapped - disk)
-        abstract = _flat_paths(nnx.to_pure_dict(nnx.split(nnx.eval_shape(lambda: module(cfg, rngs=nnx.Rngs(0))))[1]))
+        abstract = flat_paths(nnx.to_pure_dict(nnx.split(nnx.eval_shape(lambda: module(cfg, rngs=nnx.Rngs(0))))[1]))
         for path, spec in wmap.items():
             assert spec.apply(np.zeros(shapes[spec.key], np.float32)).shape == tuple(abstract[path].shape), path
 

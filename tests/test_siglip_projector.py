@@ -19,6 +19,8 @@ from encoders.gemma3_projector import Gemma3Projector, gemma3_projector_weight_m
 from encoders.siglip import (SiglipVisionConfig, SiglipVisionTower, siglip_unused_key_pattern, siglip_unused_keys,
                              siglip_weight_map)
 
+from module_parity import assert_close, flat_paths, load_module
+
 
 def _randomise(module: torch.nn.Module, seed: int) -> None:
     """Overwrite every parameter: norms (1-D weights named *norm*) ~ N(0, 0.5), everything else ~ N(0, 0.2)."""
@@ -38,44 +40,8 @@ def _state_dict_np(module: torch.nn.Module, prefix: str = "") -> dict[str, np.nd
     return out
 
 
-def _flat_paths(tree, prefix=()) -> dict[tuple, object]:
-    if isinstance(tree, dict):
-        out = {}
-        for k, v in tree.items():
-            out.update(_flat_paths(v, prefix + (k,)))
-        return out
-    return {prefix: tree}
-
-
-def _set_path(tree: dict, path: tuple, value) -> None:
-    for k in path[:-1]:
-        tree = tree[k]
-    tree[path[-1]] = value
-
-
-def _load(make_module, weight_map, tensors: dict[str, np.ndarray]):
-    """Abstract build, then fill every parameter from ``tensors`` through the weight map."""
-    graphdef, state = nnx.split(nnx.eval_shape(make_module))
-    params = nnx.to_pure_dict(state)
-    abstract = _flat_paths(params)
-    assert set(abstract) == set(weight_map), (set(abstract) ^ set(weight_map))
-    for path, spec in weight_map.items():
-        value = spec.apply(tensors[spec.key])
-        assert value.shape == tuple(abstract[path].shape), (path, value.shape, abstract[path].shape)
-        _set_path(params, path, jnp.asarray(value, jnp.float32))
-    return graphdef, params
-
-
 def _run(graphdef, params, x):
     return np.asarray(jax.jit(lambda p, x: nnx.merge(graphdef, p)(x))(params, x))
-
-
-def _assert_close(ours: np.ndarray, ref: np.ndarray) -> float:
-    assert ours.shape == ref.shape, (ours.shape, ref.shape)
-    err = float(np.abs(ours - ref).max())
-    scale = max(1.0, float(np.abs(ref).max()))
-    assert err <= 1e-5 * scale, f"max abs diff {err} vs output scale {scale}"
-    return err / scale
 
 
 def _tiny_siglip(image_size, patch_size, layers, **kw) -> dict:
@@ -100,14 +66,14 @@ def test_siglip_tower_matches_hf(image_size, patch_size, layers, attn):
     cfg = SiglipVisionConfig.from_hf(hf_dict)
     assert cfg.num_patches == (image_size // patch_size) ** 2
     prefix = "vision_tower."
-    graphdef, params = _load(lambda: SiglipVisionTower(cfg, rngs=nnx.Rngs(0)), siglip_weight_map(cfg, prefix),
+    graphdef, params = load_module(lambda: SiglipVisionTower(cfg, rngs=nnx.Rngs(0)), siglip_weight_map(cfg, prefix),
                              _state_dict_np(ref_model, prefix))
 
     pixels = np.random.default_rng(1).uniform(-1, 1, (2, 3, image_size, image_size)).astype(np.float32)
     with torch.no_grad():
         ref = ref_model(pixel_values=torch.from_numpy(pixels)).last_hidden_state.numpy()
     ours = _run(graphdef, params, jnp.asarray(pixels))
-    rel = _assert_close(ours, ref)
+    rel = assert_close(ours, ref)
     print(f"siglip {image_size}/{patch_size} x{layers} {attn}: rel err {rel:.2e}")
 
 
@@ -121,7 +87,7 @@ def test_gemma3_projector_matches_hf(image_size, patch_size, mm_tokens):
 
     pps, tps = image_size // patch_size, int(round(mm_tokens ** 0.5))
     prefix = "multi_modal_projector."
-    graphdef, params = _load(
+    graphdef, params = load_module(
         lambda: Gemma3Projector(32, 24, pps, tps, eps=config.vision_config.layer_norm_eps, rngs=nnx.Rngs(0)),
         gemma3_projector_weight_map(prefix), _state_dict_np(ref_model, prefix))
 
@@ -132,7 +98,7 @@ def test_gemma3_projector_matches_hf(image_size, patch_size, mm_tokens):
         ref = ref_model(torch.from_numpy(x)).numpy()
     ours = _run(graphdef, params, jnp.asarray(x))
     assert ours.shape == (2, mm_tokens, 24)
-    rel = _assert_close(ours, ref)
+    rel = assert_close(ours, ref)
     print(f"projector {pps}x{pps}->{tps}x{tps}: rel err {rel:.2e}")
 
 
@@ -151,9 +117,9 @@ def test_from_hf_defaults():
 def test_weight_map_paths_match_module_state():
     cfg = SiglipVisionConfig.from_hf(_tiny_siglip(32, 8, 3))
     _, state = nnx.split(nnx.eval_shape(lambda: SiglipVisionTower(cfg, rngs=nnx.Rngs(0))))
-    assert set(_flat_paths(nnx.to_pure_dict(state))) == set(siglip_weight_map(cfg))
+    assert set(flat_paths(nnx.to_pure_dict(state))) == set(siglip_weight_map(cfg))
     _, state = nnx.split(nnx.eval_shape(lambda: Gemma3Projector(32, 24, 8, 4, rngs=nnx.Rngs(0))))
-    assert set(_flat_paths(nnx.to_pure_dict(state))) == set(gemma3_projector_weight_map())
+    assert set(flat_paths(nnx.to_pure_dict(state))) == set(gemma3_projector_weight_map())
 
 
 def _every_param_has_axes(module) -> None:
@@ -196,7 +162,7 @@ def test_keys_match_saved_gemma3_checkpoint(tmp_path, use_head):
     # Shapes after the layout change equal the module's parameter shapes.
     for module, wmap in ((SiglipVisionTower(cfg, rngs=nnx.Rngs(0)), tower_map),
                          (Gemma3Projector(32, 24, 4, 2, rngs=nnx.Rngs(0)), proj_map)):
-        abstract = _flat_paths(nnx.to_pure_dict(nnx.split(module)[1]))
+        abstract = flat_paths(nnx.to_pure_dict(nnx.split(module)[1]))
         for path, spec in wmap.items():
             got = spec.apply(np.zeros(shapes[spec.key], np.float32)).shape
             assert got == tuple(abstract[path].shape), (path, got)
