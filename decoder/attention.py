@@ -7,7 +7,7 @@ import jax.numpy as jnp
 from flax import nnx
 
 from decoder.config import DecoderConfig
-from decoder.kv_cache import after, write_slots
+from decoder.kv_cache import after, write_keys, write_values
 from decoder.linear import Linear
 from decoder.norms import RMSNorm
 from decoder.rope import apply_rotary
@@ -15,23 +15,24 @@ from decoder.sharding import constrain
 
 
 def dot_attention(q_BLNH: jax.Array, segments: list[tuple[jax.Array, jax.Array, jax.Array]], *, scale: float,
-                  softcap: float | None = None) -> jax.Array:
+                  softcap: float | None = None, keys_transposed: bool = False) -> jax.Array:
     """softmax(q.k * scale [softcapped] + mask) . v over the keys of all ``segments`` -> [batch, q_len, N, H].
 
-    Each segment is (keys [B, K, S, H], values [B, K, S, H], mask [B, L, S]) in the heads-major KV cache layout;
+    Each segment is (keys [B, K, S, H], or [B, K, H, S] as the key cache holds them when ``keys_transposed``,
+    values [B, K, S, H], mask [B, L, S]);
     one softmax spans every segment's keys (decode attends to the cache as it was plus the new tokens without
     concatenating them). N query heads share K kv heads: the G = N / K query heads of one kv head are folded into
     the rows of one matrix product per kv head.
     """
     b, l, n, h = q_BLNH.shape
-    kv = segments[0][0].shape[1]
+    kv = segments[0][1].shape[1]
     g = n // kv
     q = (q_BLNH * jnp.asarray(scale, q_BLNH.dtype)).reshape(b, l, kv, g, h).transpose(0, 2, 3, 1, 4)
     q = q.reshape(b, kv, g * l, h)
     parts = []
-    for k_BKSH, _, mask_BLS in segments:
-        s = k_BKSH.shape[2]
-        scores = jnp.einsum("bkqh,bksh->bkqs", q, k_BKSH.astype(q.dtype),
+    for keys, _, mask_BLS in segments:
+        s = keys.shape[3 if keys_transposed else 2]
+        scores = jnp.einsum("bkqh,bkhs->bkqs" if keys_transposed else "bkqh,bksh->bkqs", q, keys.astype(q.dtype),
                             preferred_element_type=jnp.float32).reshape(b, kv, g, l, s)
         if softcap is not None:
             scores = jnp.tanh(scores / softcap) * softcap
@@ -88,10 +89,10 @@ class Attention(nnx.Module):
             self.q_norm = self.k_norm = None
 
     def __call__(self, x_BLD: jax.Array, cos_BLH: jax.Array, sin_BLH: jax.Array, mask_BLS: jax.Array,
-                 cache_k_BKTH: jax.Array, cache_v_BKTH: jax.Array, write_index: jax.Array, *,
+                 cache_k_BKHT: jax.Array, cache_v_BKTH: jax.Array, write_index: jax.Array, *,
                  cache_mask_BLT: jax.Array | None = None, last_query_only: bool = False,
                  key_reach: tuple[int | None, int] | None = None) -> tuple[jax.Array, jax.Array, jax.Array]:
-        """Returns (output [B, L, D], updated cache k, updated cache v).
+        """Returns (output [B, L, D], updated key cache [B, K, H, T], updated value cache [B, K, T, H]).
 
         The queries attend to the new keys/values (``mask_BLS`` [B, L, L]) and, given ``cache_mask_BLT``
         [B, L, T] (decode), to the cache as it was before this call. The new keys/values are then written into
@@ -112,22 +113,24 @@ class Attention(nnx.Module):
         q = apply_rotary(q, cos_BLH, sin_BLH)
         k = apply_rotary(k, cos_BLH, sin_BLH)
         q = constrain(q, ("batch", "length", "heads", "head_dim"))
-        k = k.transpose(0, 2, 1, 3)  # [B, K, L, H]
-        v = v.transpose(0, 2, 1, 3)
+        k_BKHL = k.transpose(0, 2, 3, 1)  # as the key cache holds keys
+        v = v.transpose(0, 2, 1, 3)  # [B, K, L, H]
         first = l - 1 if last_query_only else 0
         if cache_mask_BLT is not None:
-            out = dot_attention(q, [(cache_k_BKTH, cache_v_BKTH, cache_mask_BLT), (k, v, mask_BLS)],
-                                scale=self.scale, softcap=self.softcap)
-        else:
+            # keys [H, S] per kv head: the decode scores are a plain [G, H] x [H, S] product per kv head
+            out = dot_attention(q, [(cache_k_BKHT, cache_v_BKTH, cache_mask_BLT), (k_BKHL, v, mask_BLS)],
+                                scale=self.scale, softcap=self.softcap, keys_transposed=True)
+        else:  # a prompt: [S, H] keys per kv head (the transposed layout is slower for many query rows)
+            k_BKLH = k.transpose(0, 2, 1, 3)
             spans = ([(first, l, 0, l)] if key_reach is None
                      else attention_spans(first, l, window=key_reach[0], ahead=key_reach[1]))
             out = jnp.concatenate([
-                dot_attention(q[:, qs:qe], [(k[:, :, ks:ke], v[:, :, ks:ke], mask_BLS[:, qs:qe, ks:ke])],
+                dot_attention(q[:, qs:qe], [(k_BKLH[:, :, ks:ke], v[:, :, ks:ke], mask_BLS[:, qs:qe, ks:ke])],
                               scale=self.scale, softcap=self.softcap) for qs, qe, ks, ke in spans], axis=1)
         l -= first
         if cache_mask_BLT is not None:
             dep_BK11 = out[:, 0].reshape(b, kv, n // kv, h)[:, :, :1, :1]  # shard-local: same heads as k, v
-            k, v = after(k, dep_BK11), after(v, dep_BK11)
-        cache_k = write_slots(cache_k_BKTH, k, write_index)
-        cache_v = write_slots(cache_v_BKTH, v, write_index)
+            k_BKHL, v = after(k_BKHL, dep_BK11), after(v, dep_BK11)
+        cache_k = write_keys(cache_k_BKHT, k_BKHL, write_index)
+        cache_v = write_values(cache_v_BKTH, v, write_index)
         return self.o_proj(out.reshape(b, l, self.num_heads * self.head_dim)), cache_k, cache_v

@@ -1,6 +1,8 @@
 """The KV cache: a plain pytree sized by a cache budget, so decode shapes never change.
 
-    k, v:  tuple (one per layer) of [batch, kv_heads, cache_len, head_dim] (heads-major: no per-step transpose)
+    k:     tuple (one per layer) of [batch, kv_heads, head_dim, cache_len]: keys stored transposed, so the decode
+           scores q . k are a plain [q, head_dim] x [head_dim, cache_len] product per kv head
+    v:     tuple (one per layer) of [batch, kv_heads, cache_len, head_dim]
     pos:   [batch, cache_len] int32 sequence position of the token in each slot, -1 for empty/padding
     block: [batch, cache_len] int32 media block id of the token in each slot, -1 for text/empty
 """
@@ -14,12 +16,17 @@ from decoder.config import DecoderConfig
 from decoder.sharding import constrain
 
 
+KEY_AXES = ("batch", "kv_heads", "head_dim", "cache_len")
+VALUE_AXES = ("batch", "kv_heads", "cache_len", "head_dim")
+
+
 def init_cache(cfg: DecoderConfig, batch: int, cache_len: int, dtype=jnp.float32) -> dict:
-    shape = (batch, cfg.num_kv_heads, cache_len, cfg.head_dim)
-    zeros = lambda: constrain(jnp.zeros(shape, dtype), ("batch", "kv_heads", "cache_len", "head_dim"))
+    b, kv, h = batch, cfg.num_kv_heads, cfg.head_dim
+    keys = lambda: constrain(jnp.zeros((b, kv, h, cache_len), dtype), KEY_AXES)
+    values = lambda: constrain(jnp.zeros((b, kv, cache_len, h), dtype), VALUE_AXES)
     return {
-        "k": tuple(zeros() for _ in range(cfg.num_layers)),
-        "v": tuple(zeros() for _ in range(cfg.num_layers)),
+        "k": tuple(keys() for _ in range(cfg.num_layers)),
+        "v": tuple(values() for _ in range(cfg.num_layers)),
         "pos": jnp.full((batch, cache_len), -1, jnp.int32),
         "block": jnp.full((batch, cache_len), -1, jnp.int32),
     }
@@ -33,11 +40,18 @@ def write_positions(cache: dict, pos_BL: jax.Array, block_BL: jax.Array, write_i
                 block=jax.lax.dynamic_update_slice(cache["block"], block_BL.astype(jnp.int32), (zero, write_index)))
 
 
-def write_slots(cache_BKTH: jax.Array, new_BKLH: jax.Array, write_index: jax.Array) -> jax.Array:
-    """One layer's cache [B, K, T, H] with the new keys or values [B, K, L, H] written at slots write_index..+L."""
+def write_keys(cache_BKHT: jax.Array, new_BKHL: jax.Array, write_index: jax.Array) -> jax.Array:
+    """One layer's key cache [B, K, H, T] with the new keys [B, K, H, L] written at slots write_index..+L."""
+    zero = jnp.zeros((), jnp.int32)
+    out = jax.lax.dynamic_update_slice(cache_BKHT, new_BKHL.astype(cache_BKHT.dtype), (zero, zero, zero, write_index))
+    return constrain(out, KEY_AXES)
+
+
+def write_values(cache_BKTH: jax.Array, new_BKLH: jax.Array, write_index: jax.Array) -> jax.Array:
+    """One layer's value cache [B, K, T, H] with the new values [B, K, L, H] written at slots write_index..+L."""
     zero = jnp.zeros((), jnp.int32)
     out = jax.lax.dynamic_update_slice(cache_BKTH, new_BKLH.astype(cache_BKTH.dtype), (zero, zero, write_index, zero))
-    return constrain(out, ("batch", "kv_heads", "cache_len", "head_dim"))
+    return constrain(out, VALUE_AXES)
 
 
 def after(x: jax.Array, dep: jax.Array) -> jax.Array:

@@ -147,7 +147,7 @@ def test_stop_checker_holds_back_possible_stop_prefixes():
     assert StopChecker(lambda ids: "", None).holdback("abc E") == "abc E"
 
 
-def test_attention_over_two_segments_equals_one_concatenated_segment():
+def test_attention_over_two_transposed_key_segments_equals_one_concatenated_segment():
     from decoder.attention import dot_attention
 
     rng = np.random.default_rng(0)
@@ -157,7 +157,8 @@ def test_attention_over_two_segments_equals_one_concatenated_segment():
     k2, v2 = (jnp.asarray(rng.normal(size=(b, kv, s2, h)), jnp.float32) for _ in range(2))
     m1 = jnp.asarray(rng.random((b, l, s1)) < 0.6)
     m2 = jnp.asarray(np.tril(np.ones((l, s2), bool), 0)[None].repeat(b, 0))
-    split = dot_attention(q, [(k1, v1, m1), (k2, v2, m2)], scale=0.3, softcap=5.0)
+    t = lambda k_BKSH: k_BKSH.transpose(0, 1, 3, 2)  # keys as the cache holds them: [B, K, H, S]
+    split = dot_attention(q, [(t(k1), v1, m1), (t(k2), v2, m2)], scale=0.3, softcap=5.0, keys_transposed=True)
     joined = dot_attention(q, [(jnp.concatenate([k1, k2], 2), jnp.concatenate([v1, v2], 2),
                                 jnp.concatenate([m1, m2], 2))], scale=0.3, softcap=5.0)
     np.testing.assert_allclose(np.asarray(split), np.asarray(joined), rtol=1e-5, atol=1e-6)
