@@ -42,16 +42,18 @@ def write_positions(cache: dict, pos_BL: jax.Array, block_BL: jax.Array, write_i
 
 def write_keys(cache_BKHT: jax.Array, new_BKHL: jax.Array, write_index: jax.Array) -> jax.Array:
     """One layer's key cache [B, K, H, T] with the new keys [B, K, H, L] written at slots write_index..+L."""
-    zero = jnp.zeros((), jnp.int32)
-    out = jax.lax.dynamic_update_slice(cache_BKHT, new_BKHL.astype(cache_BKHT.dtype), (zero, zero, zero, write_index))
-    return constrain(out, KEY_AXES)
+    return _write_slots(cache_BKHT, new_BKHL, write_index, KEY_AXES)
 
 
 def write_values(cache_BKTH: jax.Array, new_BKLH: jax.Array, write_index: jax.Array) -> jax.Array:
     """One layer's value cache [B, K, T, H] with the new values [B, K, L, H] written at slots write_index..+L."""
-    zero = jnp.zeros((), jnp.int32)
-    out = jax.lax.dynamic_update_slice(cache_BKTH, new_BKLH.astype(cache_BKTH.dtype), (zero, zero, write_index, zero))
-    return constrain(out, VALUE_AXES)
+    return _write_slots(cache_BKTH, new_BKLH, write_index, VALUE_AXES)
+
+
+def _write_slots(cache: jax.Array, new: jax.Array, write_index: jax.Array, axes: tuple[str, ...]) -> jax.Array:
+    start = [jnp.zeros((), jnp.int32)] * len(axes)
+    start[axes.index("cache_len")] = write_index
+    return constrain(jax.lax.dynamic_update_slice(cache, new.astype(cache.dtype), tuple(start)), axes)
 
 
 def after(x: jax.Array, dep: jax.Array) -> jax.Array:

@@ -24,9 +24,9 @@ Parameter tree (paths in the NNX state) and logical axes::
     ("merger", "ln_q", "weight" | "bias")  [D]
     ("merger" | ("deepstack_mergers", j), "mlp", "fc1", ...)  [4D, 4D]  ("vision_merge", "vision_mlp")  <- mlp.0
     ("merger" | ("deepstack_mergers", j), "mlp", "fc2", ...)  [out_hidden, 4D]  ("vision_mlp", "embed")  <- mlp.2
+    ("deepstack_mergers", j, "ln_q", "weight" | "bias")  [4D]  ("vision_merge",)
 
 Linear kernels are stored [out, in] (torch's layout); their axes above are given in (in, out) order.
-    ("deepstack_mergers", j, "ln_q", "weight" | "bias")  [4D]  ("vision_merge",)
 """
 
 from __future__ import annotations

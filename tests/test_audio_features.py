@@ -24,6 +24,8 @@ from preprocess.whisper_features import (
     mel_filters,
 )
 
+from qwen3_omni_tokenizer import FEATURE_EXTRACTOR_CONFIG
+
 # Against the reference's torch.stft (float32) path, the one Qwen3OmniMoeProcessor runs when torch is installed.
 TOL = 1e-4
 # Against the reference's float64 numpy path (_np_extract_fbank_features), the arithmetic this module follows.
@@ -31,21 +33,7 @@ NP_TOL = 1e-6
 SR = 16000
 
 # The feature extractor keys of the published Qwen3-Omni preprocessor_config.json (image keys left out).
-QWEN3_OMNI_FEATURE_CONFIG = {
-    "feature_extractor_type": "WhisperFeatureExtractor",
-    "feature_size": 128,
-    "hop_length": 160,
-    "n_fft": 400,
-    "n_samples": 4800000,
-    "nb_max_frames": 30000,
-    "sampling_rate": 16000,
-    "chunk_length": 300,
-    "dither": 0.0,
-    "padding_side": "right",
-    "padding_value": 0.0,
-    "return_attention_mask": True,
-    "processor_class": "Qwen3OmniMoeProcessor",
-}
+QWEN3_OMNI_FEATURE_CONFIG = {**FEATURE_EXTRACTOR_CONFIG, "processor_class": "Qwen3OmniMoeProcessor"}
 
 
 @pytest.fixture(scope="module")
