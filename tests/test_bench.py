@@ -28,5 +28,9 @@ def test_smoke_report_has_every_field(tmp_path):
             assert measures[key]["median"] > 0, (system, key)
         assert report["systems"][system]["peak_rss_mb"] > 0
     assert report["bandwidth_gbs"]["matvec"] > 0 and report["roofline_tok_s"] > 0
+    weights_only = report["weights_only"]
+    assert len(weights_only["round_pass_s"]) == report["repeats"] and min(weights_only["round_pass_s"]) > 0
+    assert weights_only["roofline_fraction"] > 0 and weights_only["decode_b1_fraction_of_it"] > 0
+    assert 0 < weights_only["matrix_bytes"] <= report["weight_bytes"]
     table = (out / "latest-gemma3.md").read_text()
     assert "decode_b1_speedup" in table and "omnijax" in table
