@@ -13,6 +13,7 @@ table beside it, and ``latest-<family>.md``.
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import pathlib
 import platform
@@ -58,34 +59,32 @@ def weight_stream_s(weights: list, repeats: int = 3, steps: int = 8) -> float:
     """Seconds per pass of a chain of batch-1 matrix-vector products over ``weights`` ([out, in] arrays, each
     read once per pass, the next product waiting for the previous one), with no attention, norms or sampling:
     the fastest a decode step on these weights can be with XLA's matrix-vector products on this device."""
-    import jax
-
-    global _weight_chain
-    if _weight_chain is None:
-        _weight_chain = jax.jit(_weight_passes, static_argnames="steps")
-    _weight_chain(weights, steps=steps).block_until_ready()
+    chain = _weight_chain()
+    chain(weights, steps=steps).block_until_ready()
     times = []
     for _ in range(repeats):
         start = time.perf_counter()
-        _weight_chain(weights, steps=steps).block_until_ready()
+        chain(weights, steps=steps).block_until_ready()
         times.append((time.perf_counter() - start) / steps)
     return min(times)
 
 
-_weight_chain = None
-
-
-def _weight_passes(weights: list, *, steps: int):
+@functools.cache
+def _weight_chain():
+    """The jitted chain (compiled once per weight shapes and step count, reused across rounds)."""
     import jax
     import jax.numpy as jnp
 
-    def one_pass(_, carry):
-        for w in weights:
-            x = jnp.linspace(-1.0, 1.0, w.shape[1], dtype=w.dtype) * (1 + carry * 1e-9)
-            carry = jax.lax.dot_general(x, w, (((0,), (1,)), ((), ())))[0]
-        return carry
+    def passes(weights: list, *, steps: int):
+        def one_pass(_, carry):
+            for w in weights:
+                x = jnp.linspace(-1.0, 1.0, w.shape[1], dtype=w.dtype) * (1 + carry * 1e-9)
+                carry = jax.lax.dot_general(x, w, (((0,), (1,)), ((), ())))[0]
+            return carry
 
-    return jax.lax.fori_loop(0, steps, one_pass, jnp.zeros((), weights[0].dtype))
+        return jax.lax.fori_loop(0, steps, one_pass, jnp.zeros((), weights[0].dtype))
+
+    return jax.jit(passes, static_argnames="steps")
 
 
 class Prompts:
@@ -142,7 +141,7 @@ class OmnijaxRunner:
         self.load_s = time.perf_counter() - start
         self.engine = self.pipe.engine
         leaves = __import__("jax").tree.leaves(self.engine.params["decoder"])
-        self.weight_bytes = sum(int(np.prod(x.shape)) * x.dtype.itemsize for x in leaves)
+        self.weight_bytes = sum(x.nbytes for x in leaves)
         self.matrices = [x for x in leaves if x.ndim == 2]  # every [out, in] kernel and the (tied) embedding
 
     def generate(self, prompts, new_tokens):
@@ -360,7 +359,7 @@ def run(family: str, out_dir: pathlib.Path, repeats: int, smoke: bool, ckpt_root
     paired = lambda k, num, den: float(np.median([num[i][k] / den[i][k] for i in range(repeats)]))
     roofline_fractions = [ours[i]["decode_b1_tok_s"] * weight_bytes / (round_bandwidth[i]["matvec"] * 1e9)
                           for i in range(repeats)]
-    stream_bytes = sum(int(np.prod(x.shape)) * x.dtype.itemsize for x in runners[0].matrices)
+    stream_bytes = sum(x.nbytes for x in runners[0].matrices)
     stream_fractions = [stream_bytes / round_stream[i] / (round_bandwidth[i]["matvec"] * 1e9) for i in range(repeats)]
     dev = jax.devices()[0]
     report = {
