@@ -1,6 +1,6 @@
 """omnijax: multimodal generation from Hugging Face checkpoint folders on JAX."""
 
-from app.errors import CheckpointError, MediaError, OmnijaxError, PromptError
+from common.errors import CheckpointError, MediaError, OmnijaxError, PromptError
 
 __all__ = ["Pipeline", "GenerationResult", "OmnijaxError", "CheckpointError", "MediaError", "PromptError"]
 

@@ -19,9 +19,9 @@ import numpy as np
 from flax import nnx
 from safetensors import safe_open
 
-from app.errors import CheckpointError
-from app.weights import ParamPath, TensorSpec
-from decoder.sharding import named_sharding
+from common.errors import CheckpointError
+from common.weights import ParamPath, TensorSpec
+from common.sharding import named_sharding
 
 log = logging.getLogger(__name__)
 

@@ -1,4 +1,7 @@
-"""Command line: ``omnijax generate`` (also ``python -m app generate``)."""
+"""Command line of the Python API: ``omnijax generate`` (also ``python -m app generate``).
+
+The shared model and sampling flags live here; the ``omnijax`` program (demo/cli.py) adds the ``caption`` and
+``demo`` commands of demo/ to the same parser."""
 
 from __future__ import annotations
 
@@ -7,12 +10,10 @@ import logging
 import sys
 import time
 
-from app.cli_caption import add_caption_parser, run_caption
-from app.cli_demo import add_demo_parser, run_demo
-from app.errors import OmnijaxError
+from common.errors import OmnijaxError
 
 
-def _add_sampling(p: argparse.ArgumentParser) -> None:
+def add_sampling_flags(p: argparse.ArgumentParser) -> None:
     p.add_argument("--max-new-tokens", type=int, default=64)
     p.add_argument("--temperature", type=float, default=0.0, help="0 = greedy")
     p.add_argument("--top-k", type=int, default=0)
@@ -20,26 +21,34 @@ def _add_sampling(p: argparse.ArgumentParser) -> None:
     p.add_argument("--seed", type=int, default=0)
 
 
-def _add_model(p: argparse.ArgumentParser) -> None:
+def add_model_flags(p: argparse.ArgumentParser) -> None:
     p.add_argument("--model", help="local Hugging Face checkpoint folder (default: the embedded tiny demo model)")
     p.add_argument("--dtype", default="float32", choices=["float32", "bfloat16", "float16"])
     p.add_argument("--model-axis", type=int, default=None, help="devices that shard the weights (default: all)")
 
 
-def parser() -> argparse.ArgumentParser:
-    top = argparse.ArgumentParser(prog="omnijax", description="Multimodal generation on JAX")
-    sub = top.add_subparsers(dest="command", required=True)
+def add_generate_parser(sub) -> argparse.ArgumentParser:
     gen = sub.add_parser("generate", help="answer one prompt with optional images and audio")
-    _add_model(gen)
+    add_model_flags(gen)
     gen.add_argument("--prompt", required=True, help="the user's text")
     gen.add_argument("--image", action="append", default=[], help="an image file (repeatable)")
     gen.add_argument("--audio", action="append", default=[], help="an audio file (repeatable)")
     gen.add_argument("--system", help="an optional system message")
     gen.add_argument("--stop", action="append", default=None, help="a stop string (repeatable)")
     gen.add_argument("--no-stream", action="store_true", help="print the answer at the end instead of streaming")
-    _add_sampling(gen)
-    add_caption_parser(sub)
-    add_demo_parser(sub)
+    add_sampling_flags(gen)
+    return gen
+
+
+COMMANDS = {"generate": (add_generate_parser, lambda args: run_generate(args))}
+
+
+def parser(commands: dict | None = None) -> argparse.ArgumentParser:
+    """The ``omnijax`` parser with ``commands`` (name -> (add_parser(subparsers), run(args))) as subcommands."""
+    top = argparse.ArgumentParser(prog="omnijax", description="Multimodal generation on JAX")
+    sub = top.add_subparsers(dest="command", required=True)
+    for add, _ in (commands or COMMANDS).values():
+        add(sub)
     return top
 
 
@@ -80,20 +89,16 @@ def run_generate(args) -> int:
     return 0
 
 
-def main(argv=None) -> int:
+def main(argv=None, commands: dict | None = None) -> int:
+    """Run one command; OmnijaxError -> one line and exit 2, Ctrl-C -> exit 130."""
     logging.basicConfig(level=logging.WARNING, format="[omnijax] %(message)s")
-    args = parser().parse_args(argv)
+    commands = commands or COMMANDS
+    args = parser(commands).parse_args(argv)
     try:
-        if args.command == "generate":
-            return run_generate(args)
-        if args.command == "caption":
-            return run_caption(args)
-        if args.command == "demo":
-            return run_demo(args)
+        return commands[args.command][1](args)
     except OmnijaxError as e:
         print(f"omnijax: error: {e}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:
         print("omnijax: interrupted", file=sys.stderr)
         return 130
-    return 1

@@ -14,14 +14,14 @@ import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
-from app.errors import PromptError
+from common.errors import PromptError
 from app.families.spec import ModelConfig, PreparedPrompt
 from app.sampling import SamplingParams, choose
 from decoder.embed import merge_media
 from decoder.kv_cache import init_cache
 from decoder.masks import block_ids
 from decoder.rope import rope_tables
-from decoder.sharding import named_sharding, use_mesh
+from common.sharding import named_sharding, use_mesh
 
 # Prompt and cache lengths: powers of two and the halfway points between them (at most a third is padding).
 DEFAULT_BUCKETS = tuple(sorted({b for k in range(6, 18) for b in (1 << k, 3 << (k - 1))}))

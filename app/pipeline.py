@@ -12,14 +12,14 @@ import jax.numpy as jnp
 import numpy as np
 
 from app.checkpoint import TensorIndex, abstract_params, checkpoint_folder, load_params, read_json
-from app.errors import PromptError
+from common.errors import PromptError
 from app.families import family_for_config
 from app.families.spec import PreparedPrompt
 from app.generation import Engine
 from app.model import abstract_model
 from app.sampling import SamplingParams
 from app.stops import StopChecker
-from decoder.sharding import make_mesh
+from common.sharding import make_mesh
 
 log = logging.getLogger(__name__)
 

@@ -8,10 +8,10 @@ from flax import nnx
 
 from decoder.config import DecoderConfig
 from decoder.kv_cache import after, write_keys, write_values
-from decoder.linear import Linear
-from decoder.norms import RMSNorm
+from common.linear import Linear
+from common.norms import RMSNorm
 from decoder.rope import apply_rotary
-from decoder.sharding import constrain
+from common.sharding import constrain
 
 
 def dot_attention(q_BLNH: jax.Array, segments: list[tuple[jax.Array, jax.Array, jax.Array]], *, scale: float,

@@ -13,7 +13,7 @@ import jax
 import jax.numpy as jnp
 
 from decoder.config import DecoderConfig
-from decoder.sharding import constrain
+from common.sharding import constrain
 
 
 KEY_AXES = ("batch", "kv_heads", "head_dim", "cache_len")

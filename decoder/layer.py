@@ -9,8 +9,8 @@ from decoder.attention import Attention
 from decoder.config import DecoderConfig
 from decoder.mlp import GatedMLP
 from decoder.moe import MoEMLP
-from decoder.norms import RMSNorm
-from decoder.sharding import constrain
+from common.norms import RMSNorm
+from common.sharding import constrain
 
 
 class DecoderLayer(nnx.Module):

@@ -12,8 +12,8 @@ import jax
 import jax.numpy as jnp
 from flax import nnx
 
-from decoder.linear import matmul_oi, param
-from decoder.mlp import activation
+from common.linear import matmul_oi, param
+from common.activations import activation
 
 GATHER_LIMIT = 64  # assignments (tokens x k) up to which weights are gathered per assignment
 

@@ -11,9 +11,9 @@ from decoder.embed import Embedder, add_at_placeholders
 from decoder.kv_cache import write_positions
 from decoder.layer import DecoderLayer
 from decoder.masks import attention_mask
-from decoder.norms import RMSNorm
+from common.norms import RMSNorm
 from decoder.rope import rope_tables
-from decoder.sharding import constrain
+from common.sharding import constrain
 
 
 class Decoder(nnx.Module):

@@ -24,7 +24,7 @@ from typing import Sequence, TextIO
 
 import grain
 
-from app.errors import OmnijaxError
+from common.errors import OmnijaxError
 from app.sampling import SamplingParams
 from demo.caption_items import (DEFAULT_PROMPTS, CaptionInputError, CaptionItem, check_parts, dedup_rows,
                                 finished_paths, parse_rows, part_path, part_pattern, remaining, row_status,

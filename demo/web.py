@@ -17,7 +17,7 @@ from typing import Any, Callable, Iterator
 
 import gradio as gr
 
-from app.errors import OmnijaxError
+from common.errors import OmnijaxError
 from demo.chat_state import (
     AUDIO_EXTENSIONS,
     DEFAULT_MAX_UPLOAD_MB,

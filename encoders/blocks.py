@@ -15,10 +15,10 @@ from typing import Callable
 import jax
 from flax import nnx
 
-from app.weights import ParamPath, TensorSpec, linear, plain
-from decoder.linear import Linear
-from decoder.mlp import activation
-from decoder.norms import LayerNorm
+from common.weights import ParamPath, TensorSpec, linear, plain
+from common.linear import Linear
+from common.activations import activation
+from common.norms import LayerNorm
 
 
 class FeedForward(nnx.Module):

@@ -16,9 +16,9 @@ import jax
 import jax.numpy as jnp
 from flax import nnx
 
-from app.weights import ParamPath, TensorSpec, plain
-from decoder.linear import param
-from decoder.norms import RMSNorm
+from common.weights import ParamPath, TensorSpec, plain
+from common.linear import param
+from common.norms import RMSNorm
 
 
 class Gemma3Projector(nnx.Module):

@@ -43,11 +43,11 @@ import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
-from app.weights import ParamPath, TensorSpec, linear, plain
-from decoder.linear import Linear, param
-from decoder.mlp import activation
-from decoder.norms import LayerNorm
-from app.config_values import config_getter
+from common.weights import ParamPath, TensorSpec, linear, plain
+from common.linear import Linear, param
+from common.activations import activation
+from common.norms import LayerNorm
+from common.config_values import config_getter
 from encoders.blocks import (FeedForward, MultiHeadProjections, PreLNBlock, feed_forward_map, layer_norm_map,
                              multi_head_projections_map, pre_ln_block_norms_map)
 from encoders.qwen3_omni_vision import segment_attention

@@ -38,11 +38,11 @@ import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
-from app.weights import ParamPath, TensorSpec, plain
-from decoder.linear import Linear, param
-from decoder.mlp import activation
-from decoder.norms import LayerNorm
-from app.config_values import config_getter, uniform_int
+from common.weights import ParamPath, TensorSpec, plain
+from common.linear import Linear, param
+from common.activations import activation
+from common.norms import LayerNorm
+from common.config_values import config_getter, uniform_int
 from encoders.blocks import (FeedForward, PreLNBlock, biased_linear_map, feed_forward_map, layer_norm_map,
                              pre_ln_block_norms_map)
 

@@ -27,10 +27,10 @@ import jax
 import jax.numpy as jnp
 from flax import nnx
 
-from app.weights import ParamPath, TensorSpec, plain
-from decoder.linear import Linear, param
-from decoder.norms import LayerNorm
-from app.config_values import uniform_int
+from common.weights import ParamPath, TensorSpec, plain
+from common.linear import Linear, param
+from common.norms import LayerNorm
+from common.config_values import uniform_int
 from encoders.blocks import (FeedForward, MultiHeadProjections, PreLNBlock, feed_forward_map, layer_norm_map,
                              multi_head_projections_map, pre_ln_block_norms_map)
 

@@ -23,7 +23,7 @@ import warnings
 
 import numpy as np
 
-from app.errors import MediaError
+from common.errors import MediaError
 from preprocess.sources import local_path
 
 # Scale of integer PCM arrays, as libsndfile reads them into floats: x / 2**(bits - 1).

@@ -21,7 +21,7 @@ import numpy as np
 import PIL.Image
 import PIL.ImageOps
 
-from app.errors import MediaError
+from common.errors import MediaError
 from preprocess.sources import local_path
 
 

@@ -26,7 +26,7 @@ from typing import Any
 
 import numpy as np
 
-from app.errors import CheckpointError, PromptError
+from common.errors import CheckpointError, PromptError
 
 
 @dataclasses.dataclass(frozen=True)

@@ -9,7 +9,7 @@ from __future__ import annotations
 import numpy as np
 import PIL.Image
 
-from app.errors import MediaError
+from common.errors import MediaError
 from preprocess.images import load_image
 
 

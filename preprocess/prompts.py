@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from app.errors import PromptError
+from common.errors import PromptError
 
 MEDIA_TYPES = ("image", "audio")
 

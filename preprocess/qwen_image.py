@@ -25,9 +25,9 @@ from typing import Any
 import numpy as np
 import PIL.Image
 
-from app.config_values import as_float, as_int, config_getter
+from common.config_values import as_float, as_int, config_getter
 from preprocess.processor_config import processor_section
-from app.errors import CheckpointError, MediaError
+from common.errors import CheckpointError, MediaError
 from preprocess.pixels import rescale_normalize, resize, to_chw_uint8
 
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 import pathlib
 
-from app.errors import CheckpointError
+from common.errors import CheckpointError
 
 
 def load_tokenizer(folder: pathlib.Path):

@@ -27,9 +27,9 @@ from typing import Any
 
 import numpy as np
 
-from app.config_values import as_float, as_int, config_getter
+from common.config_values import as_float, as_int, config_getter
 from preprocess.processor_config import processor_section
-from app.errors import CheckpointError, MediaError
+from common.errors import CheckpointError, MediaError
 
 
 # Fixed by WhisperFeatureExtractor: its mel filters always span 0 to 8000 Hz, whatever the sampling rate.

@@ -13,7 +13,7 @@ from transformers.audio_utils import mel_filter_bank
 from transformers.models.qwen3_omni_moe import modeling_qwen3_omni_moe, processing_qwen3_omni_moe
 from transformers.models.qwen3_omni_moe.processing_qwen3_omni_moe import Qwen3OmniMoeProcessor
 
-from app.errors import CheckpointError, MediaError
+from common.errors import CheckpointError, MediaError
 from preprocess.audio import load_audio
 from preprocess.whisper_features import (
     WhisperFeatureConfig,

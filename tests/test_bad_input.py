@@ -8,7 +8,7 @@ import pytest
 from safetensors.numpy import load_file, save_file
 
 from app.default_model import build_tiny_gemma3
-from app.errors import CheckpointError, MediaError, PromptError, UnsupportedModelError
+from common.errors import CheckpointError, MediaError, PromptError, UnsupportedModelError
 from app.pipeline import Pipeline
 
 

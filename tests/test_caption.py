@@ -16,7 +16,7 @@ import numpy as np
 import PIL.Image
 import pytest
 
-from app.cli_caption import main as caption_main
+from demo.cli_caption import main as caption_main
 from demo.caption import CaptionOptions, merge_parts, messages_for, read_rows, run_captions
 from demo.caption_items import (CaptionInputError, CaptionItem, check_parts, dedup_rows, discover,
                                 finished_paths, parse_jsonl_manifest, parse_rows, part_path, shard_items)
@@ -236,11 +236,8 @@ def test_simulated_processes_write_parts_that_merge(mixed_folder, tmp_path, gemm
 # ---- interrupted command-line runs -------------------------------------------------------------------------------
 
 def caption_command() -> list[str]:
-    """``python -m app caption`` once app/cli.py has the subcommand, else the module's own entry point."""
-    from app import cli
-
-    sub = next(a for a in cli.parser()._actions if a.dest == "command")
-    return ["-m", "app", "caption"] if "caption" in sub.choices else ["-m", "app.cli_caption"]
+    """The ``omnijax caption`` command as ``python -m demo caption``."""
+    return ["-m", "demo", "caption"]
 
 
 @pytest.fixture(scope="module")

@@ -10,7 +10,7 @@ from transformers.image_utils import SizeDict
 from transformers.image_utils import load_image as hf_load_image
 from transformers.models.gemma3.image_processing_pil_gemma3 import Gemma3ImageProcessorPil
 
-from app.errors import CheckpointError, MediaError
+from common.errors import CheckpointError, MediaError
 from preprocess.gemma3_image import (
     Gemma3ImageConfig,
     pan_and_scan_boxes,

@@ -21,7 +21,7 @@ from transformers.models.qwen3_omni_moe.modeling_qwen3_omni_moe import (
     _get_feat_extract_output_lengths,
 )
 
-from app.errors import CheckpointError, MediaError, PromptError
+from common.errors import CheckpointError, MediaError, PromptError
 from preprocess.mrope import (
     MRopeTokens,
     audio_tokens_from_frames,

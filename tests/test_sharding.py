@@ -15,7 +15,7 @@ import json, sys
 import jax, numpy as np
 from PIL import Image
 from app.pipeline import Pipeline
-from decoder.sharding import make_mesh
+from common.sharding import make_mesh
 assert len(jax.devices()) == 4, jax.devices()
 folder = sys.argv[1]
 img = Image.fromarray(np.random.default_rng(0).integers(0, 256, (40, 30, 3), dtype=np.uint8))
@@ -46,7 +46,7 @@ def test_four_device_runs_equal_one_device(tiny_gemma3_dir):
 
 def test_partition_spec_drops_axes_that_do_not_divide():
     import jax
-    from decoder.sharding import make_mesh, partition_spec
+    from common.sharding import make_mesh, partition_spec
 
     mesh = make_mesh(1, jax.devices()[:1])
     assert partition_spec(("embed", "mlp"), (8, 16), mesh) == PartitionSpec(None, None)
@@ -65,7 +65,7 @@ import json, sys
 import jax, numpy as np
 from PIL import Image
 from app.pipeline import Pipeline
-from decoder.sharding import make_mesh
+from common.sharding import make_mesh
 folder = sys.argv[1]
 img = Image.fromarray(np.random.default_rng(0).integers(0, 256, (48, 64, 3), dtype=np.uint8))
 t = np.arange(16000) / 16000

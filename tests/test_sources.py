@@ -4,7 +4,7 @@ import pathlib
 
 import pytest
 
-from app.errors import MediaError
+from common.errors import MediaError
 from preprocess.sources import local_path
 
 

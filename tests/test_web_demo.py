@@ -23,7 +23,7 @@ import numpy as np
 import pytest
 from PIL import Image
 
-from app.errors import MediaError, PromptError
+from common.errors import MediaError, PromptError
 from demo.chat_state import (
     ERROR_TITLE,
     AnswerStats,
@@ -318,7 +318,7 @@ def test_build_demo_takes_the_models_media_kinds():
 
 
 def test_demo_command_line():
-    from app.cli_demo import add_demo_parser, is_loopback
+    from demo.cli_web import add_demo_parser, is_loopback
 
     top = argparse.ArgumentParser()
     add_demo_parser(top.add_subparsers(dest="command"))

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import importlib
 
-from app.errors import UnsupportedModelError
+from common.errors import UnsupportedModelError
 from app.families.spec import FamilySpec
 
 # config.json "model_type" -> the module in app/families holding that family's SPEC

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from app.weights import fused_linear, linear, plain, prefixed, stacked_linear
+from common.weights import fused_linear, linear, plain, prefixed, stacked_linear
 from decoder.config import DecoderConfig
 
 LLAMA_NORMS = {"attn_norm_in": "input_layernorm", "mlp_norm_in": "post_attention_layernorm"}

@@ -8,11 +8,11 @@ import pathlib
 import numpy as np
 from flax import nnx
 
-from app.errors import CheckpointError, PromptError
+from common.errors import CheckpointError, PromptError
 from app.families.spec import FamilySpec, ModelConfig, PreparedPrompt
 from app.generation import pow2_at_least
 from app.families.common import GEMMA_NORMS, decoder_weight_map
-from app.weights import prefixed
+from common.weights import prefixed
 from decoder.config import DecoderConfig, RopeConfig
 from encoders.gemma3_projector import Gemma3Projector, gemma3_projector_weight_map
 from encoders.siglip import SiglipVisionConfig, SiglipVisionTower, siglip_unused_keys, siglip_weight_map

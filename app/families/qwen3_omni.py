@@ -13,10 +13,10 @@ import re
 import numpy as np
 from flax import nnx
 
-from app.errors import CheckpointError, PromptError
+from common.errors import CheckpointError, PromptError
 from app.families.common import LLAMA_NORMS, decoder_weight_map
 from app.families.spec import FamilySpec, ModelConfig, PreparedPrompt
-from app.weights import prefixed
+from common.weights import prefixed
 from decoder.config import DecoderConfig, RopeConfig
 from encoders.qwen3_omni_audio import QwenAudioConfig, QwenAudioTower, qwen_audio_weight_map
 from encoders.qwen3_omni_vision import QwenVisionConfig, QwenVisionTower, qwen_vision_weight_map

@@ -10,18 +10,18 @@ import argparse
 import logging
 import sys
 
-from app.errors import OmnijaxError
+from app.cli import add_model_flags, add_sampling_flags, load_pipeline
+from common.errors import OmnijaxError
 
 
 def add_caption_parser(subparsers) -> argparse.ArgumentParser:
-    from app.cli import _add_model, _add_sampling  # here, so that app.cli may import this module at its top
 
     p = subparsers.add_parser(
         "caption", help="caption every image (and audio file) of a folder, glob or manifest into a JSONL file",
         description="One JSON line per media item, flushed as items finish. Rerunning the same command resumes: "
                     "items already in the output are skipped. With several JAX processes each captions its "
                     "shard into OUT's part file (captions.part-00000-of-00004.jsonl, ...); join them with --merge.")
-    _add_model(p)
+    add_model_flags(p)
     p.add_argument("--input", help="a folder (searched recursively), a glob (quote it; ** recurses), a .jsonl/.csv "
                                    "manifest with a path column and an optional prompt column, or one media file")
     p.add_argument("--out", required=True, help="the JSONL output file (appended to; its items are skipped)")
@@ -42,7 +42,7 @@ def add_caption_parser(subparsers) -> argparse.ArgumentParser:
                    help="this process's shard (default: jax.process_index()); with --process-count")
     p.add_argument("--process-count", type=int, default=None,
                    help="how many processes share the input (default: jax.process_count())")
-    _add_sampling(p)
+    add_sampling_flags(p)
     return p
 
 
@@ -66,12 +66,10 @@ def load_local_pipeline(args):
     with several JAX processes each one is an independent replica working on its own shard."""
     import jax
 
-    from app.cli import load_pipeline
-
     if jax.process_count() == 1:
         return load_pipeline(args)
     from app.pipeline import Pipeline
-    from decoder.sharding import make_mesh
+    from common.sharding import make_mesh
 
     folder = args.model
     if folder is None:
@@ -117,7 +115,7 @@ def run_caption(args) -> int:
 
 
 def main(argv=None) -> int:
-    """``python -m app.cli_caption ARGS`` is ``omnijax caption ARGS``."""
+    """``python -m demo.cli_caption ARGS`` is ``omnijax caption ARGS``."""
     logging.basicConfig(level=logging.WARNING, format="[omnijax] %(message)s")
     top = argparse.ArgumentParser(prog="omnijax")
     add_caption_parser(top.add_subparsers(dest="command", required=True))

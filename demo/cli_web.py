@@ -6,6 +6,7 @@ import argparse
 import ipaddress
 import sys
 
+from app.cli import add_model_flags
 from demo.chat_state import DEFAULT_MAX_UPLOAD_MB
 
 DEFAULT_HOST = "127.0.0.1"
@@ -34,10 +35,9 @@ def _megabytes(text: str) -> float:
 
 def add_demo_parser(subparsers) -> argparse.ArgumentParser:
     """Add the ``demo`` command (model flags, --host, --port, --max-upload-mb) to ``subparsers``."""
-    from app.cli import _add_model  # here, not at the top: app.cli imports this module
 
     p = subparsers.add_parser("demo", help="serve a multimodal web chat in the browser (gradio)")
-    _add_model(p)
+    add_model_flags(p)
     p.add_argument("--host", default=DEFAULT_HOST,
                    help=f"address to listen on (default {DEFAULT_HOST}: this machine only; 0.0.0.0 opens it to "
                         f"the network)")

@@ -1,0 +1,3 @@
+from demo.cli import main
+
+raise SystemExit(main())

@@ -1,0 +1,14 @@
+"""The ``omnijax`` program: ``generate`` (app/cli.py) plus the ``caption`` and ``demo`` commands of demo/."""
+
+from __future__ import annotations
+
+from app.cli import COMMANDS as APP_COMMANDS
+from app.cli import main as app_main
+from demo.cli_caption import add_caption_parser, run_caption
+from demo.cli_web import add_demo_parser, run_demo
+
+COMMANDS = dict(APP_COMMANDS, caption=(add_caption_parser, run_caption), demo=(add_demo_parser, run_demo))
+
+
+def main(argv=None) -> int:
+    return app_main(argv, COMMANDS)
