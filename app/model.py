@@ -1,18 +1,18 @@
-"""The model every family shares: per-modality encoders feeding one decoder stack."""
+"""The model every family shares: per-modality encoders feeding one decoder model."""
 
 from __future__ import annotations
 
 from flax import nnx
 
 from app.families.spec import FamilySpec, ModelConfig
-from decoder.stack import Decoder
+from decoder.model import DecoderModel
 
 
 class MultimodalModel(nnx.Module):
-    """``encoders[modality](inputs) -> [items, tokens, hidden]`` and ``decoder`` (see decoder/stack.py)."""
+    """``encoders[modality](inputs)`` (see FamilySpec.build_encoders) and ``decoder`` (decoder/model.py)."""
 
     def __init__(self, cfg: ModelConfig, spec: FamilySpec, *, rngs: nnx.Rngs):
-        self.decoder = Decoder(cfg.decoder, rngs=rngs)
+        self.decoder = DecoderModel(cfg.decoder, rngs=rngs)
         self.encoders = nnx.Dict(spec.build_encoders(cfg, rngs=rngs))
 
 

@@ -81,6 +81,7 @@ class Pipeline:
             cfg = dataclasses.replace(cfg, eos_ids=tuple(eos) if isinstance(eos, list) else (int(eos),))
         processor = spec.make_processor(folder, cfg, max_audio_seconds=max_audio_seconds)
         mesh = mesh if mesh is not None else make_mesh(model_axis)
+        cfg = dataclasses.replace(cfg, decoder=cfg.decoder.with_kv_repeat(mesh.shape["model"]))
         graphdef, shapes = abstract_params(abstract_model(cfg, spec))
         index = TensorIndex(folder, spec.key_aliases)
         start = time.perf_counter()

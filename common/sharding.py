@@ -81,13 +81,34 @@ def constrain(x: jax.Array, axes: tuple[str | None, ...]) -> jax.Array:
 
 
 def make_mesh(model_axis: int | None = None, devices=None) -> Mesh:
-    """A ("data", "model") mesh over ``devices`` (default: all). ``model_axis`` devices shard weights; the rest
-    split the batch. Default: every device on the model axis."""
+    """A ("data", "model") mesh over ``devices`` (default: every device of every process), laid out by
+    ``jax.make_mesh`` from the topology. ``model_axis`` devices shard the weights; the rest split the batch.
+    Default: every device on the model axis."""
     import numpy as np
 
     devices = list(jax.devices() if devices is None else devices)
     model = len(devices) if model_axis is None else int(model_axis)
     if model < 1 or len(devices) % model:
         raise ValueError(f"model axis {model} does not divide the {len(devices)} available devices")
-    grid = np.array(devices).reshape(len(devices) // model, model)
-    return Mesh(grid, ("data", "model"))
+    axis_types = (jax.sharding.AxisType.Auto,) * 2
+    return jax.make_mesh((len(devices) // model, model), ("data", "model"), axis_types, devices=devices)
+
+
+def put(array, sharding: NamedSharding) -> jax.Array:
+    """A host array (the same on every process) as a global array laid out by ``sharding``; each process places
+    only its own devices' pieces, so this works when the mesh spans processes."""
+    import numpy as np
+
+    array = np.asarray(array)
+    return jax.make_array_from_callback(array.shape, sharding, lambda index: array[index])
+
+
+def host_array(x: jax.Array):
+    """A global array as one numpy array on this host, also when its shards live on other processes."""
+    import numpy as np
+
+    if getattr(x, "is_fully_addressable", True):
+        return np.asarray(x)
+    from jax.experimental import multihost_utils
+
+    return np.asarray(multihost_utils.process_allgather(x, tiled=True))

@@ -8,6 +8,7 @@ tensor on disk and the layout change from torch's layout to ours.
 from __future__ import annotations
 
 import dataclasses
+from typing import Callable
 
 import numpy as np
 
@@ -24,12 +25,15 @@ class TensorSpec:
     transpose: axis permutation applied to each tensor after reading (``(1, 0)`` turns a torch Linear weight
         [out, in] into an [in, out] matrix); None keeps the layout.
     reshape: shape applied after the transpose (and stacking); None keeps the shape.
+    fn: a last layout change (a pure numpy function of the array so far), for layouts the fields above do not
+        express (e.g. q/k/v rows regrouped per kv head).
     """
 
     key: str | tuple[str, ...]
     transpose: tuple[int, ...] | None = None
     reshape: tuple[int, ...] | None = None
     concat_axis: int | None = None
+    fn: Callable[[np.ndarray], np.ndarray] | None = None
 
     @property
     def keys(self) -> tuple[str, ...]:
@@ -48,6 +52,8 @@ class TensorSpec:
             array = np.stack(arrays)
         if self.reshape is not None:
             array = np.reshape(array, self.reshape)
+        if self.fn is not None:
+            array = self.fn(array)
         return array
 
 

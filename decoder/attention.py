@@ -1,136 +1,187 @@
-"""Multi-head attention with grouped KV heads, optional q/k norm, RoPE and a KV cache."""
+"""A layer's attention: projections, q/k/v norms, RoPE or temperature tuning, then the attention op.
+
+The q/k/v projections are one fused kernel laid out per kv head: [kv_heads, (G + 2) * head_dim, embed] holds, for
+each (held) kv head, its G query heads, its key and its value rows (no value rows when k == v, only query rows for
+a layer that shares another layer's keys/values). Split over the model axis by kv head, every shard holds whole
+heads of q, k and v: the projection needs no collective.
+"""
 
 from __future__ import annotations
+
+from typing import NamedTuple
 
 import jax
 import jax.numpy as jnp
 from flax import nnx
 
-from decoder.config import DecoderConfig
-from decoder.kv_cache import after, write_keys, write_values
-from common.linear import Linear
-from common.norms import RMSNorm
-from decoder.rope import apply_rotary
+from common.linear import Linear, matmul_oi, param
+from common.norms import RMSNorm, rms_norm
 from common.sharding import constrain
+from decoder.attention_op import PromptMeta, cache_attention, prompt_attention
+from decoder.kv_cache import after
+from decoder.rope import apply_rotary, rope_key
+from decoder.spec import AttentionSpec
 
 
-def dot_attention(q_BLNH: jax.Array, segments: list[tuple[jax.Array, jax.Array, jax.Array]], *, scale: float,
-                  softcap: float | None = None, keys_transposed: bool = False) -> jax.Array:
-    """softmax(q.k * scale [softcapped] + mask) . v over the keys of all ``segments`` -> [batch, q_len, N, H].
+class PromptContext(NamedTuple):
+    """What every layer of a prompt's forward shares.
 
-    Each segment is (keys [B, K, S, H], or [B, K, H, S] as the key cache holds them when ``keys_transposed``,
-    values [B, K, S, H], mask [B, L, S]);
-    one softmax spans every segment's keys (decode attends to the cache as it was plus the new tokens without
-    concatenating them). N query heads share K kv heads: the G = N / K query heads of one kv head are folded into
-    the rows of one matrix product per kv head.
+    meta: the prompt tokens' positions / media blocks. rope: {rope_key: (cos, sin) [B, L, ...]}.
+    query_rows: [B, Lq] rows whose outputs this layer computes (None: every row); keys/values are still computed
+    for every row. narrowed: the layer's input holds only those rows (a layer after the last one that computes
+    keys/values of its own).
     """
-    b, l, n, h = q_BLNH.shape
-    kv = segments[0][1].shape[1]
-    g = n // kv
-    q = (q_BLNH * jnp.asarray(scale, q_BLNH.dtype)).reshape(b, l, kv, g, h).transpose(0, 2, 3, 1, 4)
-    q = q.reshape(b, kv, g * l, h)
-    parts = []
-    for keys, _, mask_BLS in segments:
-        s = keys.shape[3 if keys_transposed else 2]
-        scores = jnp.einsum("bkqh,bkhs->bkqs" if keys_transposed else "bkqh,bksh->bkqs", q, keys.astype(q.dtype),
-                            preferred_element_type=jnp.float32).reshape(b, kv, g, l, s)
-        if softcap is not None:
-            scores = jnp.tanh(scores / softcap) * softcap
-        parts.append(scores + jnp.where(mask_BLS, 0.0, -1e30).astype(jnp.float32)[:, None, None])
-    scores = parts[0] if len(parts) == 1 else jnp.concatenate(parts, axis=-1)
-    scores = scores - jnp.max(scores, axis=-1, keepdims=True)
-    probs = jnp.exp(scores)
-    probs = probs / jnp.sum(probs, axis=-1, keepdims=True)
-    out, offset = 0, 0
-    for _, v_BKSH, _ in segments:
-        s = v_BKSH.shape[2]
-        p = probs[..., offset:offset + s].astype(q.dtype).reshape(b, kv, g * l, s)
-        out = out + jnp.einsum("bkqs,bksh->bkqh", p, v_BKSH.astype(q.dtype))
-        offset += s
-    return out.reshape(b, kv, g, l, h).transpose(0, 3, 1, 2, 4).reshape(b, l, n, h)
+
+    meta: PromptMeta
+    rope: dict
+    query_rows: jax.Array | None = None
+    narrowed: bool = False
 
 
-PREFILL_CHUNK = 128  # query rows per attention block when a long prompt is split (see ``attention_spans``)
+class StepContext(NamedTuple):
+    """What every layer of a decode step shares: the new token's position [B] (-1 for a finished row), its rope
+    tables {rope_key: (cos, sin) [B, 1, ...]}, and the position held in each cache slot {slots: [B, slots]}."""
+
+    pos: jax.Array
+    rope: dict
+    slot_pos: dict
 
 
-def attention_spans(first_query: int, length: int, *, window: int | None, ahead: int,
-                    chunk: int = PREFILL_CHUNK) -> list[tuple[int, int, int, int]]:
-    """(query start, query end, key start, key end) blocks covering queries ``first_query..length`` of a prompt.
+class KV(NamedTuple):
+    """Keys and values of new tokens [B, L, K, H], and for a decode step the cache they are attended with."""
 
-    A query at index i sees keys in [i - window + 1, i + ahead] at most (causal attention: ahead 0; tokens of a
-    bidirectional media block also see the rest of their block, which is at most ``ahead`` tokens long). Keys
-    outside a block's span are masked anyway; skipping them saves their work (about half of it for causal
-    attention, more for sliding windows). Prompts of at most two chunks stay one block.
-    """
-    rows = length - first_query
-    step = rows if rows <= 2 * chunk else chunk
-    spans = []
-    for qs in range(first_query, length, step):
-        qe = min(qs + step, length)
-        ks = 0 if window is None else max(0, qs - window + 1)
-        spans.append((qs, qe, ks, min(length, qe + ahead)))
-    return spans
+    k: jax.Array
+    v: jax.Array
+    cache_k: jax.Array | None = None
+    cache_v: jax.Array | None = None
+
+
+def grouped_qkv(spec: AttentionSpec):
+    """The layout change from torch's concatenated q, k, v projection rows [(N + 2K) * H, ...] (k, v absent for a
+    sharing layer, v absent when k == v) to the fused per-kv-head kernel [K * repeat, (G + rows) * H, ...]: each
+    held kv head's query heads, then its key and value rows (repeated kv heads each get a copy)."""
+    n, kh, h, r = spec.num_heads, spec.num_kv_heads, spec.head_dim, spec.kv_repeat
+    own, k_eq_v = spec.kv_source is None, spec.k_eq_v
+
+    def regroup(a):
+        import numpy as np
+
+        rest = a.shape[1:]
+        parts = [a[:n * h].reshape(kh, r, n // (kh * r), h, *rest)]
+        offset = n * h
+        for _ in range(0 if not own else 1 if k_eq_v else 2):
+            kv = a[offset:offset + kh * h].reshape(kh, 1, 1, h, *rest)
+            parts.append(np.broadcast_to(kv, (kh, r, 1, h, *rest)))
+            offset += kh * h
+        if offset != a.shape[0]:
+            raise ValueError(f"q/k/v rows {a.shape[0]} do not match {n} heads, {kh} kv heads of {h}")
+        return np.concatenate(parts, axis=2).reshape(kh * r, -1, *rest)
+
+    return regroup
+
+
+def temperature_scale(pos_BL: jax.Array, floor_scale: float, attn_scale: float) -> jax.Array:
+    """Query temperature tuning [B, L]: log1p(floor((pos + 1) / floor_scale)) * attn_scale + 1."""
+    pos = jnp.maximum(pos_BL, 0).astype(jnp.float32)
+    return jnp.log1p(jnp.floor((pos + 1.0) / floor_scale)) * attn_scale + 1.0
 
 
 class Attention(nnx.Module):
-    def __init__(self, cfg: DecoderConfig, *, rngs: nnx.Rngs):
-        d, n, kv, h = cfg.hidden_size, cfg.num_heads, cfg.num_kv_heads, cfg.head_dim
-        self.num_heads, self.num_kv_heads, self.head_dim = n, kv, h
-        self.scale = cfg.scale
-        self.softcap = cfg.attn_logit_softcap
-        bias = cfg.attention_bias
-        # q, k and v projections fused into one [(N + 2K) * head_dim, embed] kernel: one matmul
-        self.qkv_proj = Linear(d, (n + 2 * kv) * h, axes=("embed", "heads"), use_bias=bias, rngs=rngs)
-        self.o_proj = Linear(n * h, d, axes=("heads", "embed"), use_bias=bias, rngs=rngs)
-        if cfg.qk_norm:
-            self.q_norm = RMSNorm(h, eps=cfg.rms_norm_eps, plus_one=cfg.norm_plus_one, axis_name="head_dim")
-            self.k_norm = RMSNorm(h, eps=cfg.rms_norm_eps, plus_one=cfg.norm_plus_one, axis_name="head_dim")
+    def __init__(self, spec: AttentionSpec, hidden: int, *, eps: float, norm_plus_one: bool, rngs: nnx.Rngs):
+        self.spec = spec
+        self.eps = eps
+        k, g, h = spec.kv_heads, spec.group, spec.head_dim
+        self.own_kv = spec.kv_source is None
+        self.rows = g + (0 if not self.own_kv else 1 if spec.k_eq_v else 2)  # row groups per kv head
+        self.qkv = param(rngs, (k, self.rows * h, hidden), ("kv_heads", None, "embed"))
+        self.qkv_bias = nnx.Param(jnp.zeros((k, self.rows * h)), axes=("kv_heads", None)) if spec.bias else None
+        self.o_proj = Linear(spec.num_heads * h, hidden, axes=("heads", "embed"), use_bias=spec.bias, rngs=rngs)
+        if spec.qk_norm == "rms":
+            self.q_norm = RMSNorm(h, eps=eps, plus_one=norm_plus_one, axis_name="head_dim")
+            self.k_norm = RMSNorm(h, eps=eps, plus_one=norm_plus_one, axis_name="head_dim") if self.own_kv else None
         else:
             self.q_norm = self.k_norm = None
 
-    def __call__(self, x_BLD: jax.Array, cos_BLH: jax.Array, sin_BLH: jax.Array, mask_BLS: jax.Array,
-                 cache_k_BKHT: jax.Array, cache_v_BKTH: jax.Array, write_index: jax.Array, *,
-                 cache_mask_BLT: jax.Array | None = None, last_query_only: bool = False,
-                 key_reach: tuple[int | None, int] | None = None) -> tuple[jax.Array, jax.Array, jax.Array]:
-        """Returns (output [B, L, D], updated key cache [B, K, H, T], updated value cache [B, K, T, H]).
-
-        The queries attend to the new keys/values (``mask_BLS`` [B, L, L]) and, given ``cache_mask_BLT``
-        [B, L, T] (decode), to the cache as it was before this call. The new keys/values are then written into
-        the cache at slot ``write_index``; the write is ordered after the cache reads so that XLA updates the
-        cache in place instead of copying it. ``last_query_only``: keys and values of every position go into the
-        cache but only the last position's output is computed ([B, 1, D]). ``key_reach`` (window, ahead): how
-        far back and ahead of itself a query can see (see ``attention_spans``); given for a prompt (no cache
-        attended), the attention is computed in blocks that skip the keys no query of the block can see.
-        """
+    # ---- projections ---------------------------------------------------------------------------------------
+    def _project(self, x_BLD: jax.Array, pos_BL: jax.Array, cos_sin) -> tuple[jax.Array, jax.Array | None,
+                                                                                 jax.Array | None]:
+        """q [B, L, N, H], and (own k/v only) k, v [B, L, K, H], normed and rotated."""
+        spec = self.spec
         b, l, _ = x_BLD.shape
-        n, kv, h = self.num_heads, self.num_kv_heads, self.head_dim
-        qkv = self.qkv_proj(x_BLD)
-        q = qkv[..., :n * h].reshape(b, l, n, h)
-        k = qkv[..., n * h:(n + kv) * h].reshape(b, l, kv, h)
-        v = qkv[..., (n + kv) * h:].reshape(b, l, kv, h)
+        k_heads, g, h = spec.kv_heads, spec.group, spec.head_dim
+        y = matmul_oi(x_BLD, self.qkv[...].reshape(k_heads * self.rows * h, -1))
+        if self.qkv_bias is not None:
+            y = y + self.qkv_bias[...].reshape(-1).astype(y.dtype)
+        y = y.reshape(b, l, k_heads, self.rows, h)
+        q = y[:, :, :, :g].reshape(b, l, k_heads * g, h)
+        k = v = None
+        if self.own_kv:
+            k = y[:, :, :, g]
+            v = k if spec.k_eq_v else y[:, :, :, g + 1]
         if self.q_norm is not None:
-            q, k = self.q_norm(q), self.k_norm(k)
-        q = apply_rotary(q, cos_BLH, sin_BLH)
-        k = apply_rotary(k, cos_BLH, sin_BLH)
+            q = self.q_norm(q)
+            if k is not None:
+                k = self.k_norm(k)
+        if spec.v_norm and v is not None:
+            v = rms_norm(v, None, eps=self.eps, plus_one=False)
+        if spec.rope is not None:
+            cos, sin = cos_sin
+            q = apply_rotary(q, cos, sin, interleaved=spec.rope.interleaved)
+            if k is not None:
+                k = apply_rotary(k, cos, sin, interleaved=spec.rope.interleaved)
+        if spec.qk_norm == "l2":
+            q = rms_norm(q, None, eps=self.eps, plus_one=False)
+            if k is not None:
+                k = rms_norm(k, None, eps=self.eps, plus_one=False)
+        if spec.temperature is not None:
+            q = (q * temperature_scale(pos_BL, *spec.temperature)[:, :, None, None]).astype(q.dtype)
         q = constrain(q, ("batch", "length", "heads", "head_dim"))
-        k_BKHL = k.transpose(0, 2, 3, 1)  # as the key cache holds keys
-        v = v.transpose(0, 2, 1, 3)  # [B, K, L, H]
-        first = l - 1 if last_query_only else 0
-        if cache_mask_BLT is not None:
-            # keys [H, S] per kv head: the decode scores are a plain [G, H] x [H, S] product per kv head
-            out = dot_attention(q, [(cache_k_BKHT, cache_v_BKTH, cache_mask_BLT), (k_BKHL, v, mask_BLS)],
-                                scale=self.scale, softcap=self.softcap, keys_transposed=True)
-        else:  # a prompt: [S, H] keys per kv head (the transposed layout is slower for many query rows)
-            k_BKLH = k.transpose(0, 2, 1, 3)
-            spans = ([(first, l, 0, l)] if key_reach is None
-                     else attention_spans(first, l, window=key_reach[0], ahead=key_reach[1]))
-            out = jnp.concatenate([
-                dot_attention(q[:, qs:qe], [(k_BKLH[:, :, ks:ke], v[:, :, ks:ke], mask_BLS[:, qs:qe, ks:ke])],
-                              scale=self.scale, softcap=self.softcap) for qs, qe, ks, ke in spans], axis=1)
-        l -= first
-        if cache_mask_BLT is not None:
-            dep_BK11 = out[:, 0].reshape(b, kv, n // kv, h)[:, :, :1, :1]  # shard-local: same heads as k, v
-            k_BKHL, v = after(k_BKHL, dep_BK11), after(v, dep_BK11)
-        cache_k = write_keys(cache_k_BKHT, k_BKHL, write_index)
-        cache_v = write_values(cache_v_BKTH, v, write_index)
-        return self.o_proj(out.reshape(b, l, self.num_heads * self.head_dim)), cache_k, cache_v
+        return q, k, v
+
+    def _output(self, out_BLNH: jax.Array) -> jax.Array:
+        b, l, n, h = out_BLNH.shape
+        return self.o_proj(out_BLNH.reshape(b, l, n * h))
+
+    def _rope(self, ctx) -> tuple | None:
+        spec = self.spec
+        return None if spec.rope is None else ctx.rope[rope_key(spec.rope, spec.head_dim)]
+
+    # ---- prompt and decode step ----------------------------------------------------------------------------
+    def prefill(self, x_BLD: jax.Array, ctx: PromptContext, shared: KV | None = None) -> tuple[jax.Array, KV]:
+        """A prompt's attention -> (output [B, Lq, D] at ``ctx.query_rows``, this layer's keys/values [B, L, K, H]
+        (the shared ones for a layer that has none of its own))."""
+        rows = ctx.query_rows
+        if ctx.narrowed:  # x holds only the query rows: their positions and rope tables
+            pos = jnp.take_along_axis(ctx.meta.pos, rows, axis=1)
+            rope = self._rope(ctx)
+            rope = None if rope is None else tuple(jnp.take_along_axis(t, rows[:, :, None], axis=1) for t in rope)
+            q, k, v = self._project(x_BLD, pos, rope)
+        else:
+            q, k, v = self._project(x_BLD, ctx.meta.pos, self._rope(ctx))
+            if rows is not None:
+                q = jnp.take_along_axis(q, rows[:, :, None, None], axis=1)
+        if shared is not None:
+            k, v = shared.k, shared.v
+        out = prompt_attention(q, k, v, ctx.meta, self.spec.mask, scale=self.spec.q_scale, softcap=self.spec.softcap,
+                               query_rows=ctx.query_rows)
+        return self._output(out), KV(k, v)
+
+    def step(self, x_B1D: jax.Array, ctx: StepContext, kv: KV) -> tuple[jax.Array, KV]:
+        """One new token per row -> (output [B, 1, D], the new key/value (for a sharing layer: the source layer's)
+        and the cache they were attended with). ``kv`` holds this layer's cache (k, v unused), or, for a sharing
+        layer, the source layer's new key/value and cache.
+
+        The returned key/value depend on this step's attention output, so the cache write that follows is
+        ordered after this read and XLA updates the cache in place instead of copying it."""
+        spec = self.spec
+        q, k, v = self._project(x_B1D, ctx.pos[:, None], self._rope(ctx))
+        if k is None:
+            k, v = kv.k, kv.v
+        else:
+            k, v = k.transpose(0, 2, 1, 3), v.transpose(0, 2, 1, 3)  # [B, K, 1, H]
+        slot_pos = ctx.slot_pos[kv.cache_k.shape[-1]]
+        out = cache_attention(q, kv.cache_k, kv.cache_v, slot_pos, k, v, ctx.pos, spec.mask, scale=spec.q_scale,
+                              softcap=spec.softcap)
+        b = out.shape[0]
+        dep = out[:, 0].reshape(b, spec.kv_heads, spec.group, spec.head_dim)[:, :, :1, :1]  # shard-local
+        return self._output(out), KV(after(k, dep), after(v, dep), kv.cache_k, kv.cache_v)

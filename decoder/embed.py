@@ -30,24 +30,28 @@ class Embedder(nnx.Module):
         return jnp.einsum("bld,vd->blv", h_BLD, w.astype(h_BLD.dtype), preferred_element_type=jnp.float32)
 
 
-def _rows_at_placeholders(is_placeholder_BL: jax.Array, features_MD: jax.Array, dtype) -> jax.Array:
-    """[B, L, D]: the j-th feature row at the j-th placeholder position (row-major over the batch)."""
+def rows_at_placeholders(is_placeholder_BL: jax.Array, features_RD: jax.Array, valid_R: jax.Array | None,
+                         dtype) -> jax.Array:
+    """[B, L, D]: the j-th valid feature row at the j-th placeholder position (row-major over the batch).
+
+    valid_R marks the feature rows that are real (encoder bucket padding is not); None: every row is."""
     b, l = is_placeholder_BL.shape
-    flat = is_placeholder_BL.reshape(-1)
-    idx = jnp.clip(jnp.cumsum(flat.astype(jnp.int32)) - 1, 0, features_MD.shape[0] - 1)
-    return jnp.take(features_MD, idx, axis=0).reshape(b, l, features_MD.shape[-1]).astype(dtype)
+    rows = features_RD.shape[0]
+    j = jnp.clip(jnp.cumsum(is_placeholder_BL.reshape(-1).astype(jnp.int32)) - 1, 0, rows - 1)
+    if valid_R is not None:
+        j = jnp.nonzero(valid_R, size=rows, fill_value=0)[0][j]
+    return jnp.take(features_RD, j, axis=0).reshape(b, l, features_RD.shape[-1]).astype(dtype)
 
 
-def merge_media(x_BLD: jax.Array, is_placeholder_BL: jax.Array, features_MD: jax.Array) -> jax.Array:
-    """Replace placeholder embeddings by media features: the j-th row at the j-th placeholder.
-
-    features_MD [num_rows, hidden]; rows past the number of placeholders (bucket padding) are never read.
-    """
-    rows = _rows_at_placeholders(is_placeholder_BL, features_MD, x_BLD.dtype)
+def merge_media(x_BLD: jax.Array, is_placeholder_BL: jax.Array, features_RD: jax.Array,
+                valid_R: jax.Array | None = None) -> jax.Array:
+    """Replace placeholder embeddings by media features: the j-th valid row at the j-th placeholder."""
+    rows = rows_at_placeholders(is_placeholder_BL, features_RD, valid_R, x_BLD.dtype)
     return jnp.where(is_placeholder_BL[..., None], rows, x_BLD)
 
 
-def add_at_placeholders(x_BLD: jax.Array, is_placeholder_BL: jax.Array, features_MD: jax.Array) -> jax.Array:
-    """Add the j-th feature row to the hidden state at the j-th placeholder (deepstack injection)."""
-    rows = _rows_at_placeholders(is_placeholder_BL, features_MD, x_BLD.dtype)
+def add_at_placeholders(x_BLD: jax.Array, is_placeholder_BL: jax.Array, features_RD: jax.Array,
+                        valid_R: jax.Array | None = None) -> jax.Array:
+    """Add the j-th valid feature row to the hidden state at the j-th placeholder (deepstack injection)."""
+    rows = rows_at_placeholders(is_placeholder_BL, features_RD, valid_R, x_BLD.dtype)
     return x_BLD + jnp.where(is_placeholder_BL[..., None], rows, jnp.zeros_like(rows))

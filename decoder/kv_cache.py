@@ -1,10 +1,14 @@
-"""The KV cache: a plain pytree sized by a cache budget, so decode shapes never change.
+"""Per-layer KV caches: a plain pytree of fixed shapes, with a length per row.
 
-    k:     tuple (one per layer) of [batch, kv_heads, head_dim, cache_len]: keys stored transposed, so the decode
-           scores q . k are a plain [q, head_dim] x [head_dim, cache_len] product per kv head
-    v:     tuple (one per layer) of [batch, kv_heads, cache_len, head_dim]
-    pos:   [batch, cache_len] int32 sequence position of the token in each slot, -1 for empty/padding
-    block: [batch, cache_len] int32 media block id of the token in each slot, -1 for text/empty
+    length: [batch] int32, tokens written so far per row (the next token's sequence position)
+    k:      tuple, one per layer that owns keys/values, of [batch, kv_heads, head_dim, slots]: keys stored
+            transposed, so a decode step's scores are a plain [q, head_dim] x [head_dim, slots] product per kv head
+    v:      tuple, likewise, of [batch, kv_heads, slots, head_dim]
+
+A layer that attends locally (sliding window W, chunk C) keeps a ring of min(W or C, cache length) slots; a full
+layer keeps the cache length; a layer that shares another layer's keys/values keeps none. Every cache is a ring:
+position p lives in slot p % slots, so the position a slot holds follows from the row's length alone
+(``slot_positions``) and nothing else is stored.
 """
 
 from __future__ import annotations
@@ -12,48 +16,101 @@ from __future__ import annotations
 import jax
 import jax.numpy as jnp
 
-from decoder.config import DecoderConfig
 from common.sharding import constrain
-
+from decoder.spec import DecoderSpec
 
 KEY_AXES = ("batch", "kv_heads", "head_dim", "cache_len")
 VALUE_AXES = ("batch", "kv_heads", "cache_len", "head_dim")
 
 
-def init_cache(cfg: DecoderConfig, batch: int, cache_len: int, dtype=jnp.float32) -> dict:
-    b, kv, h = batch, cfg.num_kv_heads, cfg.head_dim
-    keys = lambda: constrain(jnp.zeros((b, kv, h, cache_len), dtype), KEY_AXES)
-    values = lambda: constrain(jnp.zeros((b, kv, cache_len, h), dtype), VALUE_AXES)
-    return {
-        "k": tuple(keys() for _ in range(cfg.num_layers)),
-        "v": tuple(values() for _ in range(cfg.num_layers)),
-        "pos": jnp.full((batch, cache_len), -1, jnp.int32),
-        "block": jnp.full((batch, cache_len), -1, jnp.int32),
-    }
+def cache_slots(spec: DecoderSpec, cache_len: int) -> tuple[int | None, ...]:
+    """Slots per layer (None for a layer that shares another's keys/values)."""
+    out = []
+    for layer in spec.layers:
+        att = layer.attention
+        if att.kv_source is not None:
+            out.append(None)
+        elif att.mask.local:
+            out.append(min(att.mask.size, cache_len))
+        else:
+            out.append(cache_len)
+    return tuple(out)
 
 
-def write_positions(cache: dict, pos_BL: jax.Array, block_BL: jax.Array, write_index: jax.Array) -> dict:
-    """The cache with the new tokens' positions and block ids written at slot ``write_index``."""
-    zero = jnp.zeros((), jnp.int32)
-    return dict(cache,
-                pos=jax.lax.dynamic_update_slice(cache["pos"], pos_BL.astype(jnp.int32), (zero, write_index)),
-                block=jax.lax.dynamic_update_slice(cache["block"], block_BL.astype(jnp.int32), (zero, write_index)))
+def cache_index(spec: DecoderSpec) -> tuple[int | None, ...]:
+    """For each layer, its entry in the cache's ``k`` / ``v`` tuples (None for a sharing layer)."""
+    index, n = [], 0
+    for i in range(spec.num_layers):
+        if spec.owns_kv(i):
+            index.append(n)
+            n += 1
+        else:
+            index.append(None)
+    return tuple(index)
 
 
-def write_keys(cache_BKHT: jax.Array, new_BKHL: jax.Array, write_index: jax.Array) -> jax.Array:
-    """One layer's key cache [B, K, H, T] with the new keys [B, K, H, L] written at slots write_index..+L."""
-    return _write_slots(cache_BKHT, new_BKHL, write_index, KEY_AXES)
+def init_cache(spec: DecoderSpec, batch: int, cache_len: int, dtype=jnp.float32) -> dict:
+    keys, values = [], []
+    for layer, slots in zip(spec.layers, cache_slots(spec, cache_len)):
+        if slots is None:
+            continue
+        att = layer.attention
+        keys.append(constrain(jnp.zeros((batch, att.kv_heads, att.head_dim, slots), dtype), KEY_AXES))
+        values.append(constrain(jnp.zeros((batch, att.kv_heads, slots, att.head_dim), dtype), VALUE_AXES))
+    return {"length": jnp.zeros((batch,), jnp.int32), "k": tuple(keys), "v": tuple(values)}
 
 
-def write_values(cache_BKTH: jax.Array, new_BKLH: jax.Array, write_index: jax.Array) -> jax.Array:
-    """One layer's value cache [B, K, T, H] with the new values [B, K, L, H] written at slots write_index..+L."""
-    return _write_slots(cache_BKTH, new_BKLH, write_index, VALUE_AXES)
+def cache_bytes(spec: DecoderSpec, batch: int, cache_len: int, itemsize: int) -> int:
+    """Bytes of keys and values ``init_cache`` allocates."""
+    total = 0
+    for layer, slots in zip(spec.layers, cache_slots(spec, cache_len)):
+        if slots is not None:
+            total += 2 * batch * layer.attention.kv_heads * layer.attention.head_dim * slots * itemsize
+    return total
 
 
-def _write_slots(cache: jax.Array, new: jax.Array, write_index: jax.Array, axes: tuple[str, ...]) -> jax.Array:
-    start = [jnp.zeros((), jnp.int32)] * len(axes)
-    start[axes.index("cache_len")] = write_index
-    return constrain(jax.lax.dynamic_update_slice(cache, new.astype(cache.dtype), tuple(start)), axes)
+def slot_positions(length_B: jax.Array, slots: int) -> jax.Array:
+    """[batch, slots]: the sequence position held in each slot after ``length`` tokens (-1 for an empty slot).
+
+    Slot s holds the latest position p < length with p % slots == s: p = s + slots * floor((length-1-s)/slots)."""
+    s = jnp.arange(slots, dtype=jnp.int32)[None]
+    p = s + slots * jnp.floor_divide(length_B[:, None] - 1 - s, slots)
+    return jnp.where(p >= 0, p, -1)
+
+
+def fill_from_prompt(k_BLKH: jax.Array, v_BLKH: jax.Array, length_B: jax.Array, slots: int,
+                     dtype) -> tuple[jax.Array, jax.Array]:
+    """A layer's cache (keys [B, K, H, slots], values [B, K, slots, H]) holding a right-padded prompt's keys and
+    values: position p of each row in slot p % slots (a ring keeps each row's last ``slots`` positions)."""
+    b, l = k_BLKH.shape[:2]
+    k = k_BLKH.astype(dtype).transpose(0, 2, 3, 1)  # [B, K, H, L]
+    v = v_BLKH.astype(dtype).transpose(0, 2, 1, 3)  # [B, K, L, H]
+    if slots >= l:
+        k = jnp.pad(k, ((0, 0), (0, 0), (0, 0), (0, slots - l)))
+        v = jnp.pad(v, ((0, 0), (0, 0), (0, slots - l), (0, 0)))
+    else:
+        src = jnp.clip(slot_positions(length_B, slots), 0, l - 1)  # [B, slots]: the prompt row each slot takes
+        k = jnp.take_along_axis(k, src[:, None, None, :], axis=3)
+        v = jnp.take_along_axis(v, src[:, None, :, None], axis=2)
+    return constrain(k, KEY_AXES), constrain(v, VALUE_AXES)
+
+
+def write_token(cache_k_BKHS: jax.Array, cache_v_BKSH: jax.Array, k_BK1H: jax.Array, v_BK1H: jax.Array,
+                length_B: jax.Array) -> tuple[jax.Array, jax.Array]:
+    """The layer's cache with each row's new key/value written at slot length % slots (its own slot per row)."""
+    b, _, _, slots = cache_k_BKHS.shape
+    slot_B = length_B % slots
+    k_new = k_BK1H.astype(cache_k_BKHS.dtype)[:, :, 0]  # [B, K, H]
+    v_new = v_BK1H.astype(cache_v_BKSH.dtype)[:, :, 0]
+    if b == 1:  # one row: a plain slice update
+        zero = jnp.zeros((), jnp.int32)
+        k = jax.lax.dynamic_update_slice(cache_k_BKHS, k_new[..., None], (zero, zero, zero, slot_B[0]))
+        v = jax.lax.dynamic_update_slice(cache_v_BKSH, v_new[:, :, None], (zero, zero, slot_B[0], zero))
+    else:
+        rows = jnp.arange(b)
+        k = cache_k_BKHS.at[rows, :, :, slot_B].set(k_new)
+        v = cache_v_BKSH.at[rows, :, slot_B, :].set(v_new)
+    return constrain(k, KEY_AXES), constrain(v, VALUE_AXES)
 
 
 def after(x: jax.Array, dep: jax.Array) -> jax.Array:

@@ -1,4 +1,4 @@
-"""Gated feed-forward blocks (GeGLU / SwiGLU)."""
+"""Gated feed-forward block (GeGLU / SwiGLU)."""
 
 from __future__ import annotations
 
@@ -6,21 +6,21 @@ import jax
 from flax import nnx
 
 from common.activations import activation
-from common.linear import Linear
+from common.linear import Linear, matmul_oi, param
 
 
 class GatedMLP(nnx.Module):
     """down(act(gate(x)) * up(x)); x [batch, seq, embed] -> [batch, seq, embed].
 
-    gate and up are one fused [2 * mlp, embed] kernel (gate rows first): one matmul reads both."""
+    gate and up are one fused kernel [2, mlp, embed] (gate first): one matmul reads both, and split over the
+    model axis along ``mlp`` every shard holds matching rows of both halves (no collective before the product)."""
 
     def __init__(self, hidden: int, intermediate: int, act: str, *, rngs: nnx.Rngs):
-        self.gate_up_proj = Linear(hidden, 2 * intermediate, axes=("embed", "mlp"), rngs=rngs)
+        self.gate_up_proj = param(rngs, (2, intermediate, hidden), (None, "mlp", "embed"))
         self.down_proj = Linear(intermediate, hidden, axes=("mlp", "embed"), rngs=rngs)
-        self.intermediate = intermediate
         self.act = act
 
     def __call__(self, x_BLD: jax.Array) -> jax.Array:
-        gate_up = self.gate_up_proj(x_BLD)
-        h = activation(self.act)(gate_up[..., :self.intermediate]) * gate_up[..., self.intermediate:]
-        return self.down_proj(h)
+        w = self.gate_up_proj[...]
+        gate_up = matmul_oi(x_BLD, w.reshape(-1, w.shape[-1])).reshape(*x_BLD.shape[:-1], 2, w.shape[1])
+        return self.down_proj(activation(self.act)(gate_up[..., 0, :]) * gate_up[..., 1, :])

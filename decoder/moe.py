@@ -1,4 +1,5 @@
-"""Mixture-of-experts feed-forward: softmax routing, top-k, optional renormalisation, gated experts.
+"""Mixture-of-experts feed-forward: a registered router picks top-k experts per token, gated experts compute, an
+optional shared expert adds.
 
 Exact (no token dropping) and with a cost that follows the *active* experts:
 - few assignments (decode): the selected experts' weights are gathered per (token, k) pair;
@@ -12,20 +13,65 @@ import jax
 import jax.numpy as jnp
 from flax import nnx
 
-from common.linear import matmul_oi, param
 from common.activations import activation
+from common.linear import matmul_oi, param
+from decoder.mlp import GatedMLP
+from decoder.spec import FeedForwardSpec
 
 GATHER_LIMIT = 64  # assignments (tokens x k) up to which weights are gathered per assignment
 
-
-def route(x_TD: jax.Array, router_ED: jax.Array, k: int, normalize: bool) -> tuple[jax.Array, jax.Array]:
-    """(weights [T, k] in x's dtype, expert ids [T, k]): softmax in float32, top-k, optional renormalisation."""
-    logits = matmul_oi(x_TD, router_ED)
-    probs = jax.nn.softmax(logits.astype(jnp.float32), axis=-1)
+def route(x_TD, router_ED, k: int, normalize: bool):
+    """Softmax routing as a pure function in float32, top-k, optional renormalisation."""
+    probs = jax.nn.softmax(matmul_oi(x_TD, router_ED).astype(jnp.float32), axis=-1)
     top_w, top_i = jax.lax.top_k(probs, k)
     if normalize:
         top_w = top_w / jnp.sum(top_w, axis=-1, keepdims=True)
     return top_w.astype(x_TD.dtype), top_i
+
+
+ROUTERS: dict[str, type] = {}
+
+
+def register_router(name: str):
+    """Class decorator: make a router module available to ``FeedForwardSpec.router``."""
+
+    def add(cls):
+        ROUTERS[name] = cls
+        return cls
+
+    return add
+
+
+@register_router("softmax")
+class SoftmaxRouter(nnx.Module):
+    """Softmax over all experts in float32, top-k, optional renormalisation; the weights scale expert outputs."""
+
+    scales_input = False
+
+    def __init__(self, spec: FeedForwardSpec, hidden: int, *, rngs: nnx.Rngs, **_):
+        self.weight = param(rngs, (spec.num_experts, hidden), (None, "embed"))  # torch layout [experts, embed]
+        self.top_k = spec.top_k
+        self.renormalize = spec.renormalize
+
+    def __call__(self, x_TD: jax.Array) -> tuple[jax.Array, jax.Array]:
+        """(weights [T, k] in x's dtype, expert ids [T, k])."""
+        return route(x_TD, self.weight[...], self.top_k, self.renormalize)
+
+
+@register_router("sigmoid_input")
+class SigmoidInputRouter(nnx.Module):
+    """Top-k of the raw logits; the sigmoid of each chosen logit scales that expert's INPUT (outputs add with
+    weight 1)."""
+
+    scales_input = True
+
+    def __init__(self, spec: FeedForwardSpec, hidden: int, *, rngs: nnx.Rngs, **_):
+        self.weight = param(rngs, (spec.num_experts, hidden), (None, "embed"))
+        self.top_k = spec.top_k
+
+    def __call__(self, x_TD: jax.Array) -> tuple[jax.Array, jax.Array]:
+        top_logit, top_i = jax.lax.top_k(matmul_oi(x_TD, self.weight[...]), self.top_k)
+        return jax.nn.sigmoid(top_logit.astype(jnp.float32)).astype(x_TD.dtype), top_i
 
 
 def _expert_ffn(x_ND, wg_NDI, wu_NDI, wd_NID, act):
@@ -65,32 +111,40 @@ def experts_tiled(x_ND, ids_N, wg_EDI, wu_EDI, wd_EID, act, tile: int):
     return jnp.zeros_like(out).at[order].set(out)
 
 
-class MoEMLP(nnx.Module):
-    """x [batch, seq, embed] -> [batch, seq, embed] through top-k of ``num_experts`` gated experts."""
+def run_experts(x_ND: jax.Array, ids_N: jax.Array, wg_EDI, wu_EDI, wd_EID, act) -> jax.Array:
+    """Each row through its expert, exactly, at a cost that follows the rows (not the experts)."""
+    n = x_ND.shape[0]
+    if n <= GATHER_LIMIT:
+        return experts_gathered(x_ND, ids_N, wg_EDI, wu_EDI, wd_EID, act)
+    tile = int(min(128, max(8, 1 << max(0, (n // wg_EDI.shape[0]).bit_length() - 1))))
+    return experts_tiled(x_ND, ids_N, wg_EDI, wu_EDI, wd_EID, act, tile)
 
-    def __init__(self, hidden: int, intermediate: int, num_experts: int, top_k: int, act: str, *,
-                 normalize: bool = True, rngs: nnx.Rngs):
-        self.router = param(rngs, (num_experts, hidden), (None, "embed"))  # torch layout [experts, embed]
-        self.gate_proj = param(rngs, (num_experts, hidden, intermediate), ("expert", "embed", "mlp"))
-        self.up_proj = param(rngs, (num_experts, hidden, intermediate), ("expert", "embed", "mlp"))
-        self.down_proj = param(rngs, (num_experts, intermediate, hidden), ("expert", "mlp", "embed"))
-        self.top_k = top_k
-        self.normalize = normalize
-        self.act = act
+
+class MoEMLP(nnx.Module):
+    """x [batch, seq, embed] -> [batch, seq, embed] through top-k of ``num_experts`` gated experts chosen by the
+    spec's registered router, plus an optional shared gated MLP."""
+
+    def __init__(self, spec: FeedForwardSpec, hidden: int, *, rngs: nnx.Rngs):
+        e, i = spec.num_experts, spec.intermediate
+        self.router = ROUTERS[spec.router](spec, hidden, rngs=rngs)
+        self.gate_proj = param(rngs, (e, hidden, i), ("expert", "embed", "mlp"))
+        self.up_proj = param(rngs, (e, hidden, i), ("expert", "embed", "mlp"))
+        self.down_proj = param(rngs, (e, i, hidden), ("expert", "mlp", "embed"))
+        self.shared = GatedMLP(hidden, spec.shared_intermediate, spec.activation, rngs=rngs) \
+            if spec.shared_intermediate else None
+        self.top_k = spec.top_k
+        self.act = spec.activation
 
     def __call__(self, x_BLD: jax.Array) -> jax.Array:
         b, l, d = x_BLD.shape
         x = x_BLD.reshape(b * l, d)
-        weights_TK, ids_TK = route(x, self.router[...], self.top_k, self.normalize)
+        weights_TK, ids_TK = self.router(x)
         xs = jnp.repeat(x, self.top_k, axis=0)
-        ids = ids_TK.reshape(-1)
+        if self.router.scales_input:
+            xs = xs * weights_TK.reshape(-1, 1)
         wg, wu, wd = (w[...].astype(x.dtype) for w in (self.gate_proj, self.up_proj, self.down_proj))
-        act = activation(self.act)
-        n = xs.shape[0]
-        if n <= GATHER_LIMIT:
-            y = experts_gathered(xs, ids, wg, wu, wd, act)
-        else:
-            tile = int(min(128, max(8, 1 << max(0, (n // wg.shape[0]).bit_length() - 1))))
-            y = experts_tiled(xs, ids, wg, wu, wd, act, tile)
-        y = (y.reshape(b * l, self.top_k, d) * weights_TK[..., None]).sum(axis=1)
+        y = run_experts(xs, ids_TK.reshape(-1), wg, wu, wd, activation(self.act)).reshape(b * l, self.top_k, d)
+        y = y.sum(axis=1) if self.router.scales_input else (y * weights_TK[..., None]).sum(axis=1)
+        if self.shared is not None:
+            y = y + self.shared(x[None])[0]
         return y.reshape(b, l, d)

@@ -1,4 +1,4 @@
-"""Rotary position embeddings."""
+"""Rotary position embeddings: tables from positions, and the two rotation layouts (halves or interleaved pairs)."""
 
 from __future__ import annotations
 
@@ -6,18 +6,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from decoder.config import RopeConfig
-
-
-def inverse_frequencies(rope: RopeConfig, head_dim: int) -> np.ndarray:
-    """inv_freq [head_dim // 2] in float32, as transformers computes it (including linear scaling)."""
-    exponents = np.arange(0, head_dim, 2, dtype=np.int64).astype(np.float32) / np.float32(head_dim)
-    inv_freq = (1.0 / (np.float32(rope.theta) ** exponents)).astype(np.float32)
-    if rope.kind == "linear":
-        inv_freq = (inv_freq / np.float32(rope.factor)).astype(np.float32)
-    elif rope.kind != "default":
-        raise ValueError(f"unknown RoPE kind {rope.kind!r}")
-    return inv_freq
+from decoder.spec import RopeSpec
 
 
 def mrope_axis_of_frequency(num_freqs: int, section: tuple[int, int, int]) -> np.ndarray:
@@ -29,35 +18,52 @@ def mrope_axis_of_frequency(num_freqs: int, section: tuple[int, int, int]) -> np
     return axis
 
 
-def cos_sin(positions_ABL: jax.Array, rope: RopeConfig, head_dim: int) -> tuple[jax.Array, jax.Array]:
-    """cos, sin [batch, seq, head_dim] (rotate-half layout: frequencies repeated twice).
+def rope_angles(positions_ABL: jax.Array, rope: RopeSpec, head_dim: int) -> jax.Array:
+    """Angles [batch, seq, head_dim // 2] = position x inv_freq (MRoPE: each frequency reads its own axis).
 
     positions_ABL: [axes, batch, seq] integer positions; axes is 1, or 3 (t, h, w) for MRoPE.
     """
-    inv_freq = jnp.asarray(inverse_frequencies(rope, head_dim))
+    inv_freq = jnp.asarray(rope.inverse_frequencies(head_dim))
     freqs = positions_ABL.astype(jnp.float32)[..., None] * inv_freq  # [A, B, L, H/2]
     if rope.mrope_section is not None and positions_ABL.shape[0] == 3:
         axis = jnp.asarray(mrope_axis_of_frequency(inv_freq.shape[0], rope.mrope_section))
-        freqs = jnp.where(axis == 0, freqs[0], jnp.where(axis == 1, freqs[1], freqs[2]))
-    else:
-        freqs = freqs[0]
-    emb = jnp.concatenate([freqs, freqs], axis=-1)
-    return jnp.cos(emb), jnp.sin(emb)
+        return jnp.where(axis == 0, freqs[0], jnp.where(axis == 1, freqs[1], freqs[2]))
+    return freqs[0]
 
 
-def rope_tables(positions_ABL: jax.Array, rope_by_type: dict[str, RopeConfig], head_dim: int) -> dict:
-    """{layer type: (cos, sin) [batch, seq, head_dim]} for every RoPE variant of a decoder.
+def cos_sin(positions_ABL: jax.Array, rope: RopeSpec, head_dim: int) -> tuple[jax.Array, jax.Array]:
+    """(cos, sin) for ``apply_rotary``: [batch, seq, head_dim] for rotate-half (frequencies repeated twice),
+    [batch, seq, head_dim // 2] for interleaved pairs."""
+    angles = rope_angles(positions_ABL, rope, head_dim)
+    if not rope.interleaved:
+        angles = jnp.concatenate([angles, angles], axis=-1)
+    return jnp.cos(angles), jnp.sin(angles)
 
-    Long prompts compute these in a call of their own and hand them to the layers: inside one compiled program
-    XLA would recompute the cos/sin in every fused consumer (every layer's q and k)."""
-    return {t: cos_sin(positions_ABL, r, head_dim) for t, r in rope_by_type.items()}
+
+def rope_key(rope: RopeSpec, head_dim: int) -> str:
+    """Layers whose rotation is the same share one table (a string: tables travel in pytrees with sorted keys)."""
+    return f"{rope!r}/{head_dim}"
 
 
-def apply_rotary(x_BLNH: jax.Array, cos_BLH: jax.Array, sin_BLH: jax.Array) -> jax.Array:
-    """Rotate-half RoPE on x [batch, seq, heads, head_dim] with cos/sin [batch, seq, head_dim]."""
+def rope_tables(positions_ABL: jax.Array, ropes: list[tuple[RopeSpec, int]]) -> dict:
+    """{rope_key: (cos, sin)} for every distinct (RopeSpec, head_dim) in ``ropes``.
+
+    A prompt computes these once, outside the layers: inside one compiled program XLA would otherwise recompute
+    the cos/sin in every fused consumer (every layer's q and k)."""
+    return {rope_key(r, h): cos_sin(positions_ABL, r, h) for r, h in dict.fromkeys(ropes)}
+
+
+def apply_rotary(x_BLNH: jax.Array, cos: jax.Array, sin: jax.Array, *, interleaved: bool = False) -> jax.Array:
+    """RoPE on x [batch, seq, heads, head_dim] with tables from ``cos_sin`` ([batch, seq, ...])."""
+    cos = cos[:, :, None, :].astype(x_BLNH.dtype)
+    sin = sin[:, :, None, :].astype(x_BLNH.dtype)
+    if interleaved:  # (x0 + i x1) * (cos + i sin) on the pairs (2j, 2j+1), in float32 as the reference does
+        xf = x_BLNH.astype(jnp.float32).reshape(*x_BLNH.shape[:-1], -1, 2)
+        c, s = cos.astype(jnp.float32), sin.astype(jnp.float32)
+        x0, x1 = xf[..., 0], xf[..., 1]
+        out = jnp.stack([x0 * c - x1 * s, x0 * s + x1 * c], axis=-1)
+        return out.reshape(x_BLNH.shape).astype(x_BLNH.dtype)
     half = x_BLNH.shape[-1] // 2
     x1, x2 = x_BLNH[..., :half], x_BLNH[..., half:]
     rotated = jnp.concatenate([-x2, x1], axis=-1)
-    cos = cos_BLH[:, :, None, :].astype(x_BLNH.dtype)
-    sin = sin_BLH[:, :, None, :].astype(x_BLNH.dtype)
     return x_BLNH * cos + rotated * sin

@@ -5,14 +5,20 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from app.generation import bucket_for, make_batch, pow2_at_least
+from app.generation import bucket_for, make_batch
 from app.families.spec import PreparedPrompt
 from app.sampling import SamplingParams, choose
 from app.stops import StopChecker
-from decoder.config import RopeConfig
+from decoder.attention_op import visible
 from decoder.embed import merge_media
-from decoder.masks import attention_mask, block_ids
-from decoder.rope import apply_rotary, cos_sin, inverse_frequencies
+from decoder.model import block_ids
+from decoder.rope import apply_rotary, cos_sin
+from decoder.spec import MaskSpec, RopeSpec
+
+
+def attention_mask(q_pos, k_pos, q_block, k_block, *, window, bidirectional):
+    mask = MaskSpec("full" if window is None else "sliding", window, media_bidirectional=bidirectional)
+    return visible(q_pos, k_pos, mask, q_block, k_block)
 
 
 def reference_mask(q_pos, k_pos, q_block, k_block, window, bidirectional):
@@ -60,12 +66,12 @@ def test_block_ids_number_contiguous_runs():
 
 
 def test_rope_linear_scaling_divides_frequencies():
-    base = inverse_frequencies(RopeConfig(theta=1e6), 16)
-    scaled = inverse_frequencies(RopeConfig(theta=1e6, kind="linear", factor=8.0), 16)
+    base = RopeSpec(theta=1e6).inverse_frequencies(16)
+    scaled = RopeSpec(theta=1e6, kind="linear", factor=8.0).inverse_frequencies(16)
     np.testing.assert_allclose(scaled, base / 8.0, rtol=1e-7)
     assert base[0] == 1.0 and base.shape == (8,)
     with pytest.raises(ValueError, match="unknown RoPE kind"):
-        inverse_frequencies(RopeConfig(kind="mystery"), 16)
+        RopeSpec(kind="mystery")
 
 
 def test_rope_rotation_preserves_norm_and_relative_positions():
@@ -75,7 +81,7 @@ def test_rope_rotation_preserves_norm_and_relative_positions():
     k = jnp.asarray(rng.standard_normal((1, 1, 1, 8)), jnp.float32)
 
     def rot(x, p):
-        c, s = cos_sin(jnp.asarray([[[p]]]), RopeConfig(theta=100.0), 8)
+        c, s = cos_sin(jnp.asarray([[[p]]]), RopeSpec(theta=100.0), 8)
         return apply_rotary(x, c, s)
 
     np.testing.assert_allclose(jnp.linalg.norm(rot(q, 7)), jnp.linalg.norm(q), rtol=1e-5)
@@ -119,15 +125,14 @@ def test_sampling_params_validate(kwargs):
 
 def test_buckets_and_batch_padding():
     assert bucket_for(1, (64, 128)) == 64 and bucket_for(65, (64, 128)) == 128 and bucket_for(300, (64, 128)) == 300
-    assert [pow2_at_least(n) for n in (0, 1, 2, 3, 5, 8)] == [1, 1, 2, 4, 8, 8]
     a = PreparedPrompt(np.array([5, 6, 7], np.int32), {"image": [np.ones((3, 2, 2))]}, np.array([0, 1, 0], bool))
     b = PreparedPrompt(np.array([8], np.int32), {}, np.array([0], bool))
     batch = make_batch([a, b], 4, pad_id=0)
-    np.testing.assert_array_equal(batch.tokens, [[0, 5, 6, 7], [0, 0, 0, 8]])
-    np.testing.assert_array_equal(batch.seq_pos, [[-1, 0, 1, 2], [-1, -1, -1, 0]])
-    np.testing.assert_array_equal(batch.bidirectional[0], [0, 0, 1, 0])
+    np.testing.assert_array_equal(batch.tokens, [[5, 6, 7, 0], [8, 0, 0, 0]])  # right-padded: row index = position
+    np.testing.assert_array_equal(batch.lengths, [3, 1])
+    np.testing.assert_array_equal(batch.bidirectional[0], [0, 1, 0, 0])
     assert len(batch.media["image"]) == 1
-    np.testing.assert_array_equal(batch.rope_pos[0], [[0, 0, 1, 2], [0, 0, 0, 0]])
+    np.testing.assert_array_equal(batch.rope_pos[0], [[0, 1, 2, 0], [0, 0, 0, 0]])
 
 
 def test_stop_checker_cuts_text_and_tokens():
@@ -147,8 +152,8 @@ def test_stop_checker_holds_back_possible_stop_prefixes():
     assert StopChecker(lambda ids: "", None).holdback("abc E") == "abc E"
 
 
-def test_attention_over_two_transposed_key_segments_equals_one_concatenated_segment():
-    from decoder.attention import dot_attention
+def test_attention_over_two_key_segments_equals_one_concatenated_segment():
+    from decoder.attention_op import dot_attention
 
     rng = np.random.default_rng(0)
     b, l, n, kv, h, s1, s2 = 2, 3, 4, 2, 8, 5, 3
@@ -158,7 +163,7 @@ def test_attention_over_two_transposed_key_segments_equals_one_concatenated_segm
     m1 = jnp.asarray(rng.random((b, l, s1)) < 0.6)
     m2 = jnp.asarray(np.tril(np.ones((l, s2), bool), 0)[None].repeat(b, 0))
     t = lambda k_BKSH: k_BKSH.transpose(0, 1, 3, 2)  # keys as the cache holds them: [B, K, H, S]
-    split = dot_attention(q, [(t(k1), v1, m1), (t(k2), v2, m2)], scale=0.3, softcap=5.0, keys_transposed=True)
+    split = dot_attention(q, [(t(k1), v1, m1), (k2, v2, m2)], scale=0.3, softcap=5.0, keys_transposed=True)
     joined = dot_attention(q, [(jnp.concatenate([k1, k2], 2), jnp.concatenate([v1, v2], 2),
                                 jnp.concatenate([m1, m2], 2))], scale=0.3, softcap=5.0)
     np.testing.assert_allclose(np.asarray(split), np.asarray(joined), rtol=1e-5, atol=1e-6)
@@ -182,25 +187,107 @@ def test_after_keeps_the_value():
         np.testing.assert_array_equal(np.asarray(after(x, dep)), np.asarray(x))
 
 
-@pytest.mark.parametrize("window", [None, 7, 40])
-@pytest.mark.parametrize("first", [0, 299])
-def test_attention_spans_cover_every_visible_key(window, first):
-    from decoder.attention import attention_spans
+def reference_attention(q, k, v, vis, scale):
+    """Softmax attention head by head in numpy: q [B, L, N, H], k, v [B, S, K, H], vis [B, L, S]."""
+    n, kv = q.shape[2], k.shape[2]
+    out = np.zeros(q.shape, np.float64)
+    for i in range(n):
+        sc = np.einsum("blh,bsh->bls", q[:, :, i].astype(np.float64) * scale, k[:, :, i // (n // kv)])
+        sc = np.where(vis, sc, -np.inf)
+        top = np.where(vis.any(-1, keepdims=True), sc.max(-1, keepdims=True), 0)  # rows seeing nothing: padding
+        p = np.exp(sc - top)
+        out[:, :, i] = np.einsum("bls,bsh->blh", p / np.maximum(p.sum(-1, keepdims=True), 1e-30),
+                                 v[:, :, i // (n // kv)])
+    return out
 
-    rng = np.random.default_rng(window or 0)
-    length, ahead = 300, 16
-    pos = np.arange(length) - 20  # 20 padding slots
-    block = np.full(length, -1)
-    for b, start in enumerate(rng.choice(np.arange(30, length - ahead), 6, replace=False)):
-        block[start:start + ahead] = b
-    mask = reference_mask(pos, pos, block, block, window, True)
-    spans = attention_spans(first, length, window=window, ahead=ahead, chunk=64)
-    assert [s[:2] for s in spans] == sorted(s[:2] for s in spans)
-    assert spans[0][0] == first and spans[-1][1] == length
-    assert all(a[1] == b[0] for a, b in zip(spans, spans[1:]))
-    covered = np.zeros_like(mask)
-    for qs, qe, ks, ke in spans:
-        covered[qs:qe, ks:ke] = True
-    assert not (mask[first:] & ~covered[first:]).any()
-    if first == 0:
-        assert covered.sum() < covered.size  # something was skipped
+
+@pytest.mark.parametrize("mask", [MaskSpec(), MaskSpec("full", None, True), MaskSpec("sliding", 40, True),
+                                  MaskSpec("sliding", 7), MaskSpec("chunked", 96), MaskSpec("chunked", 50, True)])
+def test_blocked_prompt_attention_equals_the_reference(mask, monkeypatch):
+    """The looped block backend (query blocks x the key blocks any query can see) and the single-block backend
+    both equal plain masked softmax attention, with media blocks crossing block boundaries and padded rows."""
+    from decoder.attention_op import prompt_attention
+    from decoder.model import prompt_meta
+
+    rng = np.random.default_rng(0)
+    b, l, n, kv, h = 2, 300, 4, 2, 8
+    lengths = np.array([300, 211])
+    media = np.zeros((b, l), bool)
+    for row, starts in enumerate(([120, 250], [60, 127])):
+        for s0 in starts:
+            media[row, s0:s0 + 16] = True
+    q = rng.normal(size=(b, l, n, h)).astype(np.float32)
+    k, v = (rng.normal(size=(b, l, kv, h)).astype(np.float32) for _ in range(2))
+    meta = prompt_meta(jnp.asarray(lengths), jnp.asarray(media))
+    pos, blk = np.asarray(meta.pos), np.asarray(meta.block)
+    vis = np.stack([reference_mask(pos[r], pos[r], blk[r], blk[r], mask.size if mask.kind == "sliding" else None,
+                                   mask.media_bidirectional) for r in range(b)])
+    if mask.kind == "chunked":
+        vis &= (pos[:, :, None] // mask.size) == (pos[:, None, :] // mask.size)
+    ref = reference_attention(q, k, v, vis, 0.3)
+    for backend in ("blocked", "dense"):
+        monkeypatch.setenv("OMNIJAX_ATTENTION", backend)
+        run = jax.jit(lambda q_, k_, v_, m_: prompt_attention(q_, k_, v_, m_, mask, scale=0.3))
+        got = np.asarray(run(jnp.asarray(q), jnp.asarray(k), jnp.asarray(v), meta))
+        for r in range(b):
+            np.testing.assert_allclose(got[r, :lengths[r]], ref[r, :lengths[r]], rtol=2e-5, atol=2e-5)
+
+
+def test_ring_cache_keeps_each_rows_last_positions():
+    from decoder.kv_cache import fill_from_prompt, slot_positions, write_token
+
+    np.testing.assert_array_equal(np.asarray(slot_positions(jnp.asarray([0, 3, 5, 9]), 4)),
+                                  [[-1, -1, -1, -1], [0, 1, 2, -1], [4, 1, 2, 3], [8, 5, 6, 7]])
+    b, l, kv, h, slots = 2, 9, 1, 2, 4
+    k = jnp.asarray(np.arange(b * l * kv * h, dtype=np.float32).reshape(b, l, kv, h))
+    lengths = jnp.asarray([9, 5])
+    ck, cv = fill_from_prompt(k, k + 1000, lengths, slots, jnp.float32)
+    held = np.asarray(slot_positions(lengths, slots))
+    for r in range(b):
+        for s0 in range(slots):
+            np.testing.assert_array_equal(np.asarray(ck)[r, 0, :, s0], np.asarray(k)[r, held[r, s0], 0])
+            np.testing.assert_array_equal(np.asarray(cv)[r, 0, s0], np.asarray(k)[r, held[r, s0], 0] + 1000)
+    new = jnp.full((b, kv, 1, h), -1.0)
+    ck2, cv2 = write_token(ck, cv, new, new, lengths)  # rows write their own slots: 9 % 4 = 1 and 5 % 4 = 1
+    assert (np.asarray(ck2)[:, 0, :, 1] == -1).all() and (np.asarray(cv2)[:, 0, 1] == -1).all()
+    np.testing.assert_array_equal(np.asarray(ck2)[:, :, :, [0, 2, 3]], np.asarray(ck)[:, :, :, [0, 2, 3]])
+    ck3, _ = write_token(ck, cv, new, new, jnp.asarray([9, 6]))
+    assert (np.asarray(ck3)[0, 0, :, 1] == -1).all() and (np.asarray(ck3)[1, 0, :, 2] == -1).all()
+
+
+def test_prompt_meta_reach_is_the_end_of_each_media_block():
+    from decoder.model import prompt_meta
+
+    media = jnp.asarray([[0, 1, 1, 1, 0, 1, 1, 0, 0]], bool)
+    meta = prompt_meta(jnp.asarray([8]), media)
+    np.testing.assert_array_equal(np.asarray(meta.pos), [[0, 1, 2, 3, 4, 5, 6, 7, -1]])
+    np.testing.assert_array_equal(np.asarray(meta.block), [[-1, 0, 0, 0, -1, 1, 1, -1, -1]])
+    np.testing.assert_array_equal(np.asarray(meta.reach), [[0, 3, 3, 3, 4, 6, 6, 7, -1]])
+
+
+def test_llama3_and_proportional_rope_frequencies_match_their_definitions():
+    import math
+
+    base = RopeSpec(theta=500000.0).inverse_frequencies(64)
+    ll = RopeSpec(theta=500000.0, kind="llama3", factor=8.0, low_freq_factor=1.0, high_freq_factor=4.0,
+                  original_max_position=8192).inverse_frequencies(64)
+    wavelen = 2 * math.pi / base
+    assert np.allclose(ll[wavelen < 8192 / 4], base[wavelen < 8192 / 4])  # short wavelengths kept
+    assert np.allclose(ll[wavelen > 8192], base[wavelen > 8192] / 8.0)  # long ones divided by the factor
+    mid = (wavelen >= 2048) & (wavelen <= 8192)
+    smooth = (8192 / wavelen[mid] - 1.0) / 3.0
+    assert np.allclose(ll[mid], (1 - smooth) * base[mid] / 8 + smooth * base[mid], rtol=1e-6)
+    prop = RopeSpec(theta=10000.0, kind="proportional", fraction=0.25).inverse_frequencies(16)
+    np.testing.assert_allclose(prop[:2], 1.0 / 10000.0 ** (np.arange(0, 4, 2) / 16), rtol=1e-6)
+    assert (prop[2:] == 0).all() and prop.shape == (8,)
+
+
+def test_interleaved_rotation_rotates_pairs_as_complex_numbers():
+    rng = np.random.default_rng(1)
+    x = rng.normal(size=(1, 1, 1, 8)).astype(np.float32)
+    rope = RopeSpec(theta=100.0, interleaved=True)
+    c, s = cos_sin(jnp.asarray([[[3]]]), rope, 8)
+    got = np.asarray(apply_rotary(jnp.asarray(x), c, s, interleaved=True))[0, 0, 0]
+    z = (x[0, 0, 0, 0::2] + 1j * x[0, 0, 0, 1::2]) * np.exp(1j * 3 * rope.inverse_frequencies(8))
+    np.testing.assert_allclose(got[0::2], z.real, rtol=1e-5, atol=1e-6)
+    np.testing.assert_allclose(got[1::2], z.imag, rtol=1e-5, atol=1e-6)

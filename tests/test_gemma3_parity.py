@@ -35,6 +35,9 @@ CASES = {
     # over a thousand tokens: the prompt's attention runs in blocks, and an image block crosses a block boundary
     "very_long": conversation(*[x for i in range(5) for x in (LONG_TEXT * (1 + i % 2), image(10 + i))],
                               "Describe the pictures."),
+    # the same pictures further on: the last image block straddles a 128-token attention block boundary
+    "very_long_shifted": conversation(*[x for i in range(5) for x in (LONG_TEXT * (1 + i % 2), image(10 + i))],
+                                      "Describe the pictures.", system="Answer in a few words, kindly."),
 }
 
 
@@ -90,7 +93,8 @@ def test_logit_parity(gemma3_pipeline, hf_gemma3_model, hf_processor, case):
 
 
 def test_long_case_exercises_the_sliding_window(gemma3_pipeline):
-    window = gemma3_pipeline.config.decoder.sliding_window
+    window = next(l.attention.mask.size for l in gemma3_pipeline.config.decoder.layers
+                  if l.attention.mask.kind == "sliding")
     ids = gemma3_pipeline.prepare(CASES["long_with_system"]).token_ids
     image_positions = np.flatnonzero(ids == gemma3_pipeline.config.media_token_id("image"))
     assert len(ids) > 3 * window
@@ -99,15 +103,14 @@ def test_long_case_exercises_the_sliding_window(gemma3_pipeline):
 
 
 def test_very_long_case_splits_the_attention_across_an_image_block(gemma3_pipeline):
-    from decoder.attention import PREFILL_CHUNK, attention_spans
+    from decoder.attention_op import DENSE_LIMIT, Q_BLOCK, backend_for
 
-    prompt = gemma3_pipeline.prepare(CASES["very_long"])
-    length, _, _ = gemma3_pipeline.engine.plan([prompt], 1)
-    pad = length - len(prompt.token_ids)
-    edges = np.flatnonzero(np.diff(np.r_[0, prompt.bidirectional.astype(np.int8), 0])) + pad
+    prompt = gemma3_pipeline.prepare(CASES["very_long_shifted"])
+    length, _ = gemma3_pipeline.engine.plan([prompt], 1)
+    edges = np.flatnonzero(np.diff(np.r_[0, prompt.bidirectional.astype(np.int8), 0]))  # right-padded: row = pos
     blocks = list(zip(edges[::2], edges[1::2]))
-    assert len(attention_spans(0, length, window=None, ahead=16)) > 2
-    assert any(a // PREFILL_CHUNK != (b - 1) // PREFILL_CHUNK for a, b in blocks)
+    assert length > DENSE_LIMIT and backend_for(length) == "blocked"
+    assert any(a // Q_BLOCK != (b - 1) // Q_BLOCK for a, b in blocks)
 
 
 @pytest.mark.parametrize("case", ["text", "one_image", "two_images"])

@@ -5,15 +5,15 @@ from __future__ import annotations
 import math
 import pathlib
 
+import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
 from common.errors import CheckpointError, PromptError
 from app.families.spec import FamilySpec, ModelConfig, PreparedPrompt
-from app.generation import pow2_at_least
 from app.families.common import GEMMA_NORMS, decoder_weight_map
 from common.weights import prefixed
-from decoder.config import DecoderConfig, RopeConfig
+from decoder.spec import AttentionSpec, DecoderSpec, FeedForwardSpec, LayerSpec, MaskSpec, RopeSpec
 from encoders.gemma3_projector import Gemma3Projector, gemma3_projector_weight_map
 from encoders.siglip import SiglipVisionConfig, SiglipVisionTower, siglip_unused_keys, siglip_weight_map
 from preprocess.gemma3_image import Gemma3ImageConfig, process_images
@@ -45,41 +45,42 @@ def _layer_types(tc: dict) -> tuple[str, ...]:
     return tuple("full" if (i + 1) % pattern == 0 else "sliding" for i in range(n))
 
 
-def _rope_config(params: dict | None, default_theta: float) -> RopeConfig:
+def _rope_spec(params: dict | None, default_theta: float) -> RopeSpec:
     params = params or {}
     kind = params.get("rope_type", params.get("type", "default"))
-    return RopeConfig(theta=float(params.get("rope_theta", default_theta)), kind=kind,
-                      factor=float(params.get("factor", 1.0)))
+    return RopeSpec(theta=float(params.get("rope_theta", default_theta)), kind=kind,
+                    factor=float(params.get("factor", 1.0)))
 
 
-def _rope(tc: dict) -> tuple[tuple[str, RopeConfig], ...]:
+def _ropes(tc: dict) -> dict[str, RopeSpec]:
     params = tc.get("rope_parameters")
     if params and "full_attention" in params:  # transformers 5 layout: one entry per layer type
-        return (("full", _rope_config(params["full_attention"], 1e6)),
-                ("sliding", _rope_config(params.get("sliding_attention"), 1e4)))
+        return {"full": _rope_spec(params["full_attention"], 1e6),
+                "sliding": _rope_spec(params.get("sliding_attention"), 1e4)}
     # transformers 4 layout: rope_theta + rope_scaling for full layers, rope_local_base_freq for sliding ones
     full = dict(tc.get("rope_scaling") or {}, rope_theta=tc.get("rope_theta", 1e6))
-    return (("full", _rope_config(full, 1e6)),
-            ("sliding", RopeConfig(theta=float(tc.get("rope_local_base_freq", 1e4)))))
+    return {"full": _rope_spec(full, 1e6), "sliding": RopeSpec(theta=float(tc.get("rope_local_base_freq", 1e4)))}
 
 
-def decoder_config(tc: dict) -> DecoderConfig:
+def decoder_config(tc: dict) -> DecoderSpec:
+    """Gemma 3's text decoder: sandwich-normed layers, 5 sliding : 1 full, image blocks bidirectional on both."""
     hidden = tc["hidden_size"]
     heads = tc["num_attention_heads"]
     head_dim = tc.get("head_dim") or hidden // heads
-    layer_types = _layer_types(tc)
-    return DecoderConfig(
-        vocab_size=tc["vocab_size"], hidden_size=hidden, intermediate_size=tc["intermediate_size"],
-        num_layers=tc["num_hidden_layers"], num_heads=heads, num_kv_heads=tc.get("num_key_value_heads", heads),
-        head_dim=head_dim, layer_types=layer_types, rope=_rope(tc), sliding_window=tc.get("sliding_window"),
-        rms_norm_eps=tc.get("rms_norm_eps", 1e-6), norm_plus_one=True, qk_norm=True, sandwich_norm=True,
-        activation="gelu_tanh" if "tanh" in tc.get("hidden_activation", "gelu_pytorch_tanh") else "gelu",
-        embed_scale=float(np.float32(hidden) ** np.float32(0.5)),
-        attn_scale=tc.get("query_pre_attn_scalar", head_dim) ** -0.5,
-        attn_logit_softcap=tc.get("attn_logit_softcapping"), final_logit_softcap=tc.get("final_logit_softcapping"),
-        tie_embeddings=tc.get("tie_word_embeddings", True),
-        bidirectional_layer_types=frozenset({"sliding", "full"}),
-    )
+    ropes = _ropes(tc)
+    window = tc.get("sliding_window")
+    masks = {"sliding": MaskSpec("sliding", window, media_bidirectional=True),
+             "full": MaskSpec("full", None, media_bidirectional=True)}
+    act = "gelu_tanh" if "tanh" in tc.get("hidden_activation", "gelu_pytorch_tanh") else "gelu"
+    ffn = FeedForwardSpec("dense", tc["intermediate_size"], act)
+    layers = tuple(LayerSpec(AttentionSpec(
+        num_heads=heads, num_kv_heads=tc.get("num_key_value_heads", heads), head_dim=head_dim, mask=masks[t],
+        rope=ropes[t], qk_norm="rms", scale=tc.get("query_pre_attn_scalar", head_dim) ** -0.5,
+        softcap=tc.get("attn_logit_softcapping")), ffn, block="sandwich") for t in _layer_types(tc))
+    return DecoderSpec(
+        vocab_size=tc["vocab_size"], hidden_size=hidden, layers=layers, rms_norm_eps=tc.get("rms_norm_eps", 1e-6),
+        norm_plus_one=True, embed_scale=float(np.float32(hidden) ** np.float32(0.5)),
+        final_logit_softcap=tc.get("final_logit_softcapping"), tie_embeddings=tc.get("tie_word_embeddings", True))
 
 
 def parse_config(hf: dict) -> ModelConfig:
@@ -109,16 +110,19 @@ class Gemma3ImageEncoder(nnx.Module):
                                          math.isqrt(mm_tokens), vision.layer_norm_eps, rngs=rngs)
 
     @staticmethod
-    def collate(items: list[np.ndarray]) -> tuple[np.ndarray, None]:
-        """Pixel values [3, H, W] per image -> [images rounded up to a power of 2, 3, H, W]."""
+    def collate(items: list[np.ndarray]) -> dict[str, np.ndarray]:
+        """Pixel values [3, H, W] per image -> {"pixels": [images rounded up to a power of 2, 3, H, W],
+        "valid": [that many] bool}."""
         stacked = np.stack(items).astype(np.float32)
-        padded = np.zeros((pow2_at_least(len(items)),) + stacked.shape[1:], np.float32)
+        n = 1 << max(0, (len(items) - 1).bit_length())
+        padded = np.zeros((n,) + stacked.shape[1:], np.float32)
         padded[:len(items)] = stacked
-        return padded, None
+        return {"pixels": padded, "valid": np.arange(n) < len(items)}
 
-    def __call__(self, pixels_NCHW, static=None):
-        feats = self.projector(self.tower(pixels_NCHW))
-        return feats.reshape(-1, feats.shape[-1]), ()
+    def __call__(self, inputs):
+        feats = self.projector(self.tower(inputs["pixels"]))
+        n, t, d = feats.shape
+        return feats.reshape(n * t, d), jnp.repeat(inputs["valid"], t), ()
 
 
 def build_encoders(cfg: ModelConfig, *, rngs: nnx.Rngs) -> dict:

@@ -17,7 +17,7 @@ from common.errors import CheckpointError, PromptError
 from app.families.common import LLAMA_NORMS, decoder_weight_map
 from app.families.spec import FamilySpec, ModelConfig, PreparedPrompt
 from common.weights import prefixed
-from decoder.config import DecoderConfig, RopeConfig
+from decoder.spec import AttentionSpec, DecoderSpec, FeedForwardSpec, LayerSpec, RopeSpec
 from encoders.qwen3_omni_audio import QwenAudioConfig, QwenAudioTower, qwen_audio_weight_map
 from encoders.qwen3_omni_vision import QwenVisionConfig, QwenVisionTower, qwen_vision_weight_map
 from preprocess.audio import load_audio
@@ -40,7 +40,8 @@ def thinker_config(hf: dict) -> dict:
     return hf["thinker_config"] if hf.get("model_type") == "qwen3_omni_moe" else hf
 
 
-def decoder_config(tc: dict, deepstack_layers: int, tie: bool) -> DecoderConfig:
+def decoder_config(tc: dict, deepstack_layers: int, tie: bool) -> DecoderSpec:
+    """Qwen3-Omni's thinker decoder: pre-norm layers, full attention with 3-D MRoPE, MoE or dense feed-forward."""
     hidden = tc["hidden_size"]
     heads = tc["num_attention_heads"]
     n = tc["num_hidden_layers"]
@@ -48,23 +49,24 @@ def decoder_config(tc: dict, deepstack_layers: int, tie: bool) -> DecoderConfig:
     if rope.get("rope_type", rope.get("type", "default")) != "default":
         raise CheckpointError(f"unsupported RoPE type {rope.get('rope_type')!r} for Qwen3-Omni")
     section = tuple(rope.get("mrope_section") or (24, 20, 20))
+    attention = AttentionSpec(
+        num_heads=heads, num_kv_heads=tc.get("num_key_value_heads", heads),
+        head_dim=tc.get("head_dim") or hidden // heads,
+        rope=RopeSpec(theta=float(rope.get("rope_theta", 1e6)), mrope_section=section), qk_norm="rms",
+        bias=tc.get("attention_bias", False))
+    act = {"silu": "silu", "swish": "silu"}.get(tc.get("hidden_act", "silu"), "silu")
     experts = tc.get("num_experts", 0)
     sparse_step = tc.get("decoder_sparse_step", 1)
     dense_only = set(tc.get("mlp_only_layers") or [])
-    mlp_types = tuple("moe" if experts > 0 and i not in dense_only and (i + 1) % sparse_step == 0 else "dense"
-                      for i in range(n))
-    return DecoderConfig(
-        vocab_size=tc["vocab_size"], hidden_size=hidden, intermediate_size=tc.get("intermediate_size", 0),
-        num_layers=n, num_heads=heads, num_kv_heads=tc.get("num_key_value_heads", heads),
-        head_dim=tc.get("head_dim") or hidden // heads, layer_types=("full",) * n,
-        rope=(("full", RopeConfig(theta=float(rope.get("rope_theta", 1e6)), mrope_section=section)),),
-        sliding_window=None, rms_norm_eps=tc.get("rms_norm_eps", 1e-6), norm_plus_one=False, qk_norm=True,
-        sandwich_norm=False, activation={"silu": "silu", "swish": "silu"}.get(tc.get("hidden_act", "silu"), "silu"),
-        tie_embeddings=tie, mlp_types=mlp_types, num_experts=experts,
-        num_experts_per_tok=tc.get("num_experts_per_tok", 0), moe_intermediate_size=tc.get("moe_intermediate_size", 0),
-        norm_topk_prob=tc.get("norm_topk_prob", True), deepstack_layers=deepstack_layers,
-        attention_bias=tc.get("attention_bias", False),
-    )
+    moe = FeedForwardSpec("moe", tc.get("moe_intermediate_size", 0), act, num_experts=experts,
+                          top_k=tc.get("num_experts_per_tok", 0), router="softmax",
+                          renormalize=tc.get("norm_topk_prob", True)) if experts > 0 else None
+    is_moe = [moe is not None and i not in dense_only and (i + 1) % sparse_step == 0 for i in range(n)]
+    dense = None if all(is_moe) else FeedForwardSpec("dense", tc.get("intermediate_size", 0), act)
+    layers = tuple(LayerSpec(attention, moe if is_moe[i] else dense) for i in range(n))
+    return DecoderSpec(vocab_size=tc["vocab_size"], hidden_size=hidden, layers=layers,
+                       rms_norm_eps=tc.get("rms_norm_eps", 1e-6), tie_embeddings=tie,
+                       deepstack_layers=deepstack_layers)
 
 
 def parse_config(hf: dict) -> ModelConfig:

@@ -1,7 +1,10 @@
 """A model family described as data: how to read its config, build its encoders, map its weights, prepare prompts.
 
-Adding a family means writing one module in app/families that returns a ``FamilySpec`` and registering it in
-app/families/__init__.py; the decoder stack, generation loop, loader and front ends stay untouched.
+Adding a family means writing one module in app/families that returns a ``FamilySpec`` (its decoder as per-layer
+``LayerSpec`` data, its encoders, weight map and processor) and registering it in app/families/__init__.py. A
+genuinely new decoder block, router or per-layer input registers itself in decoder/ (``register_block``,
+``register_router``, ``register_layer_inputs``) and the family's layer specs name it; the model forward,
+generation loop, loader and front ends stay untouched.
 """
 
 from __future__ import annotations
@@ -11,7 +14,7 @@ from typing import Any, Callable, Protocol
 
 import numpy as np
 
-from decoder.config import DecoderConfig
+from decoder.spec import DecoderSpec
 
 
 @dataclasses.dataclass(frozen=True)
@@ -24,7 +27,7 @@ class ModelConfig:
     """
 
     family: str
-    decoder: DecoderConfig
+    decoder: DecoderSpec
     encoders: tuple[tuple[str, Any], ...]
     media_token_ids: tuple[tuple[str, int], ...]
     eos_ids: tuple[int, ...]

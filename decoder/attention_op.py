@@ -1,0 +1,229 @@
+"""The attention op: softmax(q.k * scale [softcapped], masked) . v, with the mask built inside from positions.
+
+Every token carries a sequence position (-1 for padding and empty cache slots) and a media block id (-1 for text).
+A query at position q may see a key at position k when (see ``visible``)
+
+    k is valid  AND  (k <= q  OR  (same media block AND bidirectional on this layer))  AND  locality
+
+where locality is nothing (full), k > q - W (sliding window W) or floor(k / C) == floor(q / C) (chunk C): the
+AND(window, OR(causal, block)) composition transformers uses. No [B, L, L] mask is stored anywhere: each block of
+scores builds the part it needs from the positions.
+
+Backends (``attention``; callers never choose):
+- dense: one block of scores, for prompts up to ``DENSE_LIMIT`` tokens;
+- blocked: a loop (not Python unrolling) over 128-query blocks and, inside, over the 128-key blocks that any
+  query of the block can see (flash-attention style running softmax): program size and compile time do not grow
+  with the prompt, temporary memory grows linearly, and keys outside the causal / window / chunk reach are skipped;
+- fused: ``jax.nn.dot_product_attention`` (the platform's fused kernel where one exists), chosen on GPU/TPU.
+
+Decode steps use ``cache_attention``: the cache as it was plus the new token's own key/value, one softmax.
+"""
+
+from __future__ import annotations
+
+import os
+from typing import NamedTuple
+
+import jax
+import jax.numpy as jnp
+
+from decoder.spec import MaskSpec
+
+DENSE_LIMIT = 256  # prompts up to this many tokens attend in one block
+Q_BLOCK = 128
+K_BLOCK = 128
+NEG = -1e30
+
+
+class PromptMeta(NamedTuple):
+    """Per-token metadata of a prompt (shared by every layer).
+
+    pos: [batch, length] sequence position, -1 for padding. The prompt is right-padded: token j of a row is at
+        position j (or padding), which the blocked backend relies on to skip key blocks.
+    block: [batch, length] media block id, -1 for text.
+    reach: [batch, length] the last position the token can see through its media block on a bidirectional layer
+        (its own position for text; -1 for padding).
+    """
+
+    pos: jax.Array
+    block: jax.Array
+    reach: jax.Array
+
+
+def visible(q_pos: jax.Array, k_pos: jax.Array, mask: MaskSpec, q_block: jax.Array | None = None,
+            k_block: jax.Array | None = None) -> jax.Array:
+    """Boolean [batch, q_len, k_len]: may the query see the key? Positions [batch, len], -1 = invalid."""
+    q = q_pos[:, :, None]
+    k = k_pos[:, None, :]
+    allowed = k <= q
+    if mask.media_bidirectional and q_block is not None and k_block is not None:
+        qb = q_block[:, :, None]
+        allowed = allowed | ((qb == k_block[:, None, :]) & (qb >= 0))
+    if mask.kind == "sliding":
+        allowed = allowed & (k > q - mask.size)
+    elif mask.kind == "chunked":
+        allowed = allowed & (k // mask.size == q // mask.size)
+    return allowed & (k >= 0) & (q >= 0)
+
+
+def _scores(q_BKQH: jax.Array, k_BKSH: jax.Array, *, softcap: float | None, keys_transposed: bool = False):
+    s = jnp.einsum("bkqh,bkhs->bkqs" if keys_transposed else "bkqh,bksh->bkqs", q_BKQH, k_BKSH.astype(q_BKQH.dtype),
+                   preferred_element_type=jnp.float32)
+    return s if softcap is None else jnp.tanh(s / softcap) * softcap
+
+
+def _group_queries(q_BLNH: jax.Array, kv_heads: int, scale: float) -> jax.Array:
+    """q [B, L, N, H] * scale -> [B, K, G * L, H]: the G query heads of a kv head as rows of one product."""
+    b, l, n, h = q_BLNH.shape
+    g = n // kv_heads
+    q = (q_BLNH * jnp.asarray(scale, q_BLNH.dtype)).reshape(b, l, kv_heads, g, h).transpose(0, 2, 3, 1, 4)
+    return q.reshape(b, kv_heads, g * l, h)
+
+
+def _ungroup(out_BKQH: jax.Array, l: int) -> jax.Array:
+    b, kv, gl, h = out_BKQH.shape
+    g = gl // l
+    return out_BKQH.reshape(b, kv, g, l, h).transpose(0, 3, 1, 2, 4).reshape(b, l, kv * g, h)
+
+
+def dot_attention(q_BLNH: jax.Array, segments: list[tuple[jax.Array, jax.Array, jax.Array]], *, scale: float,
+                  softcap: float | None = None, keys_transposed: bool = False) -> jax.Array:
+    """softmax over the keys of all ``segments`` -> [batch, q_len, N, H].
+
+    Each segment is (keys [B, K, S, H], values [B, K, S, H], visible [B, L, S]); with ``keys_transposed`` the first
+    segment's keys are [B, K, H, S], as the key cache holds them; one softmax spans every segment's keys (decode attends to the cache
+    as it was plus the new tokens without concatenating them).
+    """
+    b, l, n, h = q_BLNH.shape
+    kv = segments[0][1].shape[1]
+    q = _group_queries(q_BLNH, kv, scale)
+    parts = []
+    for i, (keys, _, vis_BLS) in enumerate(segments):
+        s = _scores(q, keys, softcap=softcap, keys_transposed=keys_transposed and i == 0)
+        s = s.reshape(b, kv, n // kv, l, s.shape[-1])
+        parts.append(s + jnp.where(vis_BLS, 0.0, NEG).astype(jnp.float32)[:, None, None])
+    scores = parts[0] if len(parts) == 1 else jnp.concatenate(parts, axis=-1)
+    scores = scores - jnp.max(scores, axis=-1, keepdims=True)
+    probs = jnp.exp(scores)
+    probs = probs / jnp.sum(probs, axis=-1, keepdims=True)
+    out, offset = 0, 0
+    for _, v_BKSH, _ in segments:
+        s = v_BKSH.shape[2]
+        p = probs[..., offset:offset + s].astype(q.dtype).reshape(b, kv, -1, s)
+        out = out + jnp.einsum("bkqs,bksh->bkqh", p, v_BKSH.astype(q.dtype))
+        offset += s
+    return _ungroup(out, l)
+
+
+def _blocked(q_BLNH, k_BKLH, v_BKLH, meta: PromptMeta, mask: MaskSpec, *, scale, softcap):
+    """Blocked running-softmax self-attention of a prompt (length a multiple of the block sizes); see the module
+    docstring."""
+    b, l, n, h = q_BLNH.shape
+    kv = k_BKLH.shape[1]
+    g = n // kv
+    q = _group_queries(q_BLNH, kv, scale).reshape(b, kv, g, l, h)
+    reach = meta.reach if mask.media_bidirectional else meta.pos
+
+    def one_query_block(_, i):
+        qs = i * Q_BLOCK
+        qi = jax.lax.dynamic_slice_in_dim(q, qs, Q_BLOCK, axis=3).reshape(b, kv, g * Q_BLOCK, h)
+        qp = jax.lax.dynamic_slice_in_dim(meta.pos, qs, Q_BLOCK, axis=1)
+        qb = jax.lax.dynamic_slice_in_dim(meta.block, qs, Q_BLOCK, axis=1)
+        if mask.kind == "sliding":  # row r is at position r: the block's first query reaches back the furthest
+            lo = jnp.maximum(qs - mask.size + 1, 0)
+        elif mask.kind == "chunked":
+            lo = qs // mask.size * mask.size
+        else:
+            lo = 0
+        hi = jnp.max(jax.lax.dynamic_slice_in_dim(reach, qs, Q_BLOCK, axis=1))  # the furthest key any query sees
+        kb_lo = jnp.asarray(lo, jnp.int32) // K_BLOCK
+        kb_hi = jnp.maximum(hi // K_BLOCK + 1, kb_lo + 1)
+
+        def one_key_block(j, carry):
+            m, total, acc = carry
+            ks = j * K_BLOCK
+            kj = jax.lax.dynamic_slice_in_dim(k_BKLH, ks, K_BLOCK, axis=2)
+            vj = jax.lax.dynamic_slice_in_dim(v_BKLH, ks, K_BLOCK, axis=2)
+            kp = jax.lax.dynamic_slice_in_dim(meta.pos, ks, K_BLOCK, axis=1)
+            kb = jax.lax.dynamic_slice_in_dim(meta.block, ks, K_BLOCK, axis=1)
+            s = _scores(qi, kj, softcap=softcap).reshape(b, kv, g, Q_BLOCK, K_BLOCK)
+            s = s + jnp.where(visible(qp, kp, mask, qb, kb), 0.0, NEG)[:, None, None]
+            m_new = jnp.maximum(m, jnp.max(s, axis=-1))
+            p = jnp.exp(s - m_new[..., None])
+            corr = jnp.exp(m - m_new)
+            total = total * corr + jnp.sum(p, axis=-1)
+            pv = jnp.einsum("bkqs,bksh->bkqh", p.reshape(b, kv, g * Q_BLOCK, K_BLOCK).astype(q.dtype),
+                            vj.astype(q.dtype), preferred_element_type=jnp.float32)
+            return m_new, total, acc * corr.reshape(b, kv, g * Q_BLOCK)[..., None] + pv
+
+        init = (jnp.full((b, kv, g, Q_BLOCK), NEG, jnp.float32), jnp.zeros((b, kv, g, Q_BLOCK), jnp.float32),
+                jnp.zeros((b, kv, g * Q_BLOCK, h), jnp.float32))
+        _, total, acc = jax.lax.fori_loop(kb_lo, kb_hi, one_key_block, init)
+        out = acc / total.reshape(b, kv, g * Q_BLOCK)[..., None]
+        return None, _ungroup(out.astype(q_BLNH.dtype), Q_BLOCK)
+
+    _, blocks = jax.lax.scan(one_query_block, None, jnp.arange(l // Q_BLOCK))  # [blocks, B, Q_BLOCK, N, H]
+    return blocks.transpose(1, 0, 2, 3, 4).reshape(b, l, n, h)
+
+
+def backend_for(length: int) -> str:
+    """``OMNIJAX_ATTENTION`` (dense / blocked / fused) if set, else fused on GPU/TPU, dense for short prompts
+    and blocked for long ones."""
+    chosen = os.environ.get("OMNIJAX_ATTENTION", "auto")
+    if chosen != "auto":
+        return chosen
+    if jax.default_backend() in ("gpu", "tpu"):
+        return "fused"
+    return "dense" if length <= DENSE_LIMIT else "blocked"
+
+
+def _pad_to(x: jax.Array, axis: int, multiple: int, value=0) -> jax.Array:
+    extra = -x.shape[axis] % multiple
+    if not extra:
+        return x
+    widths = [(0, 0)] * x.ndim
+    widths[axis] = (0, extra)
+    return jnp.pad(x, widths, constant_values=value)
+
+
+def prompt_attention(q_BLNH: jax.Array, k_BLKH: jax.Array, v_BLKH: jax.Array, meta: PromptMeta, mask: MaskSpec, *,
+                     scale: float, softcap: float | None = None, query_rows: jax.Array | None = None) -> jax.Array:
+    """A prompt's self-attention -> [batch, queries, N, H].
+
+    k, v [B, L, K, H] are the prompt's keys and values and ``meta`` describes its L tokens; q [B, Lq, N, H] are the
+    queries of every row, or of the few rows ``query_rows`` [B, Lq] (e.g. each row's last token).
+    """
+    b, l = meta.pos.shape
+    if query_rows is None:
+        q_pos, q_blk = meta.pos, meta.block
+    else:
+        q_pos = jnp.take_along_axis(meta.pos, query_rows, axis=1)
+        q_blk = jnp.take_along_axis(meta.block, query_rows, axis=1)
+    backend = backend_for(l)
+    if backend == "fused" and softcap is None:
+        vis = visible(q_pos, meta.pos, mask, q_blk, meta.block)
+        return jax.nn.dot_product_attention(q_BLNH, k_BLKH.astype(q_BLNH.dtype), v_BLKH.astype(q_BLNH.dtype),
+                                            mask=vis[:, None], scale=scale)
+    k = k_BLKH.transpose(0, 2, 1, 3)  # [B, K, L, H]
+    v = v_BLKH.transpose(0, 2, 1, 3)
+    if backend == "dense" or query_rows is not None:
+        return dot_attention(q_BLNH, [(k, v, visible(q_pos, meta.pos, mask, q_blk, meta.block))], scale=scale,
+                             softcap=softcap)
+    block = max(Q_BLOCK, K_BLOCK)
+    out = _blocked(_pad_to(q_BLNH, 1, block), _pad_to(k, 2, block), _pad_to(v, 2, block),
+                   PromptMeta(*(_pad_to(a, 1, block, -1) for a in meta)), mask, scale=scale, softcap=softcap)
+    return out[:, :l]
+
+
+def cache_attention(q_B1NH: jax.Array, cache_k_BKHS: jax.Array, cache_v_BKSH: jax.Array, slot_pos_BS: jax.Array,
+                    new_k_BK1H: jax.Array, new_v_BK1H: jax.Array, q_pos_B: jax.Array, mask: MaskSpec, *,
+                    scale: float, softcap: float | None = None) -> jax.Array:
+    """One new token per row attending to its cache as it was plus itself -> [batch, 1, N, H].
+
+    The key cache holds keys transposed ([B, K, H, S]), so the scores are a plain [G, H] x [H, S] product per kv
+    head; ``slot_pos_BS`` is the position held in each slot (-1 empty)."""
+    q_pos = q_pos_B[:, None]
+    vis_cache = visible(q_pos, slot_pos_BS, mask)
+    vis_new = (q_pos >= 0)[:, :, None]
+    return dot_attention(q_B1NH, [(cache_k_BKHS, cache_v_BKSH, vis_cache), (new_k_BK1H, new_v_BK1H, vis_new)],
+                         scale=scale, softcap=softcap, keys_transposed=True)

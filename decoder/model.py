@@ -1,0 +1,182 @@
+"""The decoder model's forward: ``prefill`` a batch of prompts into a KV cache, then ``step`` one token per row.
+
+Both are pure functions of (parameters, inputs, cache): the engine (app/generation.py) owns jit, shape buckets,
+sampling and the loop. The forward takes token ids and, per media placeholder id, the encoder's feature rows;
+it merges them into the embeddings, runs the layers of the ``DecoderSpec`` (each with its own attention kind,
+positional encoding, head counts and cache), adds per-layer extras (deepstack features after the first layers,
+per-layer inputs computed from the token ids) and returns float32 logits.
+"""
+
+from __future__ import annotations
+
+from typing import NamedTuple
+
+import jax
+import jax.numpy as jnp
+from flax import nnx
+
+from common.norms import RMSNorm
+from common.sharding import constrain
+from decoder.attention import KV, PromptContext, StepContext
+from decoder.attention_op import PromptMeta
+from decoder.blocks import BLOCKS, LayerCall
+from decoder.embed import Embedder, add_at_placeholders, merge_media
+from decoder.kv_cache import cache_index, cache_slots, fill_from_prompt, slot_positions, write_token
+from decoder.layer_inputs import LAYER_INPUTS
+from decoder.rope import rope_tables
+from decoder.spec import DecoderSpec
+
+
+class Media(NamedTuple):
+    """One modality's encoder output for a batch: features [R, D], valid [R] (None: all rows real), extras:
+    feature maps aligned row for row with ``features`` (deepstack), each [R, D]."""
+
+    features: jax.Array
+    valid: jax.Array | None = None
+    extras: tuple = ()
+
+
+class Prompt(NamedTuple):
+    """A batch of right-padded prompts.
+
+    tokens [B, L] int32 (media placeholders included); lengths [B]; rope_pos [axes, B, L] RoPE positions (axes 3
+    for MRoPE); bidirectional [B, L] bool: tokens of media blocks that attend to their whole block.
+    media: {placeholder token id: Media}; deepstack: the placeholder id whose Media extras are added after the
+    first layers (or None).
+    """
+
+    tokens: jax.Array
+    lengths: jax.Array
+    rope_pos: jax.Array
+    bidirectional: jax.Array
+    media: dict
+    deepstack: int | None = None
+
+
+def block_ids(is_media_BL: jax.Array) -> jax.Array:
+    """Block id per token [batch, seq]: contiguous runs of media tokens numbered 0, 1, ... per row; -1 elsewhere."""
+    prev = jnp.pad(is_media_BL[:, :-1], ((0, 0), (1, 0)), constant_values=False)
+    starts = is_media_BL & ~prev
+    ids = jnp.cumsum(starts.astype(jnp.int32), axis=1) - 1
+    return jnp.where(is_media_BL, ids, -1)
+
+
+def prompt_meta(lengths_B: jax.Array, bidirectional_BL: jax.Array) -> PromptMeta:
+    """Positions, media block ids and each token's media reach (the last position of its block)."""
+    b, l = bidirectional_BL.shape
+    idx = jnp.broadcast_to(jnp.arange(l, dtype=jnp.int32), (b, l))
+    pos = jnp.where(idx < lengths_B[:, None], idx, -1)
+    block = block_ids(bidirectional_BL & (pos >= 0))
+    nxt = jnp.pad(block[:, 1:], ((0, 0), (0, 1)), constant_values=-1)
+    ends = (block >= 0) & (nxt != block)
+    reach = jax.lax.cummin(jnp.where(ends, idx, l), axis=1, reverse=True)
+    reach = jnp.where(block >= 0, reach, pos)
+    return PromptMeta(pos, block, reach)
+
+
+def _take_rows(x_BLD: jax.Array, rows_BQ: jax.Array) -> jax.Array:
+    return jnp.take_along_axis(x_BLD, rows_BQ[:, :, None], axis=1)
+
+
+class DecoderModel(nnx.Module):
+    def __init__(self, spec: DecoderSpec, *, rngs: nnx.Rngs):
+        self.spec = spec
+        self.embedder = Embedder(spec.vocab_size, spec.hidden_size, embed_scale=spec.embed_scale,
+                                 tie=spec.tie_embeddings, rngs=rngs)
+        self.layers = nnx.List([BLOCKS[layer.block](layer, spec, rngs=rngs) for layer in spec.layers])
+        self.final_norm = RMSNorm(spec.hidden_size, eps=spec.rms_norm_eps, plus_one=spec.norm_plus_one,
+                                  axis_name="embed")
+        self.layer_inputs = None
+        if spec.layer_inputs is not None:
+            name, _ = spec.layer_inputs
+            self.layer_inputs = LAYER_INPUTS[name](spec, rngs=rngs)
+
+    # ---- pieces --------------------------------------------------------------------------------------------
+    def rope_tables(self, rope_pos_ABL: jax.Array) -> dict:
+        """{rope_key: (cos, sin)} for the layers' rotations at these positions [axes, B, L]."""
+        return rope_tables(rope_pos_ABL, [(l.attention.rope, l.attention.head_dim) for l in self.spec.layers
+                                          if l.attention.rope is not None])
+
+    def embed(self, tokens_BL: jax.Array, media: dict) -> jax.Array:
+        x = self.embedder.encode(tokens_BL)
+        for token_id, m in media.items():
+            x = merge_media(x, tokens_BL == token_id, m.features, m.valid)
+        return constrain(x, ("batch", "length", "embed"))
+
+    def logits(self, h_BLD: jax.Array) -> jax.Array:
+        logits = self.embedder.logits(self.final_norm(h_BLD))
+        cap = self.spec.final_logit_softcap
+        return logits if cap is None else jnp.tanh(logits / cap) * cap
+
+    def _layer_inputs(self, tokens_BL: jax.Array, x_BLD: jax.Array):
+        return None if self.layer_inputs is None else self.layer_inputs(tokens_BL, x_BLD)  # [B, L, layers, P]
+
+    # ---- forward passes ------------------------------------------------------------------------------------
+    def prefill(self, prompt: Prompt, *, cache_len: int, cache_dtype, all_logits: bool = False,
+                rope: dict | None = None) -> tuple[jax.Array, dict]:
+        """Run the prompts; returns (logits, cache).
+
+        logits: [B, V] at each row's last token, or [B, L, V] at every position with ``all_logits``. The cache
+        holds every layer's keys/values of the prompt (``kv_cache``), ``cache_len`` long. ``rope``: tables for
+        ``prompt.rope_pos`` computed beforehand (``rope_tables``).
+        """
+        spec = self.spec
+        x = self.embed(prompt.tokens, prompt.media)
+        meta = prompt_meta(prompt.lengths, prompt.bidirectional)
+        ctx = PromptContext(meta, rope if rope is not None else self.rope_tables(prompt.rope_pos))
+        per_layer = self._layer_inputs(prompt.tokens, x)
+        deepstack = () if prompt.deepstack is None else prompt.media[prompt.deepstack].extras
+        last_rows = jnp.maximum(prompt.lengths - 1, 0)[:, None]  # [B, 1]
+        # from this layer on only each row's last position is needed (later layers compute no keys/values)
+        narrow_from = len(spec.layers) if all_logits else max(spec.last_kv_layer, len(deepstack))
+        kvs: dict[int, KV] = {}
+        for i, layer in enumerate(self.layers):
+            layer_ctx = ctx if i < narrow_from else ctx._replace(query_rows=last_rows, narrowed=i > narrow_from)
+            src = spec.kv_layer(i)
+            shared = kvs.get(src) if src != i else None
+            select = (lambda x_: _take_rows(x_, last_rows)) if i == narrow_from else (lambda x_: x_)
+            layer_in = None if per_layer is None else per_layer[:, :, i]
+            if layer_in is not None and i > narrow_from:
+                layer_in = _take_rows(layer_in, last_rows)
+            call = LayerCall(lambda attn, h, c=layer_ctx, s=shared: attn.prefill(h, c, s), select, layer_in)
+            x, kv = layer(x, call)
+            if src == i:
+                kvs[i] = kv
+            if i < len(deepstack):
+                m = prompt.media[prompt.deepstack]
+                x = add_at_placeholders(x, prompt.tokens == prompt.deepstack, deepstack[i], m.valid)
+        logits = self.logits(x)
+        logits = logits if all_logits else logits[:, 0]
+        keys, values = [], []
+        for i, slots in enumerate(cache_slots(spec, cache_len)):
+            if slots is not None:
+                k, v = fill_from_prompt(kvs[i].k, kvs[i].v, prompt.lengths, slots, cache_dtype)
+                keys.append(k)
+                values.append(v)
+        return logits, {"length": prompt.lengths.astype(jnp.int32), "k": tuple(keys), "v": tuple(values)}
+
+    def step(self, tokens_B: jax.Array, rope_pos_AB: jax.Array, cache: dict) -> tuple[jax.Array, dict]:
+        """One token per row at position cache["length"] -> (logits [B, V], the cache with it written)."""
+        spec = self.spec
+        pos = cache["length"]
+        tokens = tokens_B[:, None]
+        x = self.embed(tokens, {})
+        per_layer = self._layer_inputs(tokens, x)
+        ctx = StepContext(pos, self.rope_tables(rope_pos_AB[:, :, None]),
+                          {s: slot_positions(pos, s) for s in sorted({k.shape[-1] for k in cache["k"]})})
+        index = cache_index(spec)
+        latest: dict[int, KV] = {}  # owner layer -> its new key/value, ordered after its latest reader
+        for i, layer in enumerate(self.layers):
+            src = spec.kv_layer(i)
+            if src == i:
+                kv_in = KV(None, None, cache["k"][index[i]], cache["v"][index[i]])
+            else:
+                kv_in = latest[src]
+            layer_in = None if per_layer is None else per_layer[:, :, i]
+            call = LayerCall(lambda attn, h, c=ctx, kv=kv_in: attn.step(h, c, kv), lambda x_: x_, layer_in)
+            x, latest[src] = layer(x, call)
+        keys, values = list(cache["k"]), list(cache["v"])
+        for i, kv in latest.items():
+            keys[index[i]], values[index[i]] = write_token(kv.cache_k, kv.cache_v, kv.k, kv.v, pos)
+        return self.logits(x)[:, 0], {"length": pos + 1, "k": tuple(keys), "v": tuple(values)}
+
