@@ -337,7 +337,8 @@ def load_clip_features(source, cfg: Gemma4AudioFeatureConfig, max_seconds: float
     ``cfg.sampling_rate``) loaded by :func:`preprocess.audio.load_audio`: decoded, averaged to mono and resampled to
     ``cfg.sampling_rate``; ``max_seconds`` bounds it (``MediaError``) before it is decoded where the format allows."""
     samples = load_audio(source, sampling_rate=cfg.sampling_rate, max_seconds=max_seconds)
-    return clip_features(samples, cfg, max_seconds=max_seconds)
+    # load_audio bounded the source's duration; resampling may add a fraction of a sample, so no second check.
+    return clip_features(samples, cfg)
 
 
 def batch_features(clips, cfg: Gemma4AudioFeatureConfig, seed: int = 0) -> tuple[np.ndarray, np.ndarray]:
