@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import argparse
 import logging
+import os
 import sys
 import time
 
@@ -25,6 +26,8 @@ def add_model_flags(p: argparse.ArgumentParser) -> None:
     p.add_argument("--model", help="local Hugging Face checkpoint folder (default: the embedded tiny demo model)")
     p.add_argument("--dtype", default="float32", choices=["float32", "bfloat16", "float16"])
     p.add_argument("--model-axis", type=int, default=None, help="devices that shard the weights (default: all)")
+    p.add_argument("--no-compilation-cache", action="store_true",
+                   help="do not keep compiled programs in $OMNIJAX_HOME/jax-cache for the next run")
 
 
 def add_generate_parser(sub) -> argparse.ArgumentParser:
@@ -54,6 +57,9 @@ def parser(commands: dict | None = None) -> argparse.ArgumentParser:
 
 def load_pipeline(args):
     from app.pipeline import Pipeline
+
+    if getattr(args, "no_compilation_cache", False):
+        os.environ["OMNIJAX_COMPILATION_CACHE"] = "0"
 
     folder = args.model
     if folder is None:

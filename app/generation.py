@@ -166,10 +166,10 @@ class Engine:
                               f"{longest + max_new_tokens} exceeds the context budget of {self.max_context} tokens")
         return bucket_for(longest, self.buckets), bucket_for(longest + max_new_tokens, self.buckets)
 
-    def encode(self, batch: Batch) -> dict:
-        """{modality: encoder output tuple (features [R, D], valid [R], extras)} for the batch's media."""
+    def encode(self, media: dict[str, list]) -> dict:
+        """{modality: encoder output tuple (features [R, D], valid [R], extras)} for {modality: media items}."""
         out = {}
-        for modality, items in batch.media.items():
+        for modality, items in media.items():
             inputs = {k: self._put(np.asarray(v), (None,) * np.ndim(v))
                       for k, v in self._collate[modality](items).items()}
             out[modality] = self._encode(self.params, inputs, modality=modality)
@@ -179,7 +179,7 @@ class Engine:
         length, cache_len = self.plan(prompts, max_new_tokens)
         batch = make_batch(prompts, length, self.cfg.pad_id, self.cfg.decoder.rope_axes)
         with use_mesh(self.mesh):
-            media = self.encode(batch)
+            media = self.encode(batch.media)
             rope_pos = self._put(batch.rope_pos, (None, "batch", "length"))
             logits, cache = self._prefill(self.params, self._put(batch.tokens, ("batch", "length")),
                                           self._put(batch.lengths, ("batch",)),

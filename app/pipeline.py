@@ -11,6 +11,7 @@ from typing import Any, Generator, Sequence
 import jax.numpy as jnp
 import numpy as np
 
+from app.compilation_cache import enable_compilation_cache
 from app.checkpoint import TensorIndex, abstract_params, checkpoint_folder, load_params, read_json
 from common.errors import PromptError
 from app.families import family_for_config
@@ -71,6 +72,7 @@ class Pipeline:
         """
         if dtype not in _JAX_DTYPES:
             raise ValueError(f"unsupported dtype {dtype!r}; use one of {sorted(_JAX_DTYPES)}")
+        enable_compilation_cache()
         folder = checkpoint_folder(path)
         hf_config = read_json(folder, "config.json")
         spec = family_for_config(hf_config)

@@ -154,10 +154,7 @@ class OmnijaxRunner:
     def encode_image(self, prepared):
         import jax
 
-        items = prepared.media["image"]
-        arrays, static = self.engine._collate["image"](items)
-        feats, _ = self.engine._encode(self.engine.params, arrays, modality="image", static=static)
-        jax.block_until_ready(feats)
+        jax.block_until_ready(self.engine.encode({"image": prepared.media["image"]}))
 
 
 class TransformersRunner:

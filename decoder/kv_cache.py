@@ -106,10 +106,12 @@ def write_token(cache_k_BKHS: jax.Array, cache_v_BKSH: jax.Array, k_BK1H: jax.Ar
         zero = jnp.zeros((), jnp.int32)
         k = jax.lax.dynamic_update_slice(cache_k_BKHS, k_new[..., None], (zero, zero, zero, slot_B[0]))
         v = jax.lax.dynamic_update_slice(cache_v_BKSH, v_new[:, :, None], (zero, zero, slot_B[0], zero))
-    else:
-        rows = jnp.arange(b)
-        k = cache_k_BKHS.at[rows, :, :, slot_B].set(k_new)
-        v = cache_v_BKSH.at[rows, :, slot_B, :].set(v_new)
+    else:  # a slot per row: a scatter batched over rows (stays shard-local when rows are split over devices)
+        zero = jnp.zeros((), jnp.int32)
+        k = jax.vmap(lambda c, n, s: jax.lax.dynamic_update_slice(c, n[..., None], (zero, zero, s)))(
+            cache_k_BKHS, k_new, slot_B)
+        v = jax.vmap(lambda c, n, s: jax.lax.dynamic_update_slice(c, n[:, None], (zero, s, zero)))(
+            cache_v_BKSH, v_new, slot_B)
     return constrain(k, KEY_AXES), constrain(v, VALUE_AXES)
 
 

@@ -12,15 +12,16 @@ from common.linear import Linear, matmul_oi, param
 class GatedMLP(nnx.Module):
     """down(act(gate(x)) * up(x)); x [batch, seq, embed] -> [batch, seq, embed].
 
-    gate and up are one fused kernel [2, mlp, embed] (gate first): one matmul reads both, and split over the
-    model axis along ``mlp`` every shard holds matching rows of both halves (no collective before the product)."""
+    gate and up are one fused kernel [mlp, 2, embed] (row i's gate, then its up projection): one matmul reads
+    both as a plain [2 * mlp, embed] matrix, and split over the model axis along ``mlp`` every shard holds
+    matching rows of both halves (no collective before the product)."""
 
     def __init__(self, hidden: int, intermediate: int, act: str, *, rngs: nnx.Rngs):
-        self.gate_up_proj = param(rngs, (2, intermediate, hidden), (None, "mlp", "embed"))
+        self.gate_up_proj = param(rngs, (intermediate, 2, hidden), ("mlp", None, "embed"))
         self.down_proj = Linear(intermediate, hidden, axes=("mlp", "embed"), rngs=rngs)
         self.act = act
 
     def __call__(self, x_BLD: jax.Array) -> jax.Array:
         w = self.gate_up_proj[...]
-        gate_up = matmul_oi(x_BLD, w.reshape(-1, w.shape[-1])).reshape(*x_BLD.shape[:-1], 2, w.shape[1])
-        return self.down_proj(activation(self.act)(gate_up[..., 0, :]) * gate_up[..., 1, :])
+        gate_up = matmul_oi(x_BLD, w.reshape(-1, w.shape[-1])).reshape(*x_BLD.shape[:-1], w.shape[0], 2)
+        return self.down_proj(activation(self.act)(gate_up[..., 0]) * gate_up[..., 1])

@@ -26,9 +26,15 @@ def qkv_map(spec: DecoderSpec, i: int, attn_prefix: str) -> dict:
     return out
 
 
+def interleave_gate_up(stacked_2ID):
+    """[2, I, D] (gate, up) -> [I, 2, D]: row i's gate and up projections side by side (GatedMLP's layout)."""
+    return stacked_2ID.transpose(1, 0, 2)
+
+
 def gated_mlp_map(prefix: str, gate: str = "gate_proj", up: str = "up_proj", down: str = "down_proj") -> dict:
     """A GatedMLP (paths relative to it) from separate torch gate / up / down Linear weights."""
-    return {("gate_up_proj",): TensorSpec((f"{prefix}{gate}.weight", f"{prefix}{up}.weight")),
+    return {("gate_up_proj",): TensorSpec((f"{prefix}{gate}.weight", f"{prefix}{up}.weight"),
+                                          fn=interleave_gate_up),
             ("down_proj", "kernel"): linear(f"{prefix}{down}")}
 
 
