@@ -118,6 +118,9 @@ class Gemma4VisionConfig:
         get = config_getter(vision, cls())
         rope = vision.get("rope_parameters") or {}
         try:
+            for key in ("use_clipped_linears", "standardize"):
+                if not isinstance(get(key), bool):
+                    raise ValueError(f"{key} must be true or false, got {get(key)!r}")
             return cls(
                 hidden_size=int(get("hidden_size")),
                 intermediate_size=int(get("intermediate_size")),

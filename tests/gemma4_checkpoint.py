@@ -76,6 +76,7 @@ __all__ = [
     "init_distribution",
     "load_processor",
     "load_reference",
+    "published_text_config",
     "randomise_",
     "write_tokenizer_and_processor_files",
 ]

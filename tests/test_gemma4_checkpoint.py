@@ -86,7 +86,8 @@ def test_layout_tensors(tiny_gemma4_small_dir, tiny_gemma4_moe_dir, tiny_gemma4_
         assert (f"{lm}layers.{i}.self_attn.k_proj.weight" in small) != shared
         assert small[f"{lm}layers.{i}.mlp.gate_proj.weight"].shape == ((192 if shared else 96), 64)
     assert small[f"{lm}layers.2.self_attn.q_proj.weight"].shape == (4 * 32, 64)  # full layer: global head dim
-    assert any(k.startswith("model.audio_tower.") for k in small) and "model.embed_audio.embedding_projection.weight" in small
+    assert any(k.startswith("model.audio_tower.") for k in small)
+    assert "model.embed_audio.embedding_projection.weight" in small
     # MoE: full layers take values from their keys (no v_proj) with 1 kv head of 32; experts in parallel.
     assert f"{lm}layers.2.self_attn.v_proj.weight" not in moe and f"{lm}layers.1.self_attn.v_proj.weight" in moe
     assert moe[f"{lm}layers.2.self_attn.k_proj.weight"].shape == (32, 64)
@@ -113,7 +114,8 @@ def test_tokenizer_template_and_generation_files(tiny_gemma4_small_dir, tiny_gem
             "<bos><|turn>system\nBe brief.<turn|>\n<|turn>user\n<|image|><|audio|>What is this?<turn|>\n"
             "<|turn>model\nA cat.<turn|>\n<|turn>user\nSure?<turn|>\n<|turn>model\n")
         generation = json.loads((folder / "generation_config.json").read_text())
-        assert generation["eos_token_id"] == [1, g4.SPECIAL_TOKEN_IDS["<turn|>"], g4.SPECIAL_TOKEN_IDS["<|tool_response>"]]
+        ids = g4.SPECIAL_TOKEN_IDS
+        assert generation["eos_token_id"] == [ids["<eos>"], ids["<turn|>"], ids["<|tool_response>"]]
     assert not (tiny_gemma4_text_dir / "processor_config.json").exists()
 
 

@@ -196,7 +196,7 @@ def test_attention_blocks_and_grouped_heads():
                                         mask, scaling=1.0)
     ref = ref.numpy()
     run = jax.jit(image_attention, static_argnames="block")
-    for block in (64, 16, 7):  # one block, then 4 and 8 blocks (the last one padded)
+    for block in (64, 7):  # one block, then 8 blocks (the last one padded)
         ours = np.asarray(run(jnp.asarray(q), jnp.asarray(k), jnp.asarray(v), jnp.asarray(valid), block=block))
         assert np.isfinite(ours).all()
         assert_close(ours[:2], ref[:2])
