@@ -158,3 +158,50 @@ def qwen_pipeline(tiny_qwen_dir):
     from app.pipeline import Pipeline
 
     return Pipeline.from_pretrained(tiny_qwen_dir)
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Gemma 4: tiny folders built by tests/gemma4_checkpoint.py (imported inside the fixtures, so sessions without
+# Gemma 4 tests do not import it).
+
+
+@pytest.fixture(scope="session")
+def tiny_gemma4_small_dir(tmp_path_factory):
+    """A tiny Gemma 4 folder in the small-model (E2B / E4B) layout: PLE, KV sharing, global head dim, vision with
+    clipped linears, audio; tokenizer, chat template, processor and generation files."""
+    import gemma4_checkpoint as g4
+
+    return g4.build_tiny_small(tmp_path_factory.mktemp("tiny_gemma4_small"))
+
+
+@pytest.fixture(scope="session")
+def tiny_gemma4_moe_dir(tmp_path_factory):
+    """A tiny Gemma 4 folder in the mixture-of-experts (26B-A4B) layout: k_eq_v full layers with their own kv heads,
+    bidirectional image blocks, standardized vision, no audio."""
+    import gemma4_checkpoint as g4
+
+    return g4.build_tiny_moe(tmp_path_factory.mktemp("tiny_gemma4_moe"))
+
+
+@pytest.fixture(scope="session")
+def tiny_gemma4_text_dir(tmp_path_factory):
+    """A tiny text-only Gemma 4 folder (Gemma4ForCausalLM, model_type gemma4_text), the small layout's text model."""
+    import gemma4_checkpoint as g4
+
+    return g4.build_tiny_text_only(tmp_path_factory.mktemp("tiny_gemma4_text"))
+
+
+@pytest.fixture(scope="session")
+def hf_gemma4_small(tiny_gemma4_small_dir):
+    """(torch model, processor) for ``tiny_gemma4_small_dir``: float32, eager attention, eval mode."""
+    import gemma4_checkpoint as g4
+
+    return g4.load_reference(tiny_gemma4_small_dir)
+
+
+@pytest.fixture(scope="session")
+def hf_gemma4_moe(tiny_gemma4_moe_dir):
+    """(torch model, processor) for ``tiny_gemma4_moe_dir``: float32, eager attention, eval mode."""
+    import gemma4_checkpoint as g4
+
+    return g4.load_reference(tiny_gemma4_moe_dir)
