@@ -91,7 +91,7 @@ class Engine:
         self.buckets = tuple(b for b in buckets if b < self.max_context) + (self.max_context,)
         self.eos_ids = jnp.asarray(cfg.eos_ids or (-1,), jnp.int32)
         encoders = nnx.merge(graphdef, params).encoders
-        self._collate = {m: type(encoders[m]).collate for m in cfg.modalities}
+        self._collate = {m: encoders[m].collate for m in cfg.modalities}  # host-side batching per modality
         self._encode = jax.jit(self._encode_impl, static_argnames=("modality",))
         self._prefill = jax.jit(self._prefill_impl, static_argnames=("cache_len", "all_logits"))
         self._rope = jax.jit(lambda params, pos_ABL: self._model(params).decoder.rope_tables(pos_ABL))
