@@ -24,7 +24,7 @@ convs = [[{"role": "user", "content": [{"type": "image", "image": img}, {"type":
 out = {}
 for name, mesh in [("one", make_mesh(1, jax.devices()[:1])), ("model4", make_mesh(4)), ("data2_model2", make_mesh(2))]:
     pipe = Pipeline.from_pretrained(folder, mesh=mesh)
-    leaf = pipe.engine.params["decoder"]["layers"][0]["mlp"]["gate_up_proj"]["kernel"]
+    leaf = pipe.engine.params["decoder"]["layers"][0]["mlp"]["gate_up_proj"]
     out[name] = {"tokens": [r.token_ids for r in pipe.generate(convs, max_new_tokens=12)],
                  "shards": len(leaf.addressable_shards), "spec": str(leaf.sharding.spec)}
 print("RESULT" + json.dumps(out))
@@ -92,3 +92,106 @@ def test_expert_parallel_runs_equal_one_device(tiny_qwen_dir):
     out = json.loads(next(l for l in proc.stdout.splitlines() if l.startswith("RESULT"))[len("RESULT"):])
     assert out["one"]["tokens"] == out["model4"]["tokens"] == out["data2_model2"]["tokens"]
     assert out["model4"]["expert_spec"] == "P('model', None, None)"  # experts split over the model axis
+
+
+COLLECTIVES_SCRIPT = r"""
+import collections, json, re, sys
+import jax, jax.numpy as jnp
+from app.pipeline import Pipeline
+from app.sampling import SamplingParams
+from common.sharding import make_mesh, use_mesh
+folder = sys.argv[1]
+out = {}
+for name, model in [("model4", 4), ("data2_model2", 2)]:
+    pipe = Pipeline.from_pretrained(folder, mesh=make_mesh(model))
+    eng = pipe.engine
+    pre = eng.prefill([pipe.prepare([{"role": "user", "content": "Hi there"}])] * 2, 4)
+    sp = SamplingParams()
+    with use_mesh(eng.mesh):
+        hlo = eng._step.lower(eng.params, pre.cache, jnp.zeros((2,), jnp.int32),
+                              eng._put(pre.batch.rope_delta, ("batch",)), jax.random.key(0), sp.values(),
+                              mode=sp.mode()).compile().as_text()
+    ops = re.findall(r"= \S+ (all-reduce|all-gather|reduce-scatter|all-to-all|collective-permute)(?:-start)?\(", hlo)
+    out[name] = {"collectives": dict(collections.Counter(ops)), "layers": pipe.config.decoder.num_layers,
+                 "kv_heads": [l["attn"]["qkv"].shape[0] for l in eng.params["decoder"]["layers"].values()],
+                 "qkv_spec": str(eng.params["decoder"]["layers"][0]["attn"]["qkv"].sharding.spec)}
+print("RESULT" + json.dumps(out))
+"""
+
+
+def test_decode_step_collectives_are_bounded(tiny_gemma3_dir):
+    """A sharded decode step needs one all-reduce after the attention output and one after the MLP per layer (the
+    fused q/k/v and gate/up kernels are split by whole heads / matching rows); kv heads are repeated when the model
+    axis exceeds them, and cache writes stay shard-local."""
+    env = dict(os.environ, XLA_FLAGS="--xla_force_host_platform_device_count=4", JAX_PLATFORMS="cpu",
+               PYTHONPATH=str(ROOT))
+    proc = subprocess.run([sys.executable, "-c", COLLECTIVES_SCRIPT, str(tiny_gemma3_dir)], env=env,
+                          capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    out = json.loads(next(l for l in proc.stdout.splitlines() if l.startswith("RESULT"))[len("RESULT"):])
+    for name, got in out.items():
+        total = sum(got["collectives"].values())
+        assert total <= 2 * got["layers"] + 2, (name, got["collectives"])
+        assert set(got["collectives"]) <= {"all-reduce"}, (name, got["collectives"])
+    assert out["model4"]["kv_heads"] == [4] * out["model4"]["layers"]  # 2 kv heads, each held twice
+    assert out["model4"]["qkv_spec"] == "P('model', None, None)"
+    assert out["data2_model2"]["kv_heads"] == [2] * out["data2_model2"]["layers"]
+
+
+MULTIHOST_SCRIPT = r"""
+import json, sys
+import jax
+pid, n, port, folder = int(sys.argv[1]), int(sys.argv[2]), sys.argv[3], sys.argv[4]
+if n > 1:
+    jax.config.update("jax_cpu_collectives_implementation", "gloo")
+    jax.distributed.initialize(coordinator_address=f"127.0.0.1:{port}", num_processes=n, process_id=pid)
+from app.pipeline import Pipeline
+from common.sharding import make_mesh
+from PIL import Image
+import numpy as np
+img = Image.fromarray(np.random.default_rng(0).integers(0, 256, (40, 30, 3), dtype=np.uint8))
+pipe = Pipeline.from_pretrained(folder, mesh=make_mesh(2))
+convs = [[{"role": "user", "content": [{"type": "image", "image": img}, {"type": "text", "text": "What is this?"}]}],
+         [{"role": "user", "content": "Tell me a story about a fox."}]]
+stream = pipe.stream(convs[1], max_new_tokens=6)
+while True:
+    try:
+        next(stream)
+    except StopIteration as done:
+        streamed = done.value.token_ids
+        break
+out = {"devices": len(jax.devices()), "local": len(jax.local_devices()), "mesh": dict(pipe.engine.mesh.shape),
+       "tokens": [r.token_ids for r in pipe.generate(convs, max_new_tokens=10)], "stream": streamed}
+print("RESULT" + json.dumps(out), flush=True)
+"""
+
+
+def _free_port() -> int:
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def test_two_processes_share_one_mesh_and_equal_one_process(tiny_gemma3_dir):
+    """Two JAX processes on this machine (jax.distributed over localhost, CPU collectives), 2 devices each, one
+    (data 2 x model 2) mesh across both: both get the single-process answer."""
+    env = dict(os.environ, XLA_FLAGS="--xla_force_host_platform_device_count=2", JAX_PLATFORMS="cpu",
+               PYTHONPATH=str(ROOT))
+    port = str(_free_port())
+    procs = [subprocess.Popen([sys.executable, "-c", MULTIHOST_SCRIPT, str(i), "2", port, str(tiny_gemma3_dir)],
+                              env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) for i in range(2)]
+    outs = [p.communicate(timeout=900) for p in procs]
+    for p, (_, err) in zip(procs, outs):
+        assert p.returncode == 0, err[-3000:]
+    results = [json.loads(next(l for l in o.splitlines() if l.startswith("RESULT"))[len("RESULT"):]) for o, _ in outs]
+    env_one = dict(env, XLA_FLAGS="--xla_force_host_platform_device_count=4")
+    single = subprocess.run([sys.executable, "-c", MULTIHOST_SCRIPT, "0", "1", port, str(tiny_gemma3_dir)],
+                            env=env_one, capture_output=True, text=True, timeout=900)
+    assert single.returncode == 0, single.stderr[-3000:]
+    one = json.loads(next(l for l in single.stdout.splitlines() if l.startswith("RESULT"))[len("RESULT"):])
+    for r in results:
+        assert (r["devices"], r["local"], r["mesh"]) == (4, 2, {"data": 2, "model": 2})
+        assert r["tokens"] == one["tokens"] and r["stream"] == one["stream"]
+    assert len(one["tokens"][0]) > 0
