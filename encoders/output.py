@@ -5,6 +5,7 @@ from __future__ import annotations
 from typing import NamedTuple
 
 import jax
+import jax.numpy as jnp
 
 
 class EncoderOutput(NamedTuple):
@@ -20,3 +21,9 @@ class EncoderOutput(NamedTuple):
     features: jax.Array
     valid: jax.Array
     extras: tuple[jax.Array, ...] = ()
+
+    def valid_rows_first(self) -> "EncoderOutput":
+        """The same rows reordered so that the valid ones come first, in order (jit-friendly, shapes unchanged):
+        row j of ``features`` / each extra is then what the j-th placeholder receives."""
+        order = jnp.argsort(~self.valid, stable=True)
+        return EncoderOutput(self.features[order], self.valid[order], tuple(e[order] for e in self.extras))

@@ -23,7 +23,6 @@ from transformers.vision_utils import (get_vision_cu_seqlens, get_vision_interpo
 from common.errors import MediaError
 from common.weights import prefixed
 from encoders.blocks import block_attention
-from encoders.buckets import length_bucket, length_buckets, pow2_at_least
 from encoders.qwen3_omni_audio import (QwenAudioConfig, QwenAudioTower, audio_attention_seqlens, audio_chunk_lengths,
                                        audio_output_length, audio_windows, qwen_audio_weight_map)
 from encoders.qwen3_omni_audio_encoder import QwenAudioEncoder
@@ -361,27 +360,6 @@ def test_audio_windows_are_runs_of_chunks():
             assert max(len(w) for w in windows) <= n_window_infer // 100
             tokens = [sum(audio_output_length(chunks[c]) for c in w) for w in windows]
             assert tuple(tokens) == audio_attention_seqlens(lengths, 50, n_window_infer)
-
-
-def test_buckets():
-    assert [length_bucket(n) for n in (0, 1, 2, 3, 4, 5, 7, 9, 13, 24, 25)] == [1, 1, 2, 3, 4, 6, 8, 12, 16, 24, 32]
-    assert length_bucket(5, minimum=16) == 16
-    assert length_buckets(64, 16) == (16, 24, 32, 48, 64) and length_buckets(65, 16)[-1] == 96
-    assert [pow2_at_least(n) for n in (0, 1, 2, 3, 5, 8)] == [1, 1, 2, 4, 8, 8]
-
-
-def test_audio_static_helpers_match_reference():
-    frames = np.arange(1, 1000)
-    ref = hf_qwen._get_feat_extract_output_lengths(torch.from_numpy(frames), 50).numpy()
-    np.testing.assert_array_equal([audio_output_length(int(n)) for n in frames], ref)
-    np.testing.assert_array_equal(audio_output_length(frames), ref)
-    for lengths in ((350,), (350, 120), (70,), (200, 30, 260), (1,), (100, 99, 1601)):
-        for n_window_infer in (100, 200, 800):
-            feature_lens = torch.tensor(lengths)
-            _, chunks = hf_qwen.chunk_and_pad_features(torch.zeros(2, sum(lengths)), feature_lens, 50)
-            assert audio_chunk_lengths(lengths, 50) == tuple(chunks.tolist())
-            cu = hf_qwen.get_audio_cu_seqlens(chunks, feature_lens, n_window_infer, 50)
-            assert np.array_equal(np.cumsum((0,) + audio_attention_seqlens(lengths, 50, n_window_infer)), cu.numpy())
 
 
 # ---------------------------------------------------------------------------------------------------------------
