@@ -1,20 +1,27 @@
 """Qwen3-Omni audio tower, matching Hugging Face ``Qwen3OmniMoeAudioEncoder``.
 
-Input: log-mel features [n_mels, total_frames] of all clips concatenated along time (as the reference takes them)
-and the clips' frame counts ``lengths`` as a static tuple. Output: [total_audio_tokens, output_dim], the clips'
-tokens back to back; clip i contributes ``audio_output_length(lengths[i])`` tokens.
-
-Pipeline (all grid-dependent indexing is numpy at trace time):
-  1. each clip is cut into chunks of 2 * n_window frames (the last one shorter), every chunk is zero-padded to the
-     longest chunk of the whole batch (the padded length changes the convolution outputs near a short chunk's end,
-     so it is reproduced exactly);
+The reference, for log-mel features of a batch of clips (``lengths`` frames each):
+  1. cuts each clip into chunks of 2 * n_window frames (the last one shorter) and zero-pads every chunk to the
+     longest chunk of the whole batch (the padded length changes the convolution outputs near a short chunk's end);
   2. three Conv2d(3x3, stride 2, padding 1) + GELU (erf) over (mel, time), then ``conv_out`` over (channel, mel);
-  3. sinusoidal positions restarting at 0 in every chunk; each chunk keeps its first
+  3. adds sinusoidal positions restarting at 0 in every chunk; each chunk keeps its first
      ``audio_output_length(chunk_frames)`` positions;
-  4. pre-LN encoder layers whose attention is restricted to windows of
+  4. runs pre-LN encoder layers whose attention is restricted to windows of
      ``max_chunk_tokens * (n_window_infer // (2 * n_window))`` tokens within each clip (the last window of a clip
      shorter), the reference's ``cu_seqlens``;
   5. ln_post -> proj1 -> activation -> proj2.
+
+A window always covers whole chunks of one clip, at most n_window_infer // (2 * n_window) of them
+(:func:`audio_windows`). ``QwenAudioTower.encode`` takes window blocks: [windows, chunks_per_window, n_mels,
+2 * n_window] frames, each chunk zero-padded to the full chunk length, plus the frames of every chunk and the
+batch's longest chunk as data (:func:`audio_window_blocks`). The convolutions' outputs past the batch's longest
+chunk are zeroed, which is exactly the reference's padding to that length, and attention runs per window block over
+its valid tokens; a program compiled for one (windows, chunks_per_window) bucket serves every set of lengths that
+fits it.
+
+``QwenAudioTower.__call__(features, lengths)`` keeps the packed interface ([n_mels, total_frames] and static
+lengths -> [total_audio_tokens, output_dim], clip i contributing ``audio_output_length(lengths[i])`` tokens),
+built on the same blocks with the exact sizes.
 
 Parameter tree (paths in the NNX state) and logical axes::
 
@@ -48,9 +55,8 @@ from common.linear import Linear, param
 from common.activations import activation
 from common.norms import LayerNorm
 from common.config_values import config_getter
-from encoders.blocks import (FeedForward, MultiHeadProjections, PreLNBlock, feed_forward_map, layer_norm_map,
-                             multi_head_projections_map, pre_ln_block_norms_map)
-from encoders.qwen3_omni_vision import segment_attention
+from encoders.blocks import (FeedForward, MultiHeadProjections, PreLNBlock, block_attention, feed_forward_map,
+                             layer_norm_map, multi_head_projections_map, pre_ln_block_norms_map)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -110,13 +116,23 @@ class QwenAudioConfig:
         return 2 * self.n_window
 
     @property
+    def chunks_per_window(self) -> int:
+        """The most chunks one attention window covers."""
+        return self.n_window_infer // (2 * self.n_window)
+
+    @property
+    def chunk_tokens(self) -> int:
+        """Token positions of one full chunk after the three stride-2 convolutions."""
+        return _conv_length(_conv_length(_conv_length(self.chunk_frames)))
+
+    @property
     def mel_after_convs(self) -> int:
         """Mel bins left after the three stride-2 convolutions."""
         return (((self.num_mel_bins + 1) // 2 + 1) // 2 + 1) // 2
 
 
 # ---------------------------------------------------------------------------------------------------------------
-# Static (Python / numpy) helpers.
+# Host-side (Python / numpy) helpers.
 
 
 def audio_output_length(num_frames: int, n_window: int = 50) -> int:
@@ -128,8 +144,8 @@ def audio_output_length(num_frames: int, n_window: int = 50) -> int:
     return ((feat - 1) // 2 + 1 - 1) // 2 + 1 + (num_frames // chunk) * 13
 
 
-def _conv_length(n: int) -> int:
-    """Length after one Conv2d(kernel 3, stride 2, padding 1)."""
+def _conv_length(n):
+    """Length after one Conv2d(kernel 3, stride 2, padding 1); n an int or an integer numpy / jax array."""
     return (n - 1) // 2 + 1
 
 
@@ -174,6 +190,51 @@ def audio_attention_seqlens(lengths: tuple[int, ...], n_window: int, n_window_in
     return tuple(out)
 
 
+def audio_windows(lengths: tuple[int, ...], n_window: int, n_window_infer: int) -> tuple[tuple[int, ...], ...]:
+    """The reference's attention windows (:func:`audio_attention_seqlens`) as runs of chunks: window i holds the
+    indices, into ``audio_chunk_lengths(lengths, n_window)``, of the chunks whose tokens it covers. Raises
+    ValueError if a window would end inside a chunk."""
+    tokens = [audio_output_length(c, n_window) for c in audio_chunk_lengths(lengths, n_window)]
+    windows: list[tuple[int, ...]] = []
+    c = 0
+    for size in audio_attention_seqlens(lengths, n_window, n_window_infer):
+        run, covered = [], 0
+        while covered < size:
+            covered += tokens[c]
+            run.append(c)
+            c += 1
+        if covered != size:
+            raise ValueError(f"an audio attention window of {size} tokens ends inside a chunk (lengths {lengths})")
+        windows.append(tuple(run))
+    return tuple(windows)
+
+
+def audio_window_blocks(lengths: tuple[int, ...], n_window: int, windows: tuple[tuple[int, ...], ...],
+                        num_blocks: int, chunks_per_block: int) -> dict:
+    """Window-block layout of clips of ``lengths`` frames packed back to back: window i (:func:`audio_windows`)
+    fills block i of [num_blocks, chunks_per_block] chunk slots with its chunks, then empty slots.
+
+    Returns numpy arrays:
+      source [num_blocks, chunks_per_block, 2 * n_window] int32: index of each slot's frame in the packed
+          [n_mels, total_frames] input, ``total_frames`` past a chunk's end and in empty slots;
+      chunk_frames [num_blocks, chunks_per_block] int32: frames of each chunk, 0 for an empty slot;
+      padded_frames [] int32: the longest chunk of the batch, the length the reference pads every chunk to.
+    """
+    chunks = audio_chunk_lengths(lengths, n_window)
+    if len(windows) > num_blocks or max(len(w) for w in windows) > chunks_per_block:
+        raise ValueError(f"{len(windows)} audio windows of up to {max(len(w) for w in windows)} chunks do not fit "
+                         f"{num_blocks} blocks of {chunks_per_block} chunks")
+    total, width = sum(chunks), 2 * n_window
+    starts = np.concatenate([[0], np.cumsum(chunks)[:-1]])
+    source = np.full((num_blocks, chunks_per_block, width), total, np.int32)
+    frames = np.zeros((num_blocks, chunks_per_block), np.int32)
+    for i, run in enumerate(windows):
+        for j, c in enumerate(run):
+            source[i, j, :chunks[c]] = starts[c] + np.arange(chunks[c])
+            frames[i, j] = chunks[c]
+    return dict(source=source, chunk_frames=frames, padded_frames=np.int32(max(chunks)))
+
+
 def sinusoid_positions(length: int, channels: int, max_timescale: float = 10000.0) -> np.ndarray:
     """[length, channels] float32: sin of position * inv_timescales, then cos (``SinusoidsPositionEmbedding``)."""
     increment = np.log(max_timescale) / (channels // 2 - 1)
@@ -200,26 +261,43 @@ class StridedConv2d(nnx.Module):
 
 
 class QwenAudioAttention(MultiHeadProjections):
-    """Multi-head self-attention with biases, restricted to the attention windows ``seqlens``; [S, D] -> [S, D]."""
+    """Multi-head self-attention with biases within each window block over its valid tokens;
+    x [windows, L, D] -> [windows, L, D]."""
 
     def __init__(self, cfg: QwenAudioConfig, *, rngs: nnx.Rngs):
         super().__init__(cfg.d_model, cfg.encoder_attention_heads, "audio_embed", "audio_heads", rngs=rngs)
 
-    def __call__(self, x_SD: jax.Array, seqlens: tuple[int, ...]) -> jax.Array:
-        return super().__call__(x_SD, lambda q, k, v: segment_attention(q, k, v, seqlens, self.head_dim ** -0.5))
+    def __call__(self, x_WLD: jax.Array, valid_WL: jax.Array) -> jax.Array:
+        return super().__call__(x_WLD, lambda q, k, v: block_attention(q, k, v, valid_WL, self.head_dim ** -0.5))
 
 
 def qwen_audio_encoder_layer(cfg: QwenAudioConfig, *, rngs: nnx.Rngs) -> PreLNBlock:
-    """Pre-LN block: x + attn(norm1(x), seqlens), then x + fc2(act(fc1(norm2(x)))); [S, D] -> [S, D]."""
+    """Pre-LN block: x + attn(norm1(x), valid), then x + fc2(act(fc1(norm2(x)))); [W, L, D] -> [W, L, D]."""
     d = cfg.d_model
     return PreLNBlock(d, cfg.layer_norm_eps, "audio_embed", QwenAudioAttention(cfg, rngs=rngs),
                       FeedForward(d, cfg.encoder_ffn_dim, cfg.activation_function, "audio_embed", "audio_mlp",
                                   rngs=rngs))
 
 
+def check_chunk_tokens(cfg: QwenAudioConfig) -> None:
+    """The reference counts ``audio_output_length`` tokens per chunk, which equals the convolutions' output length
+    only for 100-frame chunks (n_window 50); its positions must fit ``max_source_positions``."""
+    if any(audio_output_length(c, cfg.n_window) != _conv_length(_conv_length(_conv_length(c)))
+           for c in range(1, cfg.chunk_frames + 1)):
+        raise ValueError(f"audio n_window {cfg.n_window} is not supported: the reference's token count per chunk "
+                         f"assumes 100-frame chunks (n_window 50)")
+    if cfg.chunk_tokens > cfg.max_source_positions:
+        raise ValueError(f"audio chunks of {cfg.chunk_frames} frames need {cfg.chunk_tokens} positions, more than "
+                         f"max_source_positions {cfg.max_source_positions}")
+
+
 class QwenAudioTower(nnx.Module):
+    """Chunked convolutions, per-chunk sinusoidal positions, windowed encoder layers, output head. ``encode`` takes
+    window blocks, ``__call__`` packed features and static lengths."""
+
     def __init__(self, cfg: QwenAudioConfig, *, rngs: nnx.Rngs):
         cfg.validate()
+        check_chunk_tokens(cfg)
         self.cfg = cfg
         c, d = cfg.downsample_hidden_size, cfg.d_model
         self.conv2d1 = StridedConv2d(1, c, rngs=rngs)
@@ -231,51 +309,56 @@ class QwenAudioTower(nnx.Module):
         self.proj = FeedForward(d, d, cfg.activation_function, "audio_embed", "audio_mlp", rngs=rngs,
                                 out_dim=cfg.output_dim, axes_out="embed")
 
+    def encode(self, features_WCMT: jax.Array, chunk_frames_WC: jax.Array,
+               padded_frames: jax.Array) -> tuple[jax.Array, jax.Array]:
+        """Window blocks (:func:`audio_window_blocks`) -> (tokens [W*C*chunk_tokens, output_dim], valid
+        [W*C*chunk_tokens] bool). features [W, C, n_mels, 2*n_window] (frames past a chunk's ``chunk_frames`` are
+        ignored), chunk_frames [W, C] int, padded_frames [] int: the batch's longest chunk."""
+        cfg = self.cfg
+        w, c = chunk_frames_WC.shape
+        if features_WCMT.shape != (w, c, cfg.num_mel_bins, cfg.chunk_frames):
+            raise ValueError(f"expected audio chunk blocks [{w}, {c}, {cfg.num_mel_bins}, {cfg.chunk_frames}], got "
+                             f"{tuple(features_WCMT.shape)}")
+        dtype = self.conv_out.kernel[...].dtype
+        frames = chunk_frames_WC.reshape(w * c, 1, 1, 1)
+        x = features_WCMT.reshape(w * c, 1, cfg.num_mel_bins, cfg.chunk_frames).astype(dtype)
+        x = jnp.where(jnp.arange(cfg.chunk_frames) < frames, x, jnp.zeros((), dtype))
+
+        # Convolutions; outputs past the padded length's are the reference's zero padding of the next layer.
+        gelu = lambda y: jax.nn.gelu(y, approximate=False)  # noqa: E731
+        length = padded_frames
+        for conv in (self.conv2d1, self.conv2d2, self.conv2d3):
+            x = gelu(conv(x))
+            length = _conv_length(length)
+            x = jnp.where(jnp.arange(x.shape[-1]) < length, x, jnp.zeros((), x.dtype))
+        n, ch, f, t = x.shape  # [chunks, C, F, chunk_tokens]
+        x = self.conv_out(jnp.transpose(x, (0, 3, 1, 2)).reshape(n, t, ch * f))
+        x = x + jnp.asarray(sinusoid_positions(t, cfg.d_model), x.dtype)[None]
+        valid = jnp.arange(t) < _conv_length(_conv_length(_conv_length(chunk_frames_WC)))[..., None]
+
+        # Windowed encoder layers: one block per window.
+        x = x.reshape(w, c * t, cfg.d_model)
+        valid = valid.reshape(w, c * t)
+        for layer in self.layers:
+            x = layer(x, valid)
+        return self.proj(self.ln_post(x)).reshape(w * c * t, -1), valid.reshape(-1)
+
     def __call__(self, features: jax.Array, lengths) -> jax.Array:
-        """features [n_mels, sum(lengths)], lengths static (frames per clip) -> [total_tokens, output_dim]."""
+        """Packed interface: features [n_mels, sum(lengths)], lengths static (frames per clip) ->
+        [total_tokens, output_dim]. Runs ``encode`` on blocks of the exact sizes (one program per lengths tuple)."""
         cfg = self.cfg
         lengths = check_lengths(lengths)
         total = sum(lengths)
         if features.ndim != 2 or features.shape != (cfg.num_mel_bins, total):
             raise ValueError(f"expected audio features [{cfg.num_mel_bins}, {total}] for clip lengths {lengths}, "
                              f"got {tuple(features.shape)}")
-        chunks = audio_chunk_lengths(lengths, cfg.n_window)
-        max_len = max(chunks)
-        t_out = _conv_length(_conv_length(_conv_length(max_len)))
-        chunk_tokens = [audio_output_length(c, cfg.n_window) for c in chunks]
-        if any(n != _conv_length(_conv_length(_conv_length(c))) for n, c in zip(chunk_tokens, chunks)):
-            raise ValueError(f"audio n_window {cfg.n_window} is not supported: the reference's token count per "
-                             f"chunk assumes 100-frame chunks (n_window 50)")
-        if t_out > cfg.max_source_positions:
-            raise ValueError(f"audio chunks of {max_len} frames need {t_out} positions, more than "
-                             f"max_source_positions {cfg.max_source_positions}")
-
-        # 1. chunk and zero-pad: gather [n_chunks, max_len] frame indices, index `total` is an all-zero column.
-        starts = np.concatenate([[0], np.cumsum(chunks)[:-1]])
-        frame = starts[:, None] + np.arange(max_len)[None, :]
-        frame = np.where(np.arange(max_len)[None, :] < np.asarray(chunks)[:, None], frame, total).astype(np.int32)
-        dtype = self.conv_out.kernel[...].dtype
-        padded = jnp.concatenate([features.astype(dtype), jnp.zeros((cfg.num_mel_bins, 1), dtype)], axis=1)
-        x = jnp.transpose(padded[:, frame], (1, 0, 2))[:, None]  # [n_chunks, 1, n_mels, max_len]
-
-        # 2. convolutions, then (channel, mel) -> d_model per time step.
-        gelu = lambda y: jax.nn.gelu(y, approximate=False)  # noqa: E731
-        x = gelu(self.conv2d3(gelu(self.conv2d2(gelu(self.conv2d1(x))))))  # [n_chunks, C, F, t_out]
-        n, c, f, t = x.shape
-        x = self.conv_out(jnp.transpose(x, (0, 3, 1, 2)).reshape(n, t, c * f))
-
-        # 3. per-chunk positions, keep each chunk's valid tokens.
-        x = x + jnp.asarray(sinusoid_positions(t, cfg.d_model), x.dtype)[None]
-        valid = np.concatenate([i * t + np.arange(k) for i, k in enumerate(chunk_tokens)]).astype(np.int32)
-        x = x.reshape(n * t, cfg.d_model)[valid]
-
-        # 4. windowed encoder layers.
-        seqlens = audio_attention_seqlens(lengths, cfg.n_window, cfg.n_window_infer)
-        for layer in self.layers:
-            x = layer(x, seqlens)
-
-        # 5. output head.
-        return self.proj(self.ln_post(x))
+        windows = audio_windows(lengths, cfg.n_window, cfg.n_window_infer)
+        blocks = audio_window_blocks(lengths, cfg.n_window, windows, len(windows), max(len(w) for w in windows))
+        padded = jnp.concatenate([features, jnp.zeros((cfg.num_mel_bins, 1), features.dtype)], axis=1)
+        chunks = jnp.transpose(padded[:, blocks["source"]], (1, 2, 0, 3))  # [W, C, n_mels, chunk_frames]
+        tokens, _ = self.encode(chunks, blocks["chunk_frames"], blocks["padded_frames"])
+        valid = np.arange(cfg.chunk_tokens) < audio_output_length(blocks["chunk_frames"], cfg.n_window)[..., None]
+        return tokens[np.flatnonzero(valid.reshape(-1)).astype(np.int32)]
 
 
 def qwen_audio_weight_map(cfg: QwenAudioConfig,

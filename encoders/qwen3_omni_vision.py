@@ -1,15 +1,18 @@
 """Qwen3-Omni vision tower with deepstack features, matching Hugging Face ``Qwen3OmniMoeVisionEncoder``.
 
-Input: pixel patches [total_patches, C*T*p*p] exactly as the Qwen3-Omni image processor emits them (each image's
-patches in 2x2 spatial-merge-block order, each patch flattened in (channel, frame, row, column) order) and the
-per-image grids ``grid_thw`` as a static tuple of (t, h, w) in patches. Output: the merged image embeddings
-[total_patches / merge**2, out_hidden] and one [total_patches / merge**2, out_hidden] array per deepstack layer.
+Input layout (``QwenVisionTower.encode``): frame blocks. Attention is restricted to each frame of each image
+(``cu_seqlens`` in the reference: t segments of h*w patches per grid entry), so every frame of the batch gets its
+own block of a [frames, frame_patches] array: its patches first, in the processor's 2x2 spatial-merge-block order
+(each patch flattened in (channel, frame, row, column) order), then padding. Everything that depends on the grids
+is data laid out the same way (:func:`vision_frame_blocks`): learned-position interpolation taps and weights, 2-D
+RoPE positions, a valid mask. Attention runs per block over its valid patches (``block_attention``), so a
+program compiled for one (frames, frame_patches) bucket serves every grid that fits it.
 
-Everything that depends on the grids (learned-position interpolation taps, 2-D RoPE positions, attention segments)
-is computed with numpy at trace time, so a jitted call specialises on the grids and keeps static shapes.
+Output: merged tokens [frames * frame_patches / merge**2, out_hidden] and one such array per deepstack layer, row
+r of block f being the r-th merged token of frame f (rows past a frame's tokens are padding).
 
-Attention is restricted to each frame of each image (``cu_seqlens`` in the reference: t segments of h*w patches per
-grid entry), computed as dense attention over groups of equal-length segments (``segment_attention``).
+``QwenVisionTower.__call__(patches, grid_thw)`` keeps the packed interface ([total_patches, C*T*p*p] and a static
+tuple of (t, h, w) grids -> the valid tokens only), built on the same blocks with the grids' exact sizes.
 
 Parameter tree (paths in the NNX state) and logical axes::
 
@@ -43,8 +46,8 @@ from common.linear import Linear, param
 from common.activations import activation
 from common.norms import LayerNorm
 from common.config_values import config_getter, uniform_int
-from encoders.blocks import (FeedForward, PreLNBlock, biased_linear_map, feed_forward_map, layer_norm_map,
-                             pre_ln_block_norms_map)
+from encoders.blocks import (FeedForward, PreLNBlock, biased_linear_map, block_attention, feed_forward_map,
+                             layer_norm_map, pre_ln_block_norms_map)
 
 Grid = tuple[tuple[int, int, int], ...]
 
@@ -118,7 +121,7 @@ class QwenVisionConfig:
 
 
 # ---------------------------------------------------------------------------------------------------------------
-# Static (numpy, trace-time) helpers: everything that depends only on the grids.
+# Host-side (numpy) helpers: everything that depends only on the grids.
 
 
 def check_grid(grid_thw, merge: int) -> Grid:
@@ -196,52 +199,40 @@ def vision_pos_interpolation(grid_thw: Grid, side: int, merge: int) -> tuple[np.
     return np.concatenate(indices).astype(np.int32), np.concatenate(weights).astype(np.float32)
 
 
-# ---------------------------------------------------------------------------------------------------------------
-# Attention over packed segments.
+def vision_frame_blocks(grid_thw: Grid, side: int, merge: int, frames: int, frame_patches: int) -> dict:
+    """Frame-block layout of the images ``grid_thw``: frame f of the batch (the frames of each image in order)
+    fills row f of [frames, frame_patches] patch slots with its h*w patches (merge-block order), then padding.
 
-
-def _segment_groups(seqlens: tuple[int, ...]) -> tuple[np.ndarray | None, list[tuple[int, int]]]:
-    """Order the packed segments so equal lengths are adjacent.
-
-    Returns (perm or None when the order is unchanged, [(segment length, number of segments)] per group in the new
-    order). ``x[perm]`` puts each group's segments contiguously."""
-    starts = np.concatenate([[0], np.cumsum(seqlens)[:-1]]).astype(np.int64)
-    order: dict[int, list[int]] = {}
-    for i, n in enumerate(seqlens):
-        order.setdefault(n, []).append(i)
-    perm = np.concatenate([np.arange(starts[i], starts[i] + n) for n, idx in order.items() for i in idx])
-    groups = [(n, len(idx)) for n, idx in order.items()]
-    identity = np.array_equal(perm, np.arange(len(perm)))
-    return (None if identity else perm.astype(np.int32)), groups
-
-
-def segment_attention(q_SHD: jax.Array, k_SHD: jax.Array, v_SHD: jax.Array, seqlens: tuple[int, ...],
-                      scale: float) -> jax.Array:
-    """Bidirectional attention where each token attends only within its own segment.
-
-    q, k, v: [S, heads, head_dim], the segments packed back to back with lengths ``seqlens`` (static, sum = S).
-    Returns [S, heads, head_dim]. Equal-length segments are batched into one dense attention each, so memory is
-    sum over groups of (segments x heads x L x L), never S x S. Softmax in float32, as the reference's eager path.
+    ``frames`` >= the number of frames, ``frame_patches`` >= the largest h*w and a multiple of merge**2. Returns
+    numpy arrays:
+      source [frames, frame_patches] int32: index of each slot's patch in the packed [total_patches, ...] input,
+          ``total_patches`` for padding;
+      pos_index [frames, frame_patches, 4] int32, pos_weight [..., 4] float32: bilinear taps into the flattened
+          (side x side) learned position table (:func:`vision_pos_interpolation`), 0 / 0.0 for padding;
+      rope_pos [frames, frame_patches, 2] int32: (row, col) RoPE positions, 0 for padding;
+      patch_valid [frames, frame_patches] bool.
     """
-    s = q_SHD.shape[0]
-    if sum(seqlens) != s or any(n <= 0 for n in seqlens):
-        raise ValueError(f"segment lengths {seqlens} do not partition {s} tokens")
-    perm, groups = _segment_groups(tuple(seqlens))
-    if perm is not None:
-        q_SHD, k_SHD, v_SHD = q_SHD[perm], k_SHD[perm], v_SHD[perm]
-    h, d = q_SHD.shape[1:]
-    outs, start = [], 0
-    for n, count in groups:
-        take = lambda x: x[start:start + n * count].reshape(count, n, h, d)  # noqa: E731
-        q, k, v = take(q_SHD), take(k_SHD), take(v_SHD)
-        scores = jnp.einsum("gqhd,gkhd->ghqk", q, k) * scale
-        probs = jax.nn.softmax(scores.astype(jnp.float32), axis=-1).astype(v.dtype)
-        outs.append(jnp.einsum("ghqk,gkhd->gqhd", probs, v).reshape(n * count, h, d))
-        start += n * count
-    out = outs[0] if len(outs) == 1 else jnp.concatenate(outs, axis=0)
-    if perm is not None:
-        out = out[np.argsort(perm).astype(np.int32)]
-    return out
+    segments = vision_segments(grid_thw)
+    if len(segments) > frames or max(segments) > frame_patches or frame_patches % (merge * merge):
+        raise ValueError(f"{len(segments)} frames of up to {max(segments)} patches do not fit {frames} blocks of "
+                         f"{frame_patches} patches (a multiple of {merge * merge})")
+    total = sum(segments)
+    source = np.full((frames, frame_patches), total, np.int32)
+    pos_index = np.zeros((frames, frame_patches, 4), np.int32)
+    pos_weight = np.zeros((frames, frame_patches, 4), np.float32)
+    rope_pos = np.zeros((frames, frame_patches, 2), np.int32)
+    valid = np.zeros((frames, frame_patches), bool)
+    f, start = 0, 0
+    for t, h, w in grid_thw:
+        one = ((1, h, w),)
+        idx, wts = vision_pos_interpolation(one, side, merge)
+        rope = vision_rope_positions(one, merge)
+        n = h * w
+        for _ in range(t):
+            source[f, :n] = np.arange(start, start + n)
+            pos_index[f, :n], pos_weight[f, :n], rope_pos[f, :n], valid[f, :n] = idx, wts, rope, True
+            f, start = f + 1, start + n
+    return dict(source=source, pos_index=pos_index, pos_weight=pos_weight, rope_pos=rope_pos, patch_valid=valid)
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -253,21 +244,23 @@ def rotate_half(x: jax.Array) -> jax.Array:
     return jnp.concatenate([-x[..., half:], x[..., :half]], axis=-1)
 
 
-def vision_rope_cos_sin(positions_P2: np.ndarray, head_dim: int, theta: float) -> tuple[jax.Array, jax.Array]:
-    """cos, sin [P, head_dim] float32 of the axial 2-D RoPE: head_dim/4 frequencies for rows, then the same for
-    columns, that half repeated twice (``Qwen3OmniMoeVisionRotaryEmbedding``)."""
+def vision_rope_cos_sin(positions_P2, head_dim: int, theta: float) -> tuple[jax.Array, jax.Array]:
+    """cos, sin [..., head_dim] float32 of the axial 2-D RoPE for (row, col) positions [..., 2] (numpy or jax):
+    head_dim/4 frequencies for rows, then the same for columns, that half repeated twice
+    (``Qwen3OmniMoeVisionRotaryEmbedding``)."""
     spatial = head_dim // 2
     inv_freq = 1.0 / (theta ** (jnp.arange(0, spatial, 2, dtype=jnp.float32) / spatial))
-    freqs = jnp.asarray(positions_P2, jnp.float32)[..., None] * inv_freq  # [P, 2, head_dim/4]
-    freqs = freqs.reshape(freqs.shape[0], -1)  # rows' frequencies, then columns'
+    freqs = jnp.asarray(positions_P2, jnp.float32)[..., None] * inv_freq  # [..., 2, head_dim/4]
+    freqs = freqs.reshape(*freqs.shape[:-2], -1)  # rows' frequencies, then columns'
     freqs = jnp.concatenate([freqs, freqs], axis=-1)
     return jnp.cos(freqs), jnp.sin(freqs)
 
 
 def apply_vision_rope(x_SHK: jax.Array, cos_SK: jax.Array, sin_SK: jax.Array) -> jax.Array:
-    """x * cos + rotate_half(x) * sin in float32, cast back to x's dtype; x [S, heads, head_dim]."""
+    """x * cos + rotate_half(x) * sin in float32, cast back to x's dtype; x [..., S, heads, head_dim], cos and sin
+    [..., S, head_dim]."""
     xf = x_SHK.astype(jnp.float32)
-    return (xf * cos_SK[:, None, :] + rotate_half(xf) * sin_SK[:, None, :]).astype(x_SHK.dtype)
+    return (xf * cos_SK[..., None, :] + rotate_half(xf) * sin_SK[..., None, :]).astype(x_SHK.dtype)
 
 
 class QKVLinear(nnx.Module):
@@ -278,8 +271,8 @@ class QKVLinear(nnx.Module):
         self.bias = nnx.Param(jnp.zeros((3, dim)), axes=(None, "vision_heads"))
 
     def __call__(self, x_SD: jax.Array) -> jax.Array:
-        """[S, D] -> [S, 3, D] (q, k, v)."""
-        y = jnp.einsum("sd,dtf->stf", x_SD, self.kernel[...].astype(x_SD.dtype))
+        """[..., D] -> [..., 3, D] (q, k, v)."""
+        y = jnp.einsum("...d,dtf->...tf", x_SD, self.kernel[...].astype(x_SD.dtype))
         return y + self.bias[...].astype(y.dtype)
 
 
@@ -291,17 +284,18 @@ class QwenVisionAttention(nnx.Module):
         self.qkv = QKVLinear(d, rngs=rngs)
         self.proj = Linear(d, d, axes=("vision_heads", "vision_embed"), use_bias=True, rngs=rngs)
 
-    def __call__(self, x_SD: jax.Array, cos_SK: jax.Array, sin_SK: jax.Array, seqlens: tuple[int, ...]):
-        s = x_SD.shape[0]
-        qkv = self.qkv(x_SD).reshape(s, 3, self.num_heads, self.head_dim)
-        q, k, v = qkv[:, 0], qkv[:, 1], qkv[:, 2]
-        q, k = apply_vision_rope(q, cos_SK, sin_SK), apply_vision_rope(k, cos_SK, sin_SK)
-        out = segment_attention(q, k, v, seqlens, self.head_dim ** -0.5)
-        return self.proj(out.reshape(s, self.num_heads * self.head_dim))
+    def __call__(self, x_FLD: jax.Array, cos_FLK: jax.Array, sin_FLK: jax.Array, valid_FL: jax.Array):
+        """Attention within each frame block over its valid patches; x [frames, L, D] -> [frames, L, D]."""
+        f, l = x_FLD.shape[:2]
+        qkv = self.qkv(x_FLD).reshape(f, l, 3, self.num_heads, self.head_dim)
+        q, k, v = qkv[:, :, 0], qkv[:, :, 1], qkv[:, :, 2]
+        q, k = apply_vision_rope(q, cos_FLK, sin_FLK), apply_vision_rope(k, cos_FLK, sin_FLK)
+        out = block_attention(q, k, v, valid_FL, self.head_dim ** -0.5)
+        return self.proj(out.reshape(f, l, self.num_heads * self.head_dim))
 
 
 def qwen_vision_block(cfg: QwenVisionConfig, *, rngs: nnx.Rngs) -> PreLNBlock:
-    """Pre-LN block: x + attn(norm1(x), cos, sin, seqlens), then x + mlp(norm2(x)); [S, D] -> [S, D]."""
+    """Pre-LN block: x + attn(norm1(x), cos, sin, valid), then x + mlp(norm2(x)); [F, L, D] -> [F, L, D]."""
     d = cfg.hidden_size
     return PreLNBlock(d, cfg.layer_norm_eps, "vision_embed", QwenVisionAttention(cfg, rngs=rngs),
                       FeedForward(d, cfg.intermediate_size, cfg.hidden_act, "vision_embed", "vision_mlp", rngs=rngs))
@@ -330,7 +324,7 @@ class QwenPatchMerger(nnx.Module):
 
 class QwenVisionTower(nnx.Module):
     """Patch embedding + interpolated learned positions, 2-D RoPE blocks with per-frame attention, final merger and
-    deepstack mergers."""
+    deepstack mergers. ``encode`` takes frame blocks, ``__call__`` packed patches and static grids."""
 
     def __init__(self, cfg: QwenVisionConfig, *, rngs: nnx.Rngs):
         cfg.validate()
@@ -343,32 +337,47 @@ class QwenVisionTower(nnx.Module):
         self.deepstack_mergers = nnx.List([QwenPatchMerger(cfg, postshuffle_norm=True, rngs=rngs)
                                            for _ in cfg.deepstack_visual_indexes])
 
+    def encode(self, patches_FLC: jax.Array, pos_index_FL4: jax.Array, pos_weight_FL4: jax.Array,
+               rope_pos_FL2: jax.Array, valid_FL: jax.Array) -> tuple[jax.Array, list[jax.Array]]:
+        """Frame blocks (:func:`vision_frame_blocks`) -> (merged tokens [F*L/merge**2, out_hidden], [deepstack
+        features of the same shape per deepstack layer]). patches [F, L, C*T*p*p]; L a multiple of merge**2."""
+        cfg = self.cfg
+        f, l = valid_FL.shape
+        if patches_FLC.shape != (f, l, cfg.patch_dim) or l % cfg.merge_unit:
+            raise ValueError(f"expected patch blocks [{f}, {l}, {cfg.patch_dim}] with {l} a multiple of "
+                             f"{cfg.merge_unit}, got {tuple(patches_FLC.shape)}")
+        dtype = self.patch_embed.kernel[...].dtype
+        x = self.patch_embed(patches_FLC.astype(dtype))
+        table = self.pos_embed[...].astype(jnp.float32)
+        pos = jnp.sum(table[pos_index_FL4] * pos_weight_FL4[..., None].astype(jnp.float32), axis=-2)
+        x = x + pos.astype(x.dtype)
+        cos, sin = vision_rope_cos_sin(rope_pos_FL2, cfg.head_dim, cfg.rope_theta)
+        deepstack = []
+        for i, block in enumerate(self.blocks):
+            x = block(x, cos, sin, valid_FL)
+            if i in cfg.deepstack_visual_indexes:
+                merger = self.deepstack_mergers[cfg.deepstack_visual_indexes.index(i)]
+                deepstack.append(merger(x.reshape(f * l, -1)))
+        return self.merger(x.reshape(f * l, -1)), deepstack
+
     def __call__(self, patches: jax.Array, grid_thw) -> tuple[jax.Array, list[jax.Array]]:
-        """patches [total_patches, C*T*p*p], grid_thw static ((t, h, w), ...) ->
-        (embeds [tokens, out_hidden], [deepstack features [tokens, out_hidden] per deepstack layer])."""
+        """Packed interface: patches [total_patches, C*T*p*p], grid_thw static ((t, h, w), ...) ->
+        (embeds [tokens, out_hidden], [deepstack features [tokens, out_hidden] per deepstack layer]), valid tokens
+        only. Runs ``encode`` on blocks of the grids' exact sizes (one program per grid tuple)."""
         cfg = self.cfg
         grid = check_grid(grid_thw, cfg.spatial_merge_size)
         n_patches = vision_patch_count(grid)
         if patches.ndim != 2 or patches.shape != (n_patches, cfg.patch_dim):
             raise ValueError(f"expected patches [{n_patches}, {cfg.patch_dim}] for grids {grid}, got "
                              f"{tuple(patches.shape)}")
-        dtype = self.patch_embed.kernel[...].dtype
-        x = self.patch_embed(patches.astype(dtype))
-
-        idx, wts = vision_pos_interpolation(grid, cfg.num_grid_per_side, cfg.spatial_merge_size)
-        table = self.pos_embed[...].astype(jnp.float32)
-        pos = jnp.sum(table[idx] * wts[:, :, None], axis=1)
-        x = x + pos.astype(x.dtype)
-
-        cos, sin = vision_rope_cos_sin(vision_rope_positions(grid, cfg.spatial_merge_size), cfg.head_dim,
-                                       cfg.rope_theta)
-        seqlens = vision_segments(grid)
-        deepstack = []
-        for i, block in enumerate(self.blocks):
-            x = block(x, cos, sin, seqlens)
-            if i in cfg.deepstack_visual_indexes:
-                deepstack.append(self.deepstack_mergers[cfg.deepstack_visual_indexes.index(i)](x))
-        return self.merger(x), deepstack
+        segments = vision_segments(grid)
+        blocks = vision_frame_blocks(grid, cfg.num_grid_per_side, cfg.spatial_merge_size, len(segments),
+                                     max(segments))
+        padded = jnp.concatenate([patches, jnp.zeros((1, cfg.patch_dim), patches.dtype)])
+        embeds, deepstack = self.encode(padded[blocks["source"]], blocks["pos_index"], blocks["pos_weight"],
+                                        blocks["rope_pos"], blocks["patch_valid"])
+        rows = np.flatnonzero(blocks["patch_valid"][:, ::cfg.merge_unit].reshape(-1)).astype(np.int32)
+        return embeds[rows], [d[rows] for d in deepstack]
 
 
 def qwen_vision_weight_map(cfg: QwenVisionConfig, key_prefix: str = "thinker.visual.") -> dict[ParamPath, TensorSpec]:

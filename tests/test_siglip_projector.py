@@ -1,4 +1,5 @@
-"""Parity of the SigLIP vision tower and the Gemma 3 projector against Hugging Face on tiny random configs."""
+"""Parity of the SigLIP vision tower, the Gemma 3 projector and Gemma 3's image encoder (both, on a bucketed image
+batch through ``collate`` + jitted ``__call__``) against Hugging Face on tiny random configs."""
 
 from __future__ import annotations
 
@@ -15,6 +16,9 @@ from transformers import Gemma3Config, Gemma3ForConditionalGeneration, SiglipVis
 from transformers import SiglipVisionConfig as HFSiglipVisionConfig
 from transformers.models.gemma3.modeling_gemma3 import Gemma3MultiModalProjector
 
+from common.errors import MediaError
+from common.weights import prefixed
+from encoders.gemma3_image_encoder import Gemma3ImageEncoder
 from encoders.gemma3_projector import Gemma3Projector, gemma3_projector_weight_map
 from encoders.siglip import (SiglipVisionConfig, SiglipVisionTower, siglip_unused_key_pattern, siglip_unused_keys,
                              siglip_weight_map)
@@ -100,6 +104,47 @@ def test_gemma3_projector_matches_hf(image_size, patch_size, mm_tokens):
     assert ours.shape == (2, mm_tokens, 24)
     rel = assert_close(ours, ref)
     print(f"projector {pps}x{pps}->{tps}x{tps}: rel err {rel:.2e}")
+
+
+def test_gemma3_image_encoder_matches_hf():
+    """Images through collate + the jitted encoder equal transformers' tower + projector on the valid rows; 3 and 4
+    images share the 4-image program; a wrong-sized image is refused on the host."""
+    vision = _tiny_siglip(32, 8, 2)
+    config = Gemma3Config(vision_config=vision, text_config=dict(hidden_size=24), mm_tokens_per_image=4)
+    hf_tower_cfg = HFSiglipVisionConfig(**vision)
+    hf_tower_cfg._attn_implementation = "eager"
+    torch.manual_seed(0)
+    ref_tower, ref_proj = SiglipVisionModel(hf_tower_cfg).eval(), Gemma3MultiModalProjector(config).eval()
+    _randomise(ref_tower, seed=5)
+    _randomise(ref_proj, seed=6)
+    cfg = SiglipVisionConfig.from_hf(vision)
+    graphdef, params = load_module(
+        lambda: Gemma3ImageEncoder(cfg, 4, 24, rngs=nnx.Rngs(0)),
+        {**prefixed(siglip_weight_map(cfg, "vision_tower."), ("tower",)),
+         **prefixed(gemma3_projector_weight_map("multi_modal_projector."), ("projector",))},
+        {**_state_dict_np(ref_tower, "vision_tower."), **_state_dict_np(ref_proj, "multi_modal_projector.")})
+    encoder = nnx.merge(graphdef, params)
+    jitted = jax.jit(lambda p, inputs: nnx.merge(graphdef, p)(inputs))
+    rng = np.random.default_rng(3)
+    compiled = None
+    for n in (3, 4):
+        pixels = rng.uniform(-1, 1, (n, 3, 32, 32)).astype(np.float32)
+        inputs = encoder.collate(list(pixels))
+        assert inputs["pixels"].shape == (4, 3, 32, 32)
+        assert inputs["image_valid"].tolist() == [True] * n + [False] * (4 - n)
+        features, valid, extras = jax.tree.map(np.asarray, jitted(params, inputs))
+        if compiled is None:
+            compiled = jitted._cache_size()
+        with torch.no_grad():
+            ref = ref_proj(ref_tower(pixel_values=torch.from_numpy(pixels)).last_hidden_state).numpy()
+        assert features.shape == (16, 24) and valid.tolist() == [True] * (4 * n) + [False] * (16 - 4 * n)
+        assert extras == ()
+        rel = assert_close(features[valid], ref.reshape(-1, 24))
+        print(f"gemma3 image encoder, {n} images: rel err {rel:.2e}")
+    assert jitted._cache_size() == compiled == 1
+    with pytest.raises(MediaError, match=r"image 1: expected pixel values of shape \(3, 32, 32\), got \(3, 64, 64\)"):
+        encoder.collate([np.zeros((3, 32, 32), np.float32), np.zeros((3, 64, 64), np.float32)])
+    assert jitted._cache_size() == 1
 
 
 def test_from_hf_defaults():
