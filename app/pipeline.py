@@ -84,7 +84,7 @@ class Pipeline:
         processor = spec.make_processor(folder, cfg, max_audio_seconds=max_audio_seconds)
         mesh = mesh if mesh is not None else make_mesh(model_axis)
         cfg = dataclasses.replace(cfg, decoder=cfg.decoder.with_kv_repeat(mesh.shape["model"]))
-        graphdef, shapes = abstract_params(abstract_model(cfg, spec))
+        graphdef, shapes = abstract_params(abstract_model(cfg, spec, getattr(processor, "encoder_options", {})))
         index = TensorIndex(folder, spec.key_aliases)
         start = time.perf_counter()
         params = load_params(index, shapes, spec.weight_map(cfg), dtype=dtype, mesh=mesh,

@@ -95,7 +95,7 @@ def test_logit_parity(qwen_pipeline, hf_qwen_processor, hf_qwen_thinker, case):
 def test_tiny_config_exercises_windows_deepstack_and_both_mlp_kinds(qwen_pipeline):
     cfg = qwen_pipeline.config
     assert cfg.decoder.deepstack_layers >= 2
-    assert {"moe", "dense"} <= set(cfg.decoder.mlp_types)
+    assert {"moe", "dense"} <= {layer.ffn.kind for layer in cfg.decoder.layers}
     audio = cfg.encoder_config("audio")
     frames = qwen_pipeline.prepare(user(clip(5, 12.0), "Hi"))
     n_frames = frames.media["audio"][0]["features"].shape[1]

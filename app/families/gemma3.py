@@ -14,8 +14,9 @@ from app.families.spec import FamilySpec, ModelConfig, PreparedPrompt
 from app.families.common import GEMMA_NORMS, decoder_weight_map
 from common.weights import prefixed
 from decoder.spec import AttentionSpec, DecoderSpec, FeedForwardSpec, LayerSpec, MaskSpec, RopeSpec
-from encoders.gemma3_projector import Gemma3Projector, gemma3_projector_weight_map
-from encoders.siglip import SiglipVisionConfig, SiglipVisionTower, siglip_unused_keys, siglip_weight_map
+from encoders.gemma3_image_encoder import Gemma3ImageEncoder
+from encoders.gemma3_projector import gemma3_projector_weight_map
+from encoders.siglip import SiglipVisionConfig, siglip_unused_keys, siglip_weight_map
 from preprocess.gemma3_image import Gemma3ImageConfig, process_images
 from preprocess.images import load_image
 from preprocess.prompts import media_of, normalize_messages, render_chat
@@ -101,31 +102,7 @@ def parse_config(hf: dict) -> ModelConfig:
         raise CheckpointError(f"config.json is not a valid Gemma 3 config: {e!r}") from e
 
 
-class Gemma3ImageEncoder(nnx.Module):
-    """pixels [images, 3, H, W] -> soft tokens [images, mm_tokens_per_image, text hidden]."""
-
-    def __init__(self, vision: SiglipVisionConfig, mm_tokens: int, text_hidden: int, *, rngs: nnx.Rngs):
-        self.tower = SiglipVisionTower(vision, rngs=rngs)
-        self.projector = Gemma3Projector(vision.hidden_size, text_hidden, vision.image_size // vision.patch_size,
-                                         math.isqrt(mm_tokens), vision.layer_norm_eps, rngs=rngs)
-
-    @staticmethod
-    def collate(items: list[np.ndarray]) -> dict[str, np.ndarray]:
-        """Pixel values [3, H, W] per image -> {"pixels": [images rounded up to a power of 2, 3, H, W],
-        "valid": [that many] bool}."""
-        stacked = np.stack(items).astype(np.float32)
-        n = 1 << max(0, (len(items) - 1).bit_length())
-        padded = np.zeros((n,) + stacked.shape[1:], np.float32)
-        padded[:len(items)] = stacked
-        return {"pixels": padded, "valid": np.arange(n) < len(items)}
-
-    def __call__(self, inputs):
-        feats = self.projector(self.tower(inputs["pixels"]))
-        n, t, d = feats.shape
-        return feats.reshape(n * t, d), jnp.repeat(inputs["valid"], t), ()
-
-
-def build_encoders(cfg: ModelConfig, *, rngs: nnx.Rngs) -> dict:
+def build_encoders(cfg: ModelConfig, options: dict, *, rngs: nnx.Rngs) -> dict:
     vision, mm_tokens = cfg.encoder_config("image")
     return {"image": Gemma3ImageEncoder(vision, mm_tokens, cfg.decoder.hidden_size, rngs=rngs)}
 
@@ -168,6 +145,7 @@ class Gemma3Processor:
             if token not in vocab:
                 raise CheckpointError(f"the tokenizer has no {token!r} token")
         self.full_image = f"\n\n{self.boi}{self.image_token * self.mm_tokens}{self.eoi}\n\n"
+        self.encoder_options: dict = {}
 
     def image_text(self, num_crops: int) -> str:
         if not num_crops:

@@ -7,6 +7,7 @@ checkpoint (thinker + talker + code2wav) loads its thinker; the speech-output we
 from __future__ import annotations
 
 import logging
+import math
 import pathlib
 import re
 
@@ -18,8 +19,10 @@ from app.families.common import LLAMA_NORMS, decoder_weight_map
 from app.families.spec import FamilySpec, ModelConfig, PreparedPrompt
 from common.weights import prefixed
 from decoder.spec import AttentionSpec, DecoderSpec, FeedForwardSpec, LayerSpec, RopeSpec
-from encoders.qwen3_omni_audio import QwenAudioConfig, QwenAudioTower, qwen_audio_weight_map
-from encoders.qwen3_omni_vision import QwenVisionConfig, QwenVisionTower, qwen_vision_weight_map
+from encoders.qwen3_omni_audio import QwenAudioConfig, qwen_audio_weight_map
+from encoders.qwen3_omni_audio_encoder import QwenAudioEncoder
+from encoders.qwen3_omni_image_encoder import QwenImageEncoder
+from encoders.qwen3_omni_vision import QwenVisionConfig, qwen_vision_weight_map
 from preprocess.audio import load_audio
 from preprocess.images import load_image
 from preprocess.mrope import MRopeTokens, audio_tokens_from_frames, mrope_positions
@@ -91,40 +94,10 @@ def parse_config(hf: dict) -> ModelConfig:
         raise CheckpointError(f"config.json is not a valid Qwen3-Omni config: {e!r}") from e
 
 
-class QwenImageEncoder(nnx.Module):
-    """Image items {"patches": [n, dim], "grid": (t, h, w)} -> (tokens [sum t*h*w/4, D], deepstack features)."""
-
-    def __init__(self, cfg: QwenVisionConfig, *, rngs: nnx.Rngs):
-        self.tower = QwenVisionTower(cfg, rngs=rngs)
-
-    @staticmethod
-    def collate(items: list[dict]) -> tuple[np.ndarray, tuple]:
-        patches = np.concatenate([it["patches"] for it in items]).astype(np.float32)
-        return patches, tuple(tuple(int(v) for v in it["grid"]) for it in items)
-
-    def __call__(self, patches, grids):
-        embeds, deepstack = self.tower(patches, grids)
-        return embeds, tuple(deepstack)
-
-
-class QwenAudioEncoder(nnx.Module):
-    """Audio items {"features": [mels, frames]} -> (tokens [sum per-clip tokens, D], no extra features)."""
-
-    def __init__(self, cfg: QwenAudioConfig, *, rngs: nnx.Rngs):
-        self.tower = QwenAudioTower(cfg, rngs=rngs)
-
-    @staticmethod
-    def collate(items: list[dict]) -> tuple[np.ndarray, tuple]:
-        feats = np.concatenate([it["features"] for it in items], axis=1).astype(np.float32)
-        return feats, tuple(int(it["features"].shape[1]) for it in items)
-
-    def __call__(self, features, lengths):
-        return self.tower(features, lengths), ()
-
-
-def build_encoders(cfg: ModelConfig, *, rngs: nnx.Rngs) -> dict:
-    return {"image": QwenImageEncoder(cfg.encoder_config("image"), rngs=rngs),
-            "audio": QwenAudioEncoder(cfg.encoder_config("audio"), rngs=rngs)}
+def build_encoders(cfg: ModelConfig, options: dict, *, rngs: nnx.Rngs) -> dict:
+    """options: the processor's bounds ({"image": {"max_pixels": ...}, "audio": {"max_frames": ...}})."""
+    return {"image": QwenImageEncoder(cfg.encoder_config("image"), **options.get("image", {}), rngs=rngs),
+            "audio": QwenAudioEncoder(cfg.encoder_config("audio"), **options.get("audio", {}), rngs=rngs)}
 
 
 def weight_map(cfg: ModelConfig) -> dict:
@@ -170,6 +143,10 @@ class Qwen3OmniProcessor:
         th.setdefault("video_token_id", vocab.get("<|video_pad|>", -1))
         self.mrope = MRopeTokens.from_thinker_config(th)
         self.split = re.compile(f"({re.escape(self.image_token)}|{re.escape(self.audio_token)})")
+        # the encoders' largest inputs: the biggest resized image and the longest accepted clip
+        max_frames = math.ceil(self.max_audio_seconds * self.audio_cfg.sampling_rate / self.audio_cfg.hop_length) + 1
+        self.encoder_options = {"image": {"max_pixels": self.image_cfg.max_pixels},
+                                "audio": {"max_frames": max_frames}}
 
     def prepare(self, messages) -> PreparedPrompt:
         messages = normalize_messages(messages)

@@ -66,7 +66,10 @@ class PreparedPrompt:
 
 
 class Processor(Protocol):
-    """Turns chat messages into PreparedPrompts and token ids back into text."""
+    """Turns chat messages into PreparedPrompts and token ids back into text; ``encoder_options`` are the
+    per-modality bounds its encoders must accept (see FamilySpec.build_encoders)."""
+
+    encoder_options: dict
 
     def prepare(self, messages: list[dict]) -> PreparedPrompt: ...
 
@@ -79,10 +82,12 @@ class FamilySpec:
 
     model_types: values of config.json's "model_type" this family reads.
     parse_config: config.json dict -> ModelConfig.
-    build_encoders: (ModelConfig, rngs) -> {modality: encoder module}. An encoder module has a static method
-        ``collate(items) -> (arrays, static)`` batching PreparedPrompt media items on the host (``static`` is
-        hashable: it selects the compiled program), and ``__call__(arrays, static) -> (features [rows, hidden],
-        extra feature maps tuple)``; rows beyond the placeholders (bucket padding) are ignored.
+    build_encoders: (ModelConfig, options, rngs) -> {modality: encoder module}; ``options`` are the processor's
+        ``encoder_options`` ({modality: keyword arguments}, e.g. the largest image or clip it lets through). An
+        encoder module has a method ``collate(items) -> dict[str, np.ndarray]`` batching PreparedPrompt media
+        items on the host into bucketed shapes (true sizes as data, so new sizes inside a bucket do not compile
+        again) and ``__call__(inputs) -> encoders.output.EncoderOutput`` (features [rows, hidden], valid [rows],
+        extras); the j-th valid row lands at the j-th placeholder.
     weight_map: ModelConfig -> {param path: TensorSpec} for the whole model (paths start with "decoder"/"encoders").
     unused_keys: (ModelConfig, config dict) -> regexes of checkpoint keys present on disk that the model ignores.
     key_aliases: (regex, replacement) rewrites from other published key spellings to the canonical one.
