@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import copy
 import json
+import math
 import pathlib
 
 from llama4_tokenizer import (BOS_TOKEN, PAD_TOKEN, SPECIAL_TOKEN_IDS, VOCAB_SIZE, build_tokenizer, chat_template,
@@ -150,7 +151,9 @@ def init_std(name: str, shape) -> tuple[float, float]:
     * Other biases: N(0, 0.02).
     * MoE routers: N(0, 0.5), so that router logits spread and the top-1 choice is rarely a near tie.
     * The vision class and positional embeddings: N(0, 0.5) (the reference's scale hidden**-0.5 at toy width).
-    * Everything else (matrices, fused expert tensors, embeddings, heads): N(0, 0.05).
+    * Vision and projector matrices: N(0, 1 / fan_in), so that features stay of order one through the tower, the
+      adapter's GELUs and the projector (with 0.05 the image features shrink to about 0.02).
+    * Everything else (text matrices, fused expert tensors, embeddings, heads): N(0, 0.05).
     """
     shape = tuple(shape)
     if "norm" in name and len(shape) == 1:
@@ -161,6 +164,8 @@ def init_std(name: str, shape) -> tuple[float, float]:
         return 0.0, 0.5
     if name.endswith(("class_embedding", "positional_embedding_vlm")):
         return 0.0, 0.5
+    if name.startswith(("vision_model.", "multi_modal_projector.")) and len(shape) == 2:
+        return 0.0, 1.0 / math.sqrt(shape[1])
     return 0.0, 0.05
 
 
