@@ -231,11 +231,14 @@ def test_tiles_match_reference_bicubic_and_max_canvas(llama4_reference, llama4_i
 
 
 def test_tiles_match_reference_size_sweep(llama4_reference, llama4_image_paths):
-    """111 sizes from 1 x 1 to 77 x 13 through 8-pixel tiles (up to 5): layouts, resize sizes and roundings."""
+    """116 sizes from 1 x 1 to 77 x 13 through 8-pixel tiles (up to 5): layouts, resize sizes and roundings,
+    float32 quirks of the reference's size arithmetic included."""
     names = list(lr.sweep_image_specs())
     _assert_images_match(llama4_reference, llama4_image_paths, "sweep", names, lr.SWEEP_TILES)
     layouts = {tuple(int(v) for v in r) for r in llama4_reference["sweep/aspect_ratios"]}
     assert len(layouts) >= 8, layouts
+    sizes = dict(zip(names, (ours.shape for ours in lr.tiles_of(llama4_reference, "sweep"))))
+    assert sizes["sweep_41x41"][0] == 5  # 2 x 2 + global
 
 
 def _our_prompt_ids(folder, messages, images):
