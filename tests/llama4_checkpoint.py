@@ -43,6 +43,7 @@ __all__ = [
     "build_tiny_llama4",
     "build_tiny_llama4_text",
     "init_std",
+    "load_processor",
     "load_reference",
     "randomise_",
     "tiny_llama4_config",
@@ -250,3 +251,18 @@ def load_reference(folder):
     cls = Llama4ForConditionalGeneration if model_type == "llama4" else Llama4ForCausalLM
     return cls.from_pretrained(folder, dtype=torch.float32, attn_implementation="eager").eval()
 
+
+
+def load_processor(folder):
+    """``AutoProcessor.from_pretrained(folder)``: a ``Llama4Processor`` with its ``Llama4ImageProcessor``.
+
+    transformers builds that image processor only where torchvision is importable, which the test session is not
+    (see tests/llama4_reference.py): call this in the reference worker, or request ``chat`` / ``image_processor``
+    outputs through ``llama4_reference.run_reference`` (the session fixture ``llama4_reference`` runs
+    ``llama4_reference.CHAT_CASES``)."""
+    from transformers import AutoProcessor
+    from transformers.utils import is_torchvision_available
+
+    if not is_torchvision_available():
+        raise RuntimeError("Llama4Processor needs torchvision; run it through tests/llama4_reference.py")
+    return AutoProcessor.from_pretrained(folder)

@@ -10,10 +10,10 @@ Requests (a JSON object ``{"requests": [...]}``), each with a ``name`` and a ``k
 
 * ``image_processor``: ``images`` (PNG paths) through ``Llama4ImageProcessor(**settings)`` in one call ->
   ``NAME/pixel_values/I`` (float32 [n_tiles, 3, T, T], the bfloat16 values) and ``NAME/aspect_ratios`` [n, 2].
-* ``chat``: ``AutoProcessor.from_pretrained(folder)``; ``messages`` (image parts ``{"type": "image"}``) rendered with
-  the processor's chat template (generation prompt added), then ``processor(text=..., images=..., 
-  add_special_tokens=False)`` -> ``NAME/text``, ``NAME/input_ids``, ``NAME/pixel_values`` (all tiles),
-  ``NAME/aspect_ratios``.
+* ``chat``: the folder's ``Llama4Processor`` (``llama4_checkpoint.load_processor``); ``messages`` (image parts
+  ``{"type": "image"}``) rendered with its chat template (generation prompt added), then ``processor(text=...,
+  images=..., add_special_tokens=False)`` -> ``NAME/text``, ``NAME/input_ids``, ``NAME/pixel_values`` (all tiles)
+  and ``NAME/aspect_ratios``.
 * ``environment`` -> ``NAME/cpu_capability`` and ``NAME/torchvision``.
 """
 
@@ -44,8 +44,9 @@ def main(torchvision_dir: str, requests_file: str, out_file: str) -> None:
 
     _register_torchvision_schemas(torch)
     import torchvision  # noqa: F401
-    from transformers import AutoProcessor
     from transformers.models.llama4.image_processing_llama4 import Llama4ImageProcessor
+
+    from llama4_checkpoint import load_processor  # (this script's folder, tests/, is first on the path)
 
     with open(requests_file, encoding="utf-8") as f:
         spec = json.load(f)
@@ -65,7 +66,7 @@ def main(torchvision_dir: str, requests_file: str, out_file: str) -> None:
         elif kind == "chat":
             folder = request["folder"]
             if folder not in processors:
-                processors[folder] = AutoProcessor.from_pretrained(folder)
+                processors[folder] = load_processor(folder)
             processor = processors[folder]
             text = processor.apply_chat_template(request["messages"], add_generation_prompt=True, tokenize=False)
             images = [_open(p) for p in request.get("images", [])] or None
