@@ -14,7 +14,6 @@ import safetensors
 import torch
 from flax import nnx
 
-import llama4_reference as lr
 from common.errors import CheckpointError, MediaError
 from encoders.llama4_vision import (Llama4ImageEncoder, Llama4VisionConfig, llama4_image_encoder_weight_map,
                                     pixel_shuffle, vision_rope_angles)
