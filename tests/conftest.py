@@ -205,3 +205,59 @@ def hf_gemma4_moe(tiny_gemma4_moe_dir):
     import gemma4_checkpoint as g4
 
     return g4.load_reference(tiny_gemma4_moe_dir)
+
+# Llama 4: tiny folders built by tests/llama4_checkpoint.py, and transformers' Llama 4 processors run once per
+# session in a subprocess (tests/llama4_reference.py: they need a torchvision this session must not see).
+
+
+@pytest.fixture(scope="session")
+def tiny_llama4_dir(tmp_path_factory):
+    """A tiny Llama4ForConditionalGeneration folder (HF save_pretrained, float32, every parameter random) with its
+    tokenizer, chat template, processor and generation files."""
+    import llama4_checkpoint as lc
+
+    return lc.build_tiny_llama4(tmp_path_factory.mktemp("tiny_llama4"))
+
+
+@pytest.fixture(scope="session")
+def tiny_llama4_text_dir(tmp_path_factory):
+    """A tiny text-only Llama4ForCausalLM folder (``model.*`` keys) with its tokenizer, chat template and generation
+    files."""
+    import llama4_checkpoint as lc
+
+    return lc.build_tiny_llama4_text(tmp_path_factory.mktemp("tiny_llama4_text"))
+
+
+@pytest.fixture(scope="session")
+def hf_llama4_model(tiny_llama4_dir):
+    """The torch reference model of ``tiny_llama4_dir``: float32, eager attention, eval mode."""
+    import llama4_checkpoint as lc
+
+    return lc.load_reference(tiny_llama4_dir)
+
+
+@pytest.fixture(scope="session")
+def hf_llama4_text_model(tiny_llama4_text_dir):
+    """The torch reference model of ``tiny_llama4_text_dir``: float32, eager attention, eval mode."""
+    import llama4_checkpoint as lc
+
+    return lc.load_reference(tiny_llama4_text_dir)
+
+
+@pytest.fixture(scope="session")
+def llama4_image_paths(tmp_path_factory):
+    """name -> PNG path for the images of ``llama4_reference.IMAGE_SPECS`` and its size sweep."""
+    import llama4_reference as lr
+
+    return lr.write_images(tmp_path_factory.mktemp("llama4_images"),
+                           {**lr.IMAGE_SPECS, **lr.sweep_image_specs()})
+
+
+@pytest.fixture(scope="session")
+def llama4_reference(tiny_llama4_dir, llama4_image_paths, tmp_path_factory):
+    """Outputs of transformers' Llama 4 image processor and processor for ``llama4_reference.reference_requests``
+    (key -> numpy array, see tests/llama4_reference_worker.py)."""
+    import llama4_reference as lr
+
+    return lr.run_reference(lr.reference_requests(tiny_llama4_dir, llama4_image_paths),
+                            tmp_path_factory.mktemp("llama4_reference"))
