@@ -84,8 +84,6 @@ def make_mesh(model_axis: int | None = None, devices=None) -> Mesh:
     """A ("data", "model") mesh over ``devices`` (default: every device of every process), laid out by
     ``jax.make_mesh`` from the topology. ``model_axis`` devices shard the weights; the rest split the batch.
     Default: every device on the model axis."""
-    import numpy as np
-
     devices = list(jax.devices() if devices is None else devices)
     model = len(devices) if model_axis is None else int(model_axis)
     if model < 1 or len(devices) % model:

@@ -19,10 +19,6 @@ chunk are zeroed, which is exactly the reference's padding to that length, and a
 its valid tokens; a program compiled for one (windows, chunks_per_window) bucket serves every set of lengths that
 fits it.
 
-``QwenAudioTower.__call__(features, lengths)`` keeps the packed interface ([n_mels, total_frames] and static
-lengths -> [total_audio_tokens, output_dim], clip i contributing ``audio_output_length(lengths[i])`` tokens),
-built on the same blocks with the exact sizes.
-
 Parameter tree (paths in the NNX state) and logical axes::
 
     ("conv2d1" | "conv2d2" | "conv2d3", "kernel")   [O, I, 3, 3] torch OIHW layout  ("audio_conv", None, None, None)
@@ -147,18 +143,6 @@ def audio_output_length(num_frames: int, n_window: int = 50) -> int:
 def _conv_length(n):
     """Length after one Conv2d(kernel 3, stride 2, padding 1); n an int or an integer numpy / jax array."""
     return (n - 1) // 2 + 1
-
-
-def check_lengths(lengths) -> tuple[int, ...]:
-    try:
-        out = tuple(int(n) for n in lengths)
-    except (TypeError, ValueError):
-        raise ValueError(f"audio lengths must be a sequence of frame counts, got {lengths!r}") from None
-    if not out:
-        raise ValueError("audio lengths are empty: at least one clip is needed")
-    if any(n < 1 for n in out):
-        raise ValueError(f"audio lengths {out} must all be positive")
-    return out
 
 
 def audio_chunk_lengths(lengths: tuple[int, ...], n_window: int) -> tuple[int, ...]:
@@ -342,23 +326,6 @@ class QwenAudioTower(nnx.Module):
         for layer in self.layers:
             x = layer(x, valid)
         return self.proj(self.ln_post(x)).reshape(w * c * t, -1), valid.reshape(-1)
-
-    def __call__(self, features: jax.Array, lengths) -> jax.Array:
-        """Packed interface: features [n_mels, sum(lengths)], lengths static (frames per clip) ->
-        [total_tokens, output_dim]. Runs ``encode`` on blocks of the exact sizes (one program per lengths tuple)."""
-        cfg = self.cfg
-        lengths = check_lengths(lengths)
-        total = sum(lengths)
-        if features.ndim != 2 or features.shape != (cfg.num_mel_bins, total):
-            raise ValueError(f"expected audio features [{cfg.num_mel_bins}, {total}] for clip lengths {lengths}, "
-                             f"got {tuple(features.shape)}")
-        windows = audio_windows(lengths, cfg.n_window, cfg.n_window_infer)
-        blocks = audio_window_blocks(lengths, cfg.n_window, windows, len(windows), max(len(w) for w in windows))
-        padded = jnp.concatenate([features, jnp.zeros((cfg.num_mel_bins, 1), features.dtype)], axis=1)
-        chunks = jnp.transpose(padded[:, blocks["source"]], (1, 2, 0, 3))  # [W, C, n_mels, chunk_frames]
-        tokens, _ = self.encode(chunks, blocks["chunk_frames"], blocks["padded_frames"])
-        valid = np.arange(cfg.chunk_tokens) < audio_output_length(blocks["chunk_frames"], cfg.n_window)[..., None]
-        return tokens[np.flatnonzero(valid.reshape(-1)).astype(np.int32)]
 
 
 def qwen_audio_weight_map(cfg: QwenAudioConfig,

@@ -11,9 +11,6 @@ program compiled for one (frames, frame_patches) bucket serves every grid that f
 Output: merged tokens [frames * frame_patches / merge**2, out_hidden] and one such array per deepstack layer, row
 r of block f being the r-th merged token of frame f (rows past a frame's tokens are padding).
 
-``QwenVisionTower.__call__(patches, grid_thw)`` keeps the packed interface ([total_patches, C*T*p*p] and a static
-tuple of (t, h, w) grids -> the valid tokens only), built on the same blocks with the grids' exact sizes.
-
 Parameter tree (paths in the NNX state) and logical axes::
 
     ("patch_embed", "kernel")              [D, C*T*p*p]  ("vision_embed", None)   conv3d weight [D, C, T, p, p]
@@ -359,25 +356,6 @@ class QwenVisionTower(nnx.Module):
                 merger = self.deepstack_mergers[cfg.deepstack_visual_indexes.index(i)]
                 deepstack.append(merger(x.reshape(f * l, -1)))
         return self.merger(x.reshape(f * l, -1)), deepstack
-
-    def __call__(self, patches: jax.Array, grid_thw) -> tuple[jax.Array, list[jax.Array]]:
-        """Packed interface: patches [total_patches, C*T*p*p], grid_thw static ((t, h, w), ...) ->
-        (embeds [tokens, out_hidden], [deepstack features [tokens, out_hidden] per deepstack layer]), valid tokens
-        only. Runs ``encode`` on blocks of the grids' exact sizes (one program per grid tuple)."""
-        cfg = self.cfg
-        grid = check_grid(grid_thw, cfg.spatial_merge_size)
-        n_patches = vision_patch_count(grid)
-        if patches.ndim != 2 or patches.shape != (n_patches, cfg.patch_dim):
-            raise ValueError(f"expected patches [{n_patches}, {cfg.patch_dim}] for grids {grid}, got "
-                             f"{tuple(patches.shape)}")
-        segments = vision_segments(grid)
-        blocks = vision_frame_blocks(grid, cfg.num_grid_per_side, cfg.spatial_merge_size, len(segments),
-                                     max(segments))
-        padded = jnp.concatenate([patches, jnp.zeros((1, cfg.patch_dim), patches.dtype)])
-        embeds, deepstack = self.encode(padded[blocks["source"]], blocks["pos_index"], blocks["pos_weight"],
-                                        blocks["rope_pos"], blocks["patch_valid"])
-        rows = np.flatnonzero(blocks["patch_valid"][:, ::cfg.merge_unit].reshape(-1)).astype(np.int32)
-        return embeds[rows], [d[rows] for d in deepstack]
 
 
 def qwen_vision_weight_map(cfg: QwenVisionConfig, key_prefix: str = "thinker.visual.") -> dict[ParamPath, TensorSpec]:

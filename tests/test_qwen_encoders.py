@@ -7,7 +7,6 @@ against the reference's own functions, and the weight maps against a saved check
 from __future__ import annotations
 
 import jax
-import jax.numpy as jnp
 import numpy as np
 import pytest
 import safetensors
@@ -445,38 +444,7 @@ def test_keys_match_saved_checkpoint(tmp_path):
             assert spec.apply(np.zeros(shapes[spec.key], np.float32)).shape == tuple(abstract[path].shape), path
 
 
-def test_packed_interface_equals_the_blocks(vision, audio):
-    """The towers' packed interface (static grids / lengths, exact-size blocks) gives the encoders' valid rows."""
-    _, vencoder, vcfg = vision
-    grid = ((1, 4, 6), (2, 4, 4))
-    patches = _patches(grid, vcfg, seed=11)
-    packed, deep = jax.jit(lambda p, x: nnx.merge(vencoder.graphdef, p).tower(x, grid))(vencoder.params, patches)
-    blocks, blocks_deep = vencoder(_image_items(grid, patches))
-    np.testing.assert_allclose(np.asarray(packed), blocks, rtol=0, atol=1e-5)
-    for a, b in zip(deep, blocks_deep):
-        np.testing.assert_allclose(np.asarray(a), b, rtol=0, atol=1e-5)
-    _, aencoder, acfg = audio
-    lengths = (350, 30)
-    feats, items = _audio_items(lengths, acfg, seed=12)
-    packed = jax.jit(lambda p, x: nnx.merge(aencoder.graphdef, p).tower(x, lengths))(aencoder.params, feats)
-    np.testing.assert_allclose(np.asarray(packed), aencoder(items)[0], rtol=0, atol=1e-5)
-
-
-def test_bad_input_raises_clear_errors(vision, audio):
-    _, vrun, vcfg = vision
-    _, arun, acfg = audio
-    tower = vrun.module.tower
-    with pytest.raises(ValueError, match="patches"):
-        tower(jnp.zeros((10, vcfg.patch_dim)), ((1, 4, 4),))
-    with pytest.raises(ValueError, match="multiples of spatial_merge_size"):
-        tower(jnp.zeros((15, vcfg.patch_dim)), ((1, 3, 5),))
-    with pytest.raises(ValueError, match="grid_thw"):
-        tower(jnp.zeros((16, vcfg.patch_dim)), (4, 4))
-    audio_tower = arun.module.tower
-    with pytest.raises(ValueError, match="audio features"):
-        audio_tower(jnp.zeros((acfg.num_mel_bins, 99)), (100,))
-    with pytest.raises(ValueError, match="positive"):
-        audio_tower(jnp.zeros((acfg.num_mel_bins, 10)), (10, 0))
+def test_bad_configs_raise_clear_errors():
     with pytest.raises(ValueError, match="n_window"):
         QwenAudioConfig.from_hf(dict(AUDIO, n_window_infer=60))
     with pytest.raises(ValueError, match="n_window 40 is not supported"):

@@ -2,10 +2,8 @@
 
 from __future__ import annotations
 
-import math
 import pathlib
 
-import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
