@@ -1,6 +1,6 @@
 """JAX's persistent compilation cache, on by default, so a second run on the same model does not compile again.
 
-It lives in ``$OMNIJAX_HOME/jax-cache`` and holds at most 2 GiB (least recently used programs go first). ``OMNIJAX_COMPILATION_CACHE=0`` (or the CLI's ``--no-compilation-cache``)
+It lives in ``$OMNIJAX_HOME/jax-cache`` (one file per compiled program; the folder can be deleted at any time). ``OMNIJAX_COMPILATION_CACHE=0`` (or the CLI's ``--no-compilation-cache``)
 turns it off; a cache folder the user configured for JAX (``JAX_COMPILATION_CACHE_DIR``) is left as it is.
 """
 
@@ -16,7 +16,6 @@ from common.paths import omnijax_home
 
 log = logging.getLogger(__name__)
 ENV = "OMNIJAX_COMPILATION_CACHE"
-MAX_BYTES = 2 << 30  # least recently used programs are evicted past this size
 
 
 def enable_compilation_cache() -> pathlib.Path | None:
@@ -35,5 +34,4 @@ def enable_compilation_cache() -> pathlib.Path | None:
     jax.config.update("jax_compilation_cache_dir", str(folder))
     jax.config.update("jax_persistent_cache_min_compile_time_secs", 0.0)
     jax.config.update("jax_persistent_cache_min_entry_size_bytes", 0)
-    jax.config.update("jax_compilation_cache_max_size", MAX_BYTES)
     return folder

@@ -9,6 +9,9 @@ from common.activations import activation
 from common.linear import Linear, matmul_oi, param
 
 
+ROW_CHUNK = 1024  # rows of a long prompt per MLP pass
+
+
 class GatedMLP(nnx.Module):
     """down(act(gate(x)) * up(x)); x [batch, seq, embed] -> [batch, seq, embed].
 
@@ -22,6 +25,13 @@ class GatedMLP(nnx.Module):
         self.act = act
 
     def __call__(self, x_BLD: jax.Array) -> jax.Array:
+        b, l, d = x_BLD.shape
+        if l > ROW_CHUNK and l % ROW_CHUNK == 0:  # a long prompt: rows in chunks keep the intermediates bounded
+            chunks = x_BLD.reshape(b, l // ROW_CHUNK, ROW_CHUNK, d).transpose(1, 0, 2, 3)
+            return jax.lax.map(self._rows, chunks).transpose(1, 0, 2, 3).reshape(b, l, d)
+        return self._rows(x_BLD)
+
+    def _rows(self, x_BLD: jax.Array) -> jax.Array:
         w = self.gate_up_proj[...]
         gate_up = matmul_oi(x_BLD, w.reshape(-1, w.shape[-1])).reshape(*x_BLD.shape[:-1], w.shape[0], 2)
         return self.down_proj(activation(self.act)(gate_up[..., 0]) * gate_up[..., 1])
