@@ -150,7 +150,7 @@ def test_stream_yields_the_generated_answer(gemma3_pipeline, case):
 
 
 def test_incremental_detokenizer_never_changes_text_already_returned():
-    from app.pipeline import IncrementalDetokenizer
+    from app.detokenize import IncrementalDetokenizer
 
     table = {1: b"ab", 2: b"\xe2", 3: b"\x82", 4: b"\xac", 5: b" c"}
     decode = lambda ids: b"".join(table[i] for i in ids).decode("utf-8", errors="replace")
