@@ -28,7 +28,7 @@ class StopChecker:
         window = self.tail + piece
         base = self.length - len(self.tail)
         self.length += len(piece)
-        self.tail = window[len(window) - self.keep:] if self.keep else ""
+        self.tail = window[max(0, len(window) - self.keep):] if self.keep else ""
         starts = [window.find(s) for s in self.stops]
         found = [i for i in starts if i >= 0]
         return base + min(found) if found else None

@@ -136,6 +136,8 @@ def test_stop_checker_finds_the_earliest_stop_across_pieces():
     c = StopChecker(["abc", "b"])
     assert c.push("xab") == 2 and StopChecker(["abc", "b"]).push("abc") == 0
     assert StopChecker(None).push("anything") is None
+    c = StopChecker(["abcdefgh", "zz"])  # pieces much shorter than the stop string
+    assert [c.push(ch) for ch in "xyabcdefgh"] == [None] * 9 + [2]
 
 
 def test_stop_checker_holds_back_possible_stop_prefixes():
