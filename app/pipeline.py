@@ -19,7 +19,7 @@ from app.families import family_for_config
 from app.families.spec import PreparedPrompt
 from app.generation import Engine
 from app.model import abstract_model
-from app.sampling import SamplingParams, check_max_new_tokens, check_stops
+from app.sampling import check_settings
 from common.sharding import make_mesh
 
 log = logging.getLogger(__name__)
@@ -104,7 +104,7 @@ class Pipeline:
     def generate(self, messages, *, max_new_tokens: int = 64, temperature: float = 0.0, top_k: int = 0,
                  top_p: float = 1.0, seed: int = 0, stop: Sequence[str] | None = None):
         """One conversation -> GenerationResult; a list of conversations -> list of GenerationResult."""
-        _check_settings(max_new_tokens, temperature, top_k, top_p, seed, stop)
+        check_settings(max_new_tokens, temperature, top_k, top_p, seed, stop)
         batch = _is_batch(messages)
         conversations = list(messages) if batch else [messages]
         prompts = [self.prepare(c) for c in conversations]
@@ -120,7 +120,7 @@ class Pipeline:
         pad_to: fill the batch up to this size with copies of its first prompt (their answers are dropped) so a
         short last batch reuses the compiled program of full ones. ``seconds`` is the batch's generation time.
         """
-        sampling, max_new_tokens, stop = _check_settings(max_new_tokens, temperature, top_k, top_p, seed, stop)
+        sampling, max_new_tokens, stop = check_settings(max_new_tokens, temperature, top_k, top_p, seed, stop)
         batch = list(prompts) + [prompts[0]] * max(0, (pad_to or 0) - len(prompts))
         start = time.perf_counter()
         tokens = self.engine.generate(batch, max_new_tokens, sampling)
@@ -155,7 +155,7 @@ class Pipeline:
         token can change it (an unfinished UTF-8 character or byte run waits), and text that could be the start
         of a stop string waits until it is known not to be one.
         """
-        sampling, max_new_tokens, stop = _check_settings(max_new_tokens, temperature, top_k, top_p, seed, stop)
+        sampling, max_new_tokens, stop = check_settings(max_new_tokens, temperature, top_k, top_p, seed, stop)
         if _is_batch(messages):
             raise PromptError("stream takes one conversation; use generate for a batch")
         start = time.perf_counter()
@@ -173,9 +173,3 @@ class Pipeline:
             yield rest
         return GenerationResult(text=answer.text, token_ids=answer.token_ids, prompt_tokens=len(prompt.token_ids),
                                 finish_reason=answer.finish_reason, seconds=time.perf_counter() - start)
-
-
-def _check_settings(max_new_tokens, temperature, top_k, top_p, seed, stop):
-    """(SamplingParams, max_new_tokens, stop strings) after checking every value (SamplingError names a bad one)."""
-    sampling = SamplingParams(temperature=temperature, top_k=top_k, top_p=top_p, seed=seed)
-    return sampling, check_max_new_tokens(max_new_tokens), check_stops(stop)

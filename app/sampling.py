@@ -108,6 +108,13 @@ def check_stops(stop) -> tuple[str, ...]:
     return stops
 
 
+def check_settings(max_new_tokens, temperature, top_k, top_p, seed, stop) -> tuple[SamplingParams, int,
+                                                                                    tuple[str, ...]]:
+    """(SamplingParams, max_new_tokens, stop strings) after checking every value (SamplingError names a bad one)."""
+    sampling = SamplingParams(temperature=temperature, top_k=top_k, top_p=top_p, seed=seed)
+    return sampling, check_max_new_tokens(max_new_tokens), check_stops(stop)
+
+
 # ---- thresholds without a sort -------------------------------------------------------------------------------
 
 def _ordered(x: jax.Array) -> jax.Array:
