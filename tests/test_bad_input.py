@@ -129,8 +129,10 @@ def test_literal_image_marker_is_text_and_template_markers_must_match_the_images
     typed = pipe.prepare([{"role": "user", "content": "look: <start_of_image>"}])
     assert not typed.media and pipe.config.media_token_id("image") not in typed.token_ids.tolist()
     image = np.full((30, 40, 3), 90, np.uint8)
-    dropped = [{"role": "system", "content": [{"type": "text", "text": "Be brief."}, {"type": "image", "image": image}]},
-               {"role": "user", "content": "Hi"}]  # the Gemma 3 template keeps only the system message's first part
+    # the Gemma 3 template keeps only the system message's first part: the image gets no marker
+    dropped = [{"role": "system", "content": [{"type": "text", "text": "Be brief."},
+                                              {"type": "image", "image": image}]},
+               {"role": "user", "content": "Hi"}]
     with pytest.raises(PromptError, match="0 image markers for 1 images"):
         pipe.generate(dropped, max_new_tokens=2)
 
