@@ -291,9 +291,10 @@ def run_captions(pipe, items: Sequence[CaptionItem], out: str | os.PathLike,
     """
     shard = shard_items(list(items), shard_index, shard_count)
     path = part_path(out, shard_index, shard_count)
-    check_not_an_input(path, [item.path for item in shard] + list(inputs))
+    every = [item.path for item in items]
+    check_not_an_input(path, every, inputs)
     if path != pathlib.Path(out):
-        check_not_an_input(out, [item.path for item in shard] + list(inputs))
+        check_not_an_input(out, every, inputs)
     start = time.perf_counter()
     with CtrlC() as ctrl_c, OutputLock(path), RowWriter(path) as writer:
         rows = writer.existing + (read_output(out)[0] if path != pathlib.Path(out) else [])

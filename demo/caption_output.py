@@ -85,10 +85,14 @@ def _line_is_row(line: bytes) -> bool:
         return False
 
 
-def check_not_an_input(out: str | os.PathLike, inputs: Sequence[str | os.PathLike]) -> None:
-    """Refuse an output that is one of ``inputs`` (a media item or the manifest), by name or by file."""
+def check_not_an_input(out: str | os.PathLike, items: Sequence[str],
+                       inputs: Sequence[str | os.PathLike] = ()) -> None:
+    """Refuse an output that is one of the media ``items`` (absolute normalised paths, compared by name: a media
+    file never passes as a caption file anyway) or one of the other ``inputs`` (a manifest: by name or by file)."""
     out = pathlib.Path(out)
     names = {os.path.abspath(out), os.path.realpath(out)}
+    for item in names.intersection(items):
+        raise CaptionInputError(f"--out {out} is one of the inputs ({item}); choose another output file")
     for item in inputs:
         same = os.path.abspath(item) in names or os.path.realpath(item) in names
         if not same and out.exists() and os.path.exists(item):
