@@ -126,16 +126,22 @@ def test_integer_tensor_in_a_fused_projection(checkpoint, tmp_path, monkeypatch)
     fails_fast(dst, r"layers\.1\.self_attn\.k_proj\.weight.*stored as I32")
 
 
-@pytest.mark.parametrize("name", ["model.safetensors", "config.json", "tokenizer.json"])
-def test_a_fifo_in_the_folder_is_refused_without_blocking(checkpoint, tmp_path, name):
-    dst = copy_with(checkpoint, tmp_path)
-    (dst / name).unlink()
-    os.mkfifo(dst / name)
-    code = ("from app.pipeline import Pipeline\nfrom common.errors import CheckpointError\n"
-            f"try:\n    Pipeline.from_pretrained({str(dst)!r})\nexcept CheckpointError as e:\n    print(e)\n")
-    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120,
-                          env=dict(os.environ, PYTHONPATH=str(ROOT)))  # a blocked open would time out here
-    assert f"{name} in checkpoint folder" in proc.stdout and "not a regular file" in proc.stdout, proc.stderr[-2000:]
+def test_a_fifo_in_the_folder_is_refused_without_blocking(checkpoint, tmp_path):
+    folders = {}
+    for name in ("model.safetensors", "config.json", "tokenizer.json"):
+        dst = copy_with(checkpoint, tmp_path, name=f"fifo_{name}")
+        (dst / name).unlink()
+        os.mkfifo(dst / name)
+        folders[name] = str(dst)
+    code = ("import json, sys\nfrom app.pipeline import Pipeline\nfrom common.errors import CheckpointError\n"
+            "for folder in json.loads(sys.argv[1]):\n"
+            "    try:\n        Pipeline.from_pretrained(folder)\n    except CheckpointError as e:\n        print(e)\n")
+    proc = subprocess.run([sys.executable, "-c", code, json.dumps(list(folders.values()))], capture_output=True,
+                          text=True, timeout=120, env=dict(os.environ, PYTHONPATH=str(ROOT)))  # a blocked open
+    lines = proc.stdout.strip().splitlines()  # would end in the timeout here
+    assert len(lines) == 3, proc.stderr[-2000:]
+    for line, name in zip(lines, folders):
+        assert f"{name} in checkpoint folder" in line and "not a regular file" in line
 
 
 def test_the_default_model_loads_without_a_path(monkeypatch, tmp_path):

@@ -76,8 +76,9 @@ def test_kth_largest_is_the_kth_entry_of_a_descending_sort():
     rng = np.random.default_rng(0)
     x = jnp.asarray(random_logits(rng, 4, 257, "ties"))
     want = -np.sort(-np.asarray(x), axis=-1)
+    kth = jax.jit(kth_largest)
     for k in (1, 2, 30, 256, 257):
-        got = kth_largest(x, jnp.full((4, 1), k, jnp.int32))
+        got = kth(x, jnp.full((4, 1), k, jnp.int32))
         np.testing.assert_array_equal(np.asarray(got)[:, 0], want[:, k - 1])
 
 

@@ -140,11 +140,12 @@ def test_held_text_is_released_by_the_next_token():
 def test_stream_equals_generate_on_the_tiny_models(family, request):
     pipe = request.getfixturevalue("gemma3_pipeline" if family == "gemma3" else "qwen_pipeline")
     texts = []
-    for prompt in ("Hello", "Tell me a story.", "Wie geht's? ☃", "1 2 3"):
+    prompts = ("Hello", "Wie geht's? ☃") if family == "gemma3" else ("Wie geht's? ☃",)
+    for prompt in prompts:  # the token budget of the parity tests: their programs are reused
         messages = [{"role": "user", "content": prompt}]
-        full = pipe.generate(messages, max_new_tokens=40)
+        full = pipe.generate(messages, max_new_tokens=16)
         pieces = []
-        stream = pipe.stream(messages, max_new_tokens=40)
+        stream = pipe.stream(messages, max_new_tokens=16)
         while True:
             try:
                 pieces.append(next(stream))
