@@ -1,8 +1,9 @@
 """omnijax: multimodal generation from Hugging Face checkpoint folders on JAX."""
 
-from common.errors import CheckpointError, MediaError, OmnijaxError, PromptError
+from common.errors import CheckpointError, MediaError, OmnijaxError, PromptError, SamplingError
 
-__all__ = ["Pipeline", "GenerationResult", "OmnijaxError", "CheckpointError", "MediaError", "PromptError"]
+__all__ = ["Pipeline", "GenerationResult", "OmnijaxError", "CheckpointError", "MediaError", "PromptError",
+           "SamplingError"]
 
 
 def __getattr__(name):

@@ -9,8 +9,10 @@ from __future__ import annotations
 
 import json
 import logging
+import os
 import pathlib
 import re
+import stat
 from typing import Iterable
 
 import jax
@@ -35,6 +37,12 @@ def numpy_dtype(name: str):
         raise ValueError(f"unsupported dtype {name!r}; use one of {sorted(_NUMPY_DTYPES)}") from None
 
 
+# The weight dtypes omnijax reads (safetensors header names); anything else (integers, booleans, 8-bit floats
+# that need scales) is refused before a tensor is read.
+FLOAT_DTYPES = frozenset({"F16", "BF16", "F32", "F64"})
+MAX_JSON_BYTES = 64 * 2**20  # config, generation config and index files are kilobytes
+
+
 def checkpoint_folder(path) -> pathlib.Path:
     folder = pathlib.Path(path).expanduser()
     if not folder.exists():
@@ -44,16 +52,66 @@ def checkpoint_folder(path) -> pathlib.Path:
     return folder
 
 
+def check_folder_files(folder: pathlib.Path) -> None:
+    """Refuse a checkpoint folder holding something other than files and folders under a name (a FIFO, a socket or
+    a device): opening one can block forever where Ctrl-C cannot reach. Links are followed (a Hugging Face cache
+    snapshot is made of links); broken links are left for the loader to report if a needed file is missing."""
+    try:
+        entries = list(os.scandir(folder))
+    except OSError as e:
+        raise CheckpointError(f"checkpoint folder {str(folder)!r} cannot be listed: {e.strerror or e}") from e
+    for entry in entries:
+        try:
+            mode = entry.stat(follow_symlinks=True).st_mode
+        except OSError:
+            continue
+        if not (stat.S_ISREG(mode) or stat.S_ISDIR(mode)):
+            raise CheckpointError(f"{entry.name} in checkpoint folder {str(folder)!r} is not a regular file "
+                                  f"(a FIFO, socket or device); remove it")
+
+
+def regular_file(file: pathlib.Path, what: str) -> pathlib.Path:
+    """``file`` when it is a regular file (links followed), else CheckpointError naming ``what`` it should be."""
+    try:
+        mode = file.stat().st_mode
+    except OSError as e:
+        raise CheckpointError(f"{what} {str(file)!r} cannot be read: {e.strerror or e}") from e
+    if not stat.S_ISREG(mode):
+        raise CheckpointError(f"{what} {str(file)!r} is not a regular file")
+    return file
+
+
 def read_json(folder: pathlib.Path, name: str, *, required: bool = True) -> dict | None:
     file = folder / name
-    if not file.exists():
+    if not file.exists() and not file.is_symlink():
         if required:
             raise CheckpointError(f"{name} is missing from checkpoint folder {str(folder)!r}")
         return None
+    regular_file(file, name)
     try:
-        return json.loads(file.read_text())
+        with open(file, "rb") as f:
+            data = f.read(MAX_JSON_BYTES + 1)
+        if len(data) > MAX_JSON_BYTES:
+            raise CheckpointError(f"{file} is over {MAX_JSON_BYTES // 2**20} MB, too large for a {name}")
+        return json.loads(data)
     except (OSError, ValueError) as e:
         raise CheckpointError(f"{file} is not readable JSON: {e}") from e
+
+
+def weight_file_name(folder: pathlib.Path, name) -> str:
+    """``name`` (a file named by the safetensors index) when it is a ``.safetensors`` file inside ``folder``:
+    a relative path with no ``..`` part. Anything else (``/etc/passwd``, ``../x``, a pickle file) raises."""
+    where = f"the weight index of {str(folder)!r}"
+    if not isinstance(name, str) or not name:
+        raise CheckpointError(f"{where} names a weight file {name!r} that is not a file name")
+    parts = pathlib.PurePosixPath(name).parts
+    if name.startswith(("/", "\\")) or pathlib.PureWindowsPath(name).drive or ".." in parts or "\\" in name \
+            or "\0" in name:
+        raise CheckpointError(f"{where} names weight file {name!r} outside the checkpoint folder")
+    if not name.endswith(".safetensors"):
+        raise CheckpointError(f"{where} names weight file {name!r}, which is not a .safetensors file "
+                              f"(omnijax reads safetensors only)")
+    return name
 
 
 class TensorIndex:
@@ -69,16 +127,22 @@ class TensorIndex:
         if index is not None:
             try:
                 files_by_key = dict(index["weight_map"])
-            except (KeyError, TypeError) as e:
+            except (KeyError, TypeError, ValueError) as e:
                 raise CheckpointError(f"{folder / 'model.safetensors.index.json'} has no weight_map") from e
+            checked: set[str] = set()
+            for name in files_by_key.values():
+                if not isinstance(name, str) or name not in checked:
+                    checked.add(weight_file_name(folder, name))
         else:
             single = folder / "model.safetensors"
             if not single.exists():
                 raise CheckpointError(f"no model.safetensors or model.safetensors.index.json in {str(folder)!r}")
+            regular_file(single, "weight file")
             files_by_key = {k: "model.safetensors" for k in self._keys_of(single)}
         for name in set(files_by_key.values()):
             if not (folder / name).exists():
                 raise CheckpointError(f"weight file {name} named in the index is missing from {str(folder)!r}")
+            regular_file(folder / name, "weight file")
         self.disk_key = {}  # canonical key -> (file name, on-disk key)
         for key, file in files_by_key.items():
             canonical = self.canonical(key)
@@ -106,6 +170,22 @@ class TensorIndex:
     def shape(self, key: str) -> tuple[int, ...]:
         handle, disk = self._handle(key)
         return tuple(handle.get_slice(disk).get_shape())
+
+    def dtype(self, key: str) -> str:
+        """The tensor's dtype as the safetensors header names it ("F32", "BF16", "I64", ...), without reading it."""
+        handle, disk = self._handle(key)
+        try:
+            return str(handle.get_slice(disk).get_dtype())
+        except Exception as e:
+            raise CheckpointError(f"tensor {key!r} in {str(self.folder)!r} has an unreadable header: {e}") from e
+
+    def check_float(self, keys: Iterable[str]) -> None:
+        """Raise CheckpointError naming the first of ``keys`` whose stored dtype is not a float type."""
+        for key in keys:
+            dtype = self.dtype(key)
+            if dtype not in FLOAT_DTYPES:
+                raise CheckpointError(f"tensor {key!r} in {str(self.folder)!r} is stored as {dtype}; weights must "
+                                      f"be float ({', '.join(sorted(FLOAT_DTYPES))})")
 
     def read(self, key: str) -> np.ndarray:
         handle, disk = self._handle(key)
@@ -175,6 +255,7 @@ def load_params(index: TensorIndex, params: dict[ParamPath, tuple[tuple, tuple]]
         log.info("skipping %d checkpoint tensors this model does not use: %s", len(skipped),
                  ", ".join(f"{g}.* ({n})" for g, n in sorted(groups.items())))
     target = numpy_dtype(dtype)
+    index.check_float(sorted({key for path in params for key in weight_map[path].keys}))
     tree: dict = {}
     for path, (shape, axes) in params.items():
         spec = weight_map[path]

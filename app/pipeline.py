@@ -11,15 +11,16 @@ from typing import Any, Generator, Sequence
 import jax.numpy as jnp
 import numpy as np
 
+from app.answer_text import answer_for
+from app.checkpoint import TensorIndex, abstract_params, check_folder_files, checkpoint_folder, load_params, read_json
 from app.compilation_cache import enable_compilation_cache
-from app.checkpoint import TensorIndex, abstract_params, checkpoint_folder, load_params, read_json
+from app.config_limits import check_config_limits
 from common.errors import PromptError
 from app.families import family_for_config
 from app.families.spec import PreparedPrompt
 from app.generation import Engine
 from app.model import abstract_model
-from app.sampling import SamplingParams
-from app.stops import StopChecker
+from app.sampling import check_settings
 from common.sharding import make_mesh
 
 log = logging.getLogger(__name__)
@@ -61,9 +62,10 @@ class Pipeline:
         return self.folder.name
 
     @classmethod
-    def from_pretrained(cls, path, *, dtype: str = "float32", mesh=None, model_axis: int | None = None,
+    def from_pretrained(cls, path=None, *, dtype: str = "float32", mesh=None, model_axis: int | None = None,
                         max_context: int | None = None, max_audio_seconds: float | None = None) -> "Pipeline":
-        """Load a local Hugging Face checkpoint folder.
+        """Load a local Hugging Face checkpoint folder (``path=None``: the embedded tiny default model, built on
+        first use; its weights are random).
 
         dtype: parameter dtype ("float32", "bfloat16", "float16"). mesh: a ("data", "model") jax Mesh; default:
         all devices with ``model_axis`` of them (default all) sharding the weights. max_context: context budget
@@ -73,8 +75,14 @@ class Pipeline:
         if dtype not in _JAX_DTYPES:
             raise ValueError(f"unsupported dtype {dtype!r}; use one of {sorted(_JAX_DTYPES)}")
         enable_compilation_cache()
+        if path is None:
+            from app.default_model import default_model_dir
+
+            path = default_model_dir()
         folder = checkpoint_folder(path)
+        check_folder_files(folder)
         hf_config = read_json(folder, "config.json")
+        check_config_limits(hf_config)
         spec = family_for_config(hf_config)
         cfg = spec.parse_config(hf_config)
         generation_config = read_json(folder, "generation_config.json", required=False) or {}
@@ -99,6 +107,7 @@ class Pipeline:
     def generate(self, messages, *, max_new_tokens: int = 64, temperature: float = 0.0, top_k: int = 0,
                  top_p: float = 1.0, seed: int = 0, stop: Sequence[str] | None = None):
         """One conversation -> GenerationResult; a list of conversations -> list of GenerationResult."""
+        check_settings(max_new_tokens, temperature, top_k, top_p, seed, stop)
         batch = _is_batch(messages)
         conversations = list(messages) if batch else [messages]
         prompts = [self.prepare(c) for c in conversations]
@@ -114,92 +123,56 @@ class Pipeline:
         pad_to: fill the batch up to this size with copies of its first prompt (their answers are dropped) so a
         short last batch reuses the compiled program of full ones. ``seconds`` is the batch's generation time.
         """
-        sampling = SamplingParams(temperature=temperature, top_k=top_k, top_p=top_p, seed=seed)
+        sampling, max_new_tokens, stop = check_settings(max_new_tokens, temperature, top_k, top_p, seed, stop)
         batch = list(prompts) + [prompts[0]] * max(0, (pad_to or 0) - len(prompts))
         start = time.perf_counter()
         tokens = self.engine.generate(batch, max_new_tokens, sampling)
         seconds = time.perf_counter() - start
-        return [self._result(row, len(p.token_ids), max_new_tokens, stop, seconds)
-                for row, p in zip(tokens[:len(prompts)], prompts)]
+        return [self._result(row, len(p.token_ids), stop, seconds) for row, p in zip(tokens[:len(prompts)], prompts)]
 
-    def _result(self, row: np.ndarray, prompt_tokens: int, max_new: int, stop, seconds: float) -> GenerationResult:
-        ids: list[int] = []
-        reason = "length"
-        checker = StopChecker(self.processor.decode, stop)
-        for t in row.tolist():
-            ids.append(int(t))
-            if t in self.config.eos_ids:
-                reason = "eos"
+    def _result(self, row: np.ndarray, prompt_tokens: int, stop: tuple[str, ...], seconds: float) -> GenerationResult:
+        ids = row.tolist()
+        if not stop:  # no stop strings: the answer ends at the first end id
+            end = next((i for i, t in enumerate(ids) if t in self.config.eos_ids), None)
+            answer = ids if end is None else ids[:end]
+            return GenerationResult(text=self.processor.decode(answer), token_ids=ids[:len(answer) + 1],
+                                    prompt_tokens=prompt_tokens, finish_reason="length" if end is None else "eos",
+                                    seconds=seconds)
+        answer = answer_for(self.processor, stop, self.config.eos_ids)
+        for t in ids:
+            answer.push(t)
+            if answer.done:
                 break
-            if checker.push(int(t)):
-                reason = "stop"
-                break
-        text = checker.text(ids) if reason == "stop" else self.processor.decode(ids)
-        if reason == "stop":
-            ids = checker.ids
-        return GenerationResult(text=text, token_ids=ids, prompt_tokens=prompt_tokens, finish_reason=reason,
-                                seconds=seconds)
+        answer.finish()
+        return GenerationResult(text=answer.text, token_ids=answer.token_ids, prompt_tokens=prompt_tokens,
+                                finish_reason=answer.finish_reason, seconds=seconds)
 
     def stream(self, messages, *, max_new_tokens: int = 64, temperature: float = 0.0, top_k: int = 0,
                top_p: float = 1.0, seed: int = 0,
                stop: Sequence[str] | None = None) -> Generator[str, None, GenerationResult]:
         """Text pieces of one conversation's answer as they are generated (one piece per token, "" while a token
-        adds no visible text yet, so a consumer can stop between any two tokens).
+        adds no visible text yet, so a consumer can stop between any two tokens), then possibly one last piece.
 
         The generator's return value (``result = yield from pipe.stream(...)``) is the answer's GenerationResult as
-        ``generate`` gives it. Text already streamed is never decoded again (incremental detokenisation), so for
-        byte-fallback runs that end up invalid UTF-8 the joined pieces can differ from ``result.text``.
+        ``generate`` gives it, and the pieces joined are exactly ``result.text``: text is shown once no later
+        token can change it (an unfinished UTF-8 character or byte run waits), and text that could be the start
+        of a stop string waits until it is known not to be one.
         """
+        sampling, max_new_tokens, stop = check_settings(max_new_tokens, temperature, top_k, top_p, seed, stop)
         if _is_batch(messages):
             raise PromptError("stream takes one conversation; use generate for a batch")
-        sampling = SamplingParams(temperature=temperature, top_k=top_k, top_p=top_p, seed=seed)
         start = time.perf_counter()
         prompt = self.prepare(messages)
-        checker = StopChecker(self.processor.decode, stop)
-        detok = IncrementalDetokenizer(self.processor.decode)
-        ids: list[int] = []
-        shown = ""  # text yielded so far
-        reason = "length"
+        answer = answer_for(self.processor, stop, self.config.eos_ids)
         for tok in self.engine.stream([prompt], max_new_tokens, sampling):
-            t = int(tok[0])
-            ids.append(t)
-            if t in self.config.eos_ids:
-                reason = "eos"
+            piece = answer.push(int(tok[0]))
+            if answer.done:
+                if piece:
+                    yield piece
                 break
-            if checker.push(t):
-                reason = "stop"
-                break
-            text = shown + detok.push(t)
-            visible = checker.holdback(text)
-            piece = visible[len(shown):] if visible.startswith(shown) else ""
-            shown += piece
             yield piece
-        answer = ids[:-1] if reason == "eos" else ids
-        final = checker.text(answer) if reason == "stop" else self.processor.decode(answer)
-        if final.startswith(shown) and len(final) > len(shown):
-            yield final[len(shown):]
-        return GenerationResult(text=final, token_ids=ids, prompt_tokens=len(prompt.token_ids),
-                                finish_reason=reason, seconds=time.perf_counter() - start)
-
-
-class IncrementalDetokenizer:
-    """New text per token, decoding only a short window of recent tokens (as serving engines do).
-
-    ``push(token)`` returns the text the token completes: "" while the window ends in a partial UTF-8 character.
-    Text returned once is fixed: later tokens never change it.
-    """
-
-    def __init__(self, decode):
-        self.decode = decode
-        self.ids: list[int] = []
-        self.prefix = 0  # window start
-        self.read = 0  # tokens before this are already returned
-
-    def push(self, token_id: int) -> str:
-        self.ids.append(token_id)
-        before = self.decode(self.ids[self.prefix:self.read])
-        after = self.decode(self.ids[self.prefix:])
-        if len(after) > len(before) and not after.endswith("\ufffd") and after.startswith(before):
-            self.prefix, self.read = self.read, len(self.ids)
-            return after[len(before):]
-        return ""
+        rest = answer.finish()
+        if rest:
+            yield rest
+        return GenerationResult(text=answer.text, token_ids=answer.token_ids, prompt_tokens=len(prompt.token_ids),
+                                finish_reason=answer.finish_reason, seconds=time.perf_counter() - start)

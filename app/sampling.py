@@ -1,16 +1,51 @@
-"""Next-token choice from logits: greedy, or temperature + top-k + top-p sampling (all on device)."""
+"""Next-token choice from logits: greedy, or temperature + top-k + top-p sampling (all on device).
+
+Settings are checked when they are made (``SamplingParams``, ``check_max_new_tokens``, ``check_stops``): a bad value
+raises ``SamplingError`` before any work. The top-k and top-p filters find their thresholds by a binary search over
+the float32 values (a fixed 32 steps of one masked reduction over the vocabulary each), never by sorting the
+vocabulary; they keep exactly the tokens a full sort would keep (ties at a threshold included), up to the float
+rounding of the cumulative probability mass at the top-p boundary.
+"""
 
 from __future__ import annotations
 
 import dataclasses
+import math
+import numbers
+from typing import Sequence
 
 import jax
 import jax.numpy as jnp
 
+from common.errors import SamplingError
+
+MAX_TOP_K = 2**31 - 1  # top_k is an int32 on device; values at or above the vocabulary size keep every token
+SEED_RANGE = (-(2**63), 2**63)  # what jax.random.key takes
+MAX_NEW_TOKENS = 2**31 - 1
+MAX_STOPS = 32
+MAX_STOP_CHARS = 256
+
+
+def _is_int(value) -> bool:
+    return isinstance(value, numbers.Integral) and not isinstance(value, bool)
+
+
+def _finite_number(name: str, value) -> float:
+    if isinstance(value, bool) or not isinstance(value, numbers.Real):
+        raise SamplingError(f"{name} must be a number, got {value!r}")
+    value = float(value)
+    if not math.isfinite(value):
+        raise SamplingError(f"{name} must be a finite number, got {value!r}")
+    return value
+
 
 @dataclasses.dataclass(frozen=True)
 class SamplingParams:
-    """temperature 0 means greedy; top_k 0 and top_p 1.0 disable those filters."""
+    """temperature 0 means greedy; top_k 0 and top_p 1.0 disable those filters.
+
+    temperature: a finite number >= 0. top_k: an integer in [0, 2**31). top_p: a number in (0, 1]. seed: an
+    integer in [-2**63, 2**63). Anything else raises SamplingError (an OmnijaxError and a ValueError).
+    """
 
     temperature: float = 0.0
     top_k: int = 0
@@ -18,12 +53,20 @@ class SamplingParams:
     seed: int = 0
 
     def __post_init__(self):
-        if self.temperature < 0:
-            raise ValueError(f"temperature must be >= 0, got {self.temperature}")
-        if self.top_k < 0:
-            raise ValueError(f"top_k must be >= 0, got {self.top_k}")
-        if not 0.0 < self.top_p <= 1.0:
-            raise ValueError(f"top_p must be in (0, 1], got {self.top_p}")
+        temperature = _finite_number("temperature", self.temperature)
+        if temperature < 0:
+            raise SamplingError(f"temperature must be >= 0, got {self.temperature!r}")
+        if not _is_int(self.top_k) or not 0 <= self.top_k <= MAX_TOP_K:
+            raise SamplingError(f"top_k must be an integer in [0, {MAX_TOP_K}] (0 = off), got {self.top_k!r}")
+        top_p = _finite_number("top_p", self.top_p) if not isinstance(self.top_p, bool) else None
+        if top_p is None or not 0.0 < top_p <= 1.0:
+            raise SamplingError(f"top_p must be in (0, 1], got {self.top_p!r}")
+        if not _is_int(self.seed) or not SEED_RANGE[0] <= self.seed < SEED_RANGE[1]:
+            raise SamplingError(f"seed must be an integer that fits in 64 bits (signed), got {self.seed!r}")
+        object.__setattr__(self, "temperature", temperature)
+        object.__setattr__(self, "top_k", int(self.top_k))
+        object.__setattr__(self, "top_p", top_p)
+        object.__setattr__(self, "seed", int(self.seed))
 
     @property
     def greedy(self) -> bool:
@@ -39,24 +82,139 @@ class SamplingParams:
                 "top_p": jnp.float32(self.top_p)}
 
 
+def check_max_new_tokens(value) -> int:
+    """``value`` as an int when it is a whole number >= 1, else SamplingError."""
+    if not _is_int(value) or not 1 <= value <= MAX_NEW_TOKENS:
+        raise SamplingError(f"max_new_tokens must be an integer >= 1, got {value!r}")
+    return int(value)
+
+
+def check_stops(stop) -> tuple[str, ...]:
+    """Stop strings as a tuple (None -> ()); a single string is one stop string. Empty strings are dropped.
+
+    At most MAX_STOPS strings of at most MAX_STOP_CHARS characters each; anything else raises SamplingError."""
+    if stop is None:
+        return ()
+    if isinstance(stop, str):
+        stop = [stop]
+    if not isinstance(stop, Sequence) or any(not isinstance(s, str) for s in stop):
+        raise SamplingError(f"stop must be a string or a list of strings, got {stop!r}"[:300])
+    stops = tuple(s for s in stop if s)
+    if len(stops) > MAX_STOPS:
+        raise SamplingError(f"at most {MAX_STOPS} stop strings are accepted, got {len(stops)}")
+    longest = max((len(s) for s in stops), default=0)
+    if longest > MAX_STOP_CHARS:
+        raise SamplingError(f"stop strings are limited to {MAX_STOP_CHARS} characters, got one of {longest}")
+    return stops
+
+
+def check_settings(max_new_tokens, temperature, top_k, top_p, seed, stop) -> tuple[SamplingParams, int,
+                                                                                    tuple[str, ...]]:
+    """(SamplingParams, max_new_tokens, stop strings) after checking every value (SamplingError names a bad one)."""
+    sampling = SamplingParams(temperature=temperature, top_k=top_k, top_p=top_p, seed=seed)
+    return sampling, check_max_new_tokens(max_new_tokens), check_stops(stop)
+
+
+# ---- thresholds without a sort -------------------------------------------------------------------------------
+
+def _ordered(x: jax.Array) -> jax.Array:
+    """float32 -> uint32 keys in the same order as the floats (for finite values and infinities)."""
+    bits = jax.lax.bitcast_convert_type(x, jnp.uint32)
+    return jnp.where(bits >> 31 == 1, ~bits, bits | jnp.uint32(0x80000000))
+
+
+def _unordered(key: jax.Array) -> jax.Array:
+    bits = jnp.where(key >> 31 == 1, key & jnp.uint32(0x7FFFFFFF), ~key)
+    return jax.lax.bitcast_convert_type(bits, jnp.float32)
+
+
+def _largest_where(pred, lo: jax.Array, hi: jax.Array) -> jax.Array:
+    """The largest key k in [lo, hi] with ``pred(k)`` (pred is monotone: true up to some key; true at lo)."""
+
+    def step(_, bounds):
+        lo, hi = bounds
+        gap = hi - lo
+        mid = lo + gap // 2 + (gap & 1)  # upper middle, no overflow
+        ok = pred(mid) & (lo < hi)
+        return jnp.where(ok, mid, lo), jnp.where(ok | (lo >= hi), hi, mid - 1)
+
+    return jax.lax.fori_loop(0, 32, step, (lo, hi))[0]
+
+
+def _smallest_where(pred, lo: jax.Array, hi: jax.Array) -> jax.Array:
+    """The smallest key k in [lo, hi] with ``pred(k)`` (pred is monotone: false up to some key; true at hi)."""
+
+    def step(_, bounds):
+        lo, hi = bounds
+        mid = lo + (hi - lo) // 2
+        ok = pred(mid)
+        active = lo < hi
+        return jnp.where(active & ~ok, mid + 1, lo), jnp.where(active & ok, mid, hi)
+
+    return jax.lax.fori_loop(0, 32, step, (lo, hi))[0]
+
+
+def kth_largest(logits_BV: jax.Array, k_B: jax.Array) -> jax.Array:
+    """The k-th largest value of each row [batch, 1] (k in [1, vocab]), as the k-th entry of a descending sort."""
+    lo = _ordered(jnp.min(logits_BV, axis=-1, keepdims=True))
+    hi = _ordered(jnp.max(logits_BV, axis=-1, keepdims=True))
+
+    k = k_B.astype(jnp.float32)  # counts in float32 are exact below 2**24 and reduce faster than integers
+
+    def at_least_k(key):  # at least k values >= the candidate
+        return jnp.sum(jnp.where(logits_BV >= _unordered(key), 1.0, 0.0), axis=-1, keepdims=True) >= k
+
+    return _unordered(_largest_where(at_least_k, lo, hi))
+
+
+def nucleus_threshold(logits_BV: jax.Array, top_p: jax.Array, floor_B: jax.Array,
+                      floor_copies_B: jax.Array) -> jax.Array:
+    """The smallest value T of each row [batch, 1] (>= floor) whose probability mass strictly above T is < top_p.
+
+    It is the smallest value a descending sort keeps when it keeps the shortest prefix whose mass reaches top_p:
+    the first of a run of equal values has the mass of everything larger before it. The probabilities are those
+    of the sorted prefix a top-k filter leaves: every value above ``floor`` plus ``floor_copies`` copies of
+    ``floor``; without top-k, floor is the row minimum and its copies are all of them.
+    """
+    top = jnp.max(logits_BV, axis=-1, keepdims=True)
+    weights = jnp.exp(logits_BV - top)
+    above_floor = jnp.sum(jnp.where(logits_BV > floor_B, weights, 0.0), axis=-1, keepdims=True)
+    total = above_floor + floor_copies_B * jnp.exp(floor_B - top)
+
+    def mass_above_below_p(key):
+        mass = jnp.sum(jnp.where(logits_BV > _unordered(key), weights, 0.0), axis=-1, keepdims=True) / total
+        return mass < top_p
+
+    return _unordered(_smallest_where(mass_above_below_p, _ordered(floor_B), _ordered(top)))
+
+
+def filter_logits(logits_BV: jax.Array, values: dict, mode: tuple[bool, bool, bool]) -> jax.Array:
+    """Float32 logits [batch, vocab] divided by the temperature, with the tokens top-k / top-p drop set to -inf.
+
+    Top-k keeps every token whose logit is >= the k-th largest (ties at the k-th value are kept). Top-p then
+    keeps the shortest run of the (top-k) tokens, largest first, whose probability mass reaches top_p (the
+    probabilities of the top-k entries), and with it every token equal to the last one kept."""
+    _, use_top_k, use_top_p = mode
+    logits = logits_BV / values["temperature"]
+    vocab = logits.shape[-1]
+    rows = logits.shape[0]
+    if use_top_k:
+        k = jnp.broadcast_to(jnp.clip(values["top_k"], 1, vocab), (rows, 1))
+        floor = kth_largest(logits, k)  # what the k-th entry of a descending sort holds
+        logits = jnp.where(logits < floor, -jnp.inf, logits)
+        copies = k.astype(jnp.float32) - jnp.sum(jnp.where(logits > floor, 1.0, 0.0), axis=-1, keepdims=True)
+    else:
+        floor = jnp.min(logits, axis=-1, keepdims=True)
+        copies = jnp.sum(jnp.where(logits == floor, 1.0, 0.0), axis=-1, keepdims=True)
+    if use_top_p:
+        threshold = nucleus_threshold(logits, values["top_p"], floor, copies)
+        logits = jnp.where(logits < threshold, -jnp.inf, logits)
+    return logits
+
+
 def choose(logits_BV: jax.Array, key: jax.Array, values: dict, mode: tuple[bool, bool, bool]) -> jax.Array:
     """Token ids [batch] from float32 logits [batch, vocab]."""
-    sample, use_top_k, use_top_p = mode
+    sample, _, _ = mode
     if not sample:
         return jnp.argmax(logits_BV, axis=-1).astype(jnp.int32)
-    logits = logits_BV / values["temperature"]
-    if use_top_k or use_top_p:
-        sorted_desc = -jnp.sort(-logits, axis=-1)
-        if use_top_k:
-            k = jnp.clip(values["top_k"], 1, logits.shape[-1])
-            kth = jnp.take_along_axis(sorted_desc, jnp.full((logits.shape[0], 1), k - 1), axis=-1)
-            logits = jnp.where(logits < kth, -jnp.inf, logits)
-            sorted_desc = jnp.where(jnp.arange(logits.shape[-1])[None] < k, sorted_desc, -jnp.inf)
-        if use_top_p:
-            probs = jax.nn.softmax(sorted_desc, axis=-1)
-            cum = jnp.cumsum(probs, axis=-1)
-            # keep the smallest prefix whose mass reaches top_p (always at least one token)
-            keep = (cum - probs) < values["top_p"]
-            threshold = jnp.min(jnp.where(keep, sorted_desc, jnp.inf), axis=-1, keepdims=True)
-            logits = jnp.where(logits < threshold, -jnp.inf, logits)
-    return jax.random.categorical(key, logits, axis=-1).astype(jnp.int32)
+    return jax.random.categorical(key, filter_logits(logits_BV, values, mode), axis=-1).astype(jnp.int32)

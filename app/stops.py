@@ -1,42 +1,44 @@
-"""Stop strings: find where generated text first contains one, and the tokens that reach it."""
+"""Stop strings, found in the answer text as it grows, with work bounded by the stop strings' length per step.
+
+The checker sees the settled text piece by piece (see app/detokenize.py) and keeps only the last
+``longest stop - 1`` characters between pieces: an occurrence that ends in a new piece starts at most that far back.
+"""
 
 from __future__ import annotations
 
-from typing import Callable, Sequence
+from typing import Sequence
+
+from app.sampling import check_stops
 
 
 class StopChecker:
-    """Feed generated token ids one at a time; ``push`` returns True once the text contains a stop string.
+    """``push(piece)`` returns the position in the whole text where the earliest stop string starts, once the text
+    contains one (None before). ``held()`` is how many trailing characters could still grow into a stop string
+    (safe to show while streaming: the text without them)."""
 
-    After a stop, ``ids`` are the tokens up to and including the one that completed the stop string and
-    ``text(ids)`` is the decoded text cut just before the stop string.
-    """
+    def __init__(self, stops: Sequence[str] | str | None):
+        self.stops = check_stops(stops)
+        self.keep = max((len(s) for s in self.stops), default=1) - 1
+        self.length = 0  # characters pushed so far
+        self.tail = ""  # the last ``keep`` of them
 
-    def __init__(self, decode: Callable[[list[int]], str], stops: Sequence[str] | None):
-        if isinstance(stops, str):
-            stops = [stops]
-        self.decode = decode
-        self.stops = [s for s in (stops or []) if s]
-        self.ids: list[int] = []
+    def push(self, piece: str) -> int | None:
+        if not piece:
+            return None
+        window = self.tail + piece
+        base = self.length - len(self.tail)
+        self.length += len(piece)
+        self.tail = window[max(0, len(window) - self.keep):] if self.keep else ""
+        starts = [window.find(s) for s in self.stops]
+        found = [i for i in starts if i >= 0]
+        return base + min(found) if found else None
 
-    def push(self, token_id: int) -> bool:
-        self.ids.append(token_id)
-        if not self.stops:
-            return False
-        text = self.decode(self.ids)
-        return any(s in text for s in self.stops)
-
-    def holdback(self, text: str) -> str:
-        """``text`` less any ending that could still grow into a stop string (safe to show while streaming)."""
-        keep = len(text)
+    def held(self) -> int:
+        """The length of the longest ending of the text that is a proper beginning of a stop string."""
+        best = 0
         for s in self.stops:
-            for n in range(min(len(s) - 1, len(text)), 0, -1):
-                if text.endswith(s[:n]):
-                    keep = min(keep, len(text) - n)
+            for n in range(min(len(s) - 1, len(self.tail)), best, -1):
+                if self.tail.endswith(s[:n]):
+                    best = n
                     break
-        return text[:keep]
-
-    def text(self, ids: list[int]) -> str:
-        text = self.decode(ids)
-        cut = min((text.find(s) for s in self.stops if s in text), default=len(text))
-        return text[:cut]
+        return best

@@ -427,6 +427,13 @@ def main(argv=None) -> int:
     p.add_argument("--memory-probe", help=argparse.SUPPRESS)
     p.add_argument("--checkpoint", help=argparse.SUPPRESS)
     args = p.parse_args(argv)
+    try:
+        import torch  # noqa: F401 (transformers runs the reference side on PyTorch)
+    except ImportError:
+        print("python -m bench.generation: the benchmark compares omnijax with transformers, which runs on PyTorch, "
+              "and PyTorch is not installed: install the test extra (pip install -e '.[test]'; see the README's "
+              "Tests section for a CPU-only PyTorch)", file=sys.stderr)
+        return 2
     if args.memory_probe:
         memory_probe(args.memory_probe, args.checkpoint)
         return 0

@@ -19,3 +19,7 @@ class PromptError(OmnijaxError):
 
 class UnsupportedModelError(CheckpointError):
     """The checkpoint's architecture is not one omnijax knows."""
+
+
+class SamplingError(OmnijaxError, ValueError):
+    """A generation setting (temperature, top_k, top_p, seed, max_new_tokens, stop strings) is out of range."""

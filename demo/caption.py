@@ -14,11 +14,9 @@ one captions its shard of the items into its own part file; ``merge_parts`` join
 from __future__ import annotations
 
 import dataclasses
-import json
 import os
 import pathlib
 import sys
-import tempfile
 import time
 from typing import Sequence, TextIO
 
@@ -27,8 +25,9 @@ import grain
 from common.errors import OmnijaxError
 from app.sampling import SamplingParams
 from demo.caption_items import (DEFAULT_PROMPTS, CaptionInputError, CaptionItem, check_parts, dedup_rows,
-                                finished_paths, parse_rows, part_path, part_pattern, remaining, row_status,
-                                shard_items)
+                                finished_paths, part_path, part_pattern, remaining, row_status, shard_items)
+from demo.caption_output import OutputLock, check_not_an_input, read_output, replace_file, row_bytes
+from demo.interrupts import CtrlC
 
 
 @dataclasses.dataclass(frozen=True)
@@ -192,17 +191,20 @@ def caption_batch(pipe, batch: list[Prepared], options: CaptionOptions) -> list[
 class RowWriter:
     """Appends rows to a JSONL file, one write + flush per row, so a kill loses at most the row in flight.
 
-    Opening reads the rows already there and cuts off a torn last line (text after the last newline).
+    Opening checks that the file is a caption file (demo/caption_output.py), reads the rows already there and
+    cuts off a torn last line (text after the last newline). Hold the output's lock (``OutputLock``) first.
     """
 
     def __init__(self, path: str | os.PathLike):
         self.path = pathlib.Path(path)
-        self.path.parent.mkdir(parents=True, exist_ok=True)
+        self.existing, complete, size = read_output(self.path)
         try:
-            self.existing, self.bad_lines = read_rows(self.path, repair=True)
+            self.path.parent.mkdir(parents=True, exist_ok=True)
+            if complete < size:
+                os.truncate(self.path, complete)
             self._file = open(self.path, "ab")
         except OSError as e:
-            raise CaptionInputError(f"cannot use {self.path} as the output file: {e}") from e
+            raise CaptionInputError(f"cannot use {self.path} as the output file: {e.strerror or e}") from e
 
     def write(self, row: dict) -> None:
         self._file.write(row_bytes(row))
@@ -225,37 +227,9 @@ class RowWriter:
         self.close()
 
 
-def row_bytes(row: dict) -> bytes:
-    return (json.dumps(row, ensure_ascii=False) + "\n").encode("utf-8")
-
-
-def replace_file(path: pathlib.Path, rows: Sequence[dict]) -> None:
-    """Write ``rows`` to a temporary file next to ``path``, fsync it and rename it onto ``path``."""
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
-    try:
-        with os.fdopen(fd, "wb") as f:
-            for row in rows:
-                f.write(row_bytes(row))
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        if os.path.exists(tmp):
-            os.remove(tmp)
-        raise
-
-
-def read_rows(path: str | os.PathLike, *, repair: bool = False) -> tuple[list[dict], int]:
-    """(rows, bad complete lines) of a JSONL output file ([] if missing). ``repair``: truncate a torn last line."""
-    path = pathlib.Path(path)
-    if not path.exists():
-        return [], 0
-    with open(path, "r+b" if repair else "rb") as f:
-        data = f.read()
-        parsed = parse_rows(data)
-        if repair and parsed.complete_bytes < len(data):
-            f.truncate(parsed.complete_bytes)
-    return parsed.rows, parsed.bad_lines
+def read_rows(path: str | os.PathLike) -> tuple[list[dict], int]:
+    """(rows, 0) of a caption output file ([] if missing); CaptionInputError if it is not one."""
+    return read_output(path)[0], 0
 
 
 # ---- the run -----------------------------------------------------------------------------------------------------
@@ -304,26 +278,31 @@ def supported(pipe, item: CaptionItem) -> bool:
 
 def run_captions(pipe, items: Sequence[CaptionItem], out: str | os.PathLike,
                  options: CaptionOptions = CaptionOptions(), *, shard_index: int = 0, shard_count: int = 1,
-                 log: TextIO | None = sys.stderr) -> CaptionSummary:
+                 log: TextIO | None = sys.stderr, inputs: Sequence[str | os.PathLike] = ()) -> CaptionSummary:
     """Caption this process's shard of ``items`` into its output file, resuming what is there.
 
     pipe: a Pipeline, or a function returning one (called only when there is something left to caption).
     shard_index / shard_count: this process among all (default 0 of 1); with more than one, rows go to
     ``part_path(out, shard_index, shard_count)`` and items already in a merged ``out`` count as finished too.
-    Ctrl-C stops the run cleanly: the summary has ``interrupted=True`` and every row written so far is kept.
-    Returns the summary (also printed to ``log``).
+    inputs: other input files (a manifest) the output must not be. The output is locked for the run
+    (``<out>.lock``) and must be a caption file if it exists (demo/caption_output.py).
+    Ctrl-C at any point stops the run cleanly: the summary has ``interrupted=True`` and every row written so far
+    is kept. Returns the summary (also printed to ``log``).
     """
     shard = shard_items(list(items), shard_index, shard_count)
     path = part_path(out, shard_index, shard_count)
+    every = [item.path for item in items]
+    check_not_an_input(path, every, inputs)
+    if path != pathlib.Path(out):
+        check_not_an_input(out, every, inputs)
     start = time.perf_counter()
-    with RowWriter(path) as writer:
-        if writer.bad_lines and log:
-            print(f"[omnijax] {path}: ignoring {writer.bad_lines} unreadable lines", file=log)
-        rows = writer.existing + (read_rows(out)[0] if path != pathlib.Path(out) else [])
+    with CtrlC() as ctrl_c, OutputLock(path), RowWriter(path) as writer:
+        rows = writer.existing + (read_output(out)[0] if path != pathlib.Path(out) else [])
         todo = remaining(shard, finished_paths(rows, retry_errors=options.retry_errors))
         retried = {item.path for item in todo} & {row["path"] for row in writer.existing}
         if retried:  # their error rows go, so that the file keeps one row per item
-            writer.drop(retried)
+            with ctrl_c.shielded():
+                writer.drop(retried)
         summary = CaptionSummary(str(path), total=len(shard), already=len(shard) - len(todo))
         progress = None
         iterator = None
@@ -337,30 +316,38 @@ def run_captions(pipe, items: Sequence[CaptionItem], out: str | os.PathLike,
                 if supported(pipe, item):
                     runnable.append(item)
                 else:
-                    writer.write(skipped_row(item, f"the {pipe.family} model takes no {item.kind} input"))
-                    summary.skipped += 1
+                    with ctrl_c.shielded():
+                        writer.write(skipped_row(item, f"the {pipe.family} model takes no {item.kind} input"))
+                        summary.skipped += 1
                     progress.update(1, summary.failed)
-            if runnable:
+            if runnable and not ctrl_c.requested:
                 iterator = iter(caption_dataset(pipe, runnable, options))
                 for batch in iterator:
+                    if ctrl_c.requested:  # recorded while shielded, or swallowed by a library
+                        break
                     batch_rows = caption_batch(pipe, batch, options)
-                    for row in batch_rows:
-                        writer.write(row)
-                        if row["status"] == "ok":
-                            summary.done += 1
-                        else:
-                            summary.failed += 1
+                    with ctrl_c.shielded():
+                        for row in batch_rows:
+                            writer.write(row)
+                            if row["status"] == "ok":
+                                summary.done += 1
+                            else:
+                                summary.failed += 1
                     progress.update(len(batch_rows), summary.failed)
         except KeyboardInterrupt:
-            summary.interrupted = True
+            ctrl_c.requested = True
         finally:
-            if iterator is not None and hasattr(iterator, "close"):
-                iterator.close()
-            if progress is not None:
-                progress.close()
-            summary.seconds = time.perf_counter() - start
-    if log:
-        print(f"[omnijax] {summary.line()}", file=log)
+            with ctrl_c.shielded():
+                try:
+                    if iterator is not None and hasattr(iterator, "close"):
+                        iterator.close()
+                    if progress is not None:
+                        progress.close()
+                finally:
+                    summary.seconds = time.perf_counter() - start
+                    summary.interrupted = ctrl_c.requested
+                    if log:
+                        print(f"[omnijax] {summary.line()}", file=log)
     return summary
 
 
@@ -393,19 +380,20 @@ def find_parts(out: str | os.PathLike) -> list[tuple[int, int, pathlib.Path]]:
 def merge_parts(out: str | os.PathLike, *, remove_parts: bool = False) -> MergeSummary:
     """Join ``out``'s part files (and the rows already in ``out``) into ``out``: one row per path (an ok row
     preferred over a skipped one, over an error one), parts in process order. Written to a temporary file and
-    renamed into place. Raises CaptionInputError when there are no parts, a part is missing, or part counts
-    disagree."""
+    renamed into place, under ``out``'s lock. Raises CaptionInputError when there are no parts, a part is
+    missing, part counts disagree, or ``out`` or a part is not a caption file."""
     out = pathlib.Path(out)
     found = find_parts(out)
     if not found:
         raise CaptionInputError(f"no part files like {part_path(out, 0, 2).name} next to {out}")
     check_parts([(index, count, path.name) for index, count, path in found])
     parts = [path for _, _, path in found]
-    rows = read_rows(out)[0]
-    for part in parts:
-        rows += read_rows(part)[0]
-    merged = dedup_rows(rows)
-    replace_file(out, merged)
+    with OutputLock(out):
+        rows = read_output(out)[0]
+        for part in parts:
+            rows += read_output(part, what="part file")[0]
+        merged = dedup_rows(rows)
+        replace_file(out, merged)
     if remove_parts:
         for part in parts:
             part.unlink()

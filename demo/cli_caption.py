@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import argparse
 import logging
+import os
 import sys
 
 from app.cli import add_model_flags, add_sampling_flags, load_pipeline
@@ -109,8 +110,9 @@ def run_caption(args) -> int:
     if options.max_new_tokens < 1:
         raise CaptionInputError(f"--max-new-tokens must be >= 1, got {options.max_new_tokens}")
     items = discover(args.input, path_column=args.path_column, prompt_column=args.prompt_column)
+    inputs = [args.input] if os.path.isfile(args.input) else []  # a manifest (or the one media file)
     summary = run_captions(lambda: load_local_pipeline(args), items, args.out, options, shard_index=shard_index,
-                           shard_count=shard_count)
+                           shard_count=shard_count, inputs=inputs)
     return 130 if summary.interrupted else 0
 
 

@@ -3,10 +3,13 @@
 from __future__ import annotations
 
 import argparse
+import errno
 import ipaddress
+import socket
 import sys
 
 from app.cli import add_model_flags
+from common.errors import OmnijaxError
 from demo.chat_state import DEFAULT_MAX_UPLOAD_MB
 
 DEFAULT_HOST = "127.0.0.1"
@@ -57,8 +60,39 @@ def is_loopback(host: str) -> bool:
         return False
 
 
+class ServeError(OmnijaxError):
+    """The demo cannot listen where it was asked to (port taken, address not on this machine)."""
+
+
+def listen_problem(host: str, port: int, error: BaseException) -> ServeError:
+    """The one-line error for a failure to listen on host:port, naming the flag that fixes it."""
+    code = getattr(error, "errno", None)
+    if code == errno.EADDRINUSE or "empty port" in str(error):
+        return ServeError(f"port {port} on {host} is already in use: choose another with --port")
+    if code in (errno.EACCES, errno.EPERM):
+        return ServeError(f"no permission to listen on port {port}: choose one above 1023 with --port")
+    reason = getattr(error, "strerror", None) or str(error)
+    return ServeError(f"cannot listen on {host}:{port} ({reason}): check --host")
+
+
+def check_listen(host: str, port: int) -> None:
+    """Raise ServeError when host:port cannot be listened on now (checked before the model is loaded)."""
+    try:
+        infos = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE)
+    except socket.gaierror as e:
+        raise listen_problem(host, port, e) from None
+    family, kind, proto, _, address = infos[0]
+    with socket.socket(family, kind, proto) as probe:
+        probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as the server itself binds
+        try:
+            probe.bind(address)
+        except OSError as e:
+            raise listen_problem(host, port, e) from None
+
+
 def run_demo(args) -> int:
     """Serve until interrupted (Ctrl-C)."""
+    check_listen(args.host, args.port)
     if not is_loopback(args.host):
         print(f"[omnijax] serving on {args.host}: anyone who can reach this address can use the model",
               file=sys.stderr)

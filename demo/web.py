@@ -9,8 +9,14 @@ generation becomes an error message in the chat; the server keeps serving.
 
 from __future__ import annotations
 
+import atexit
 import contextlib
+import io
 import logging
+import os
+import shutil
+import sys
+import tempfile
 import threading
 import time
 from typing import Any, Callable, Iterator
@@ -168,21 +174,72 @@ def launch(demo: gr.Blocks, *, host: str = "127.0.0.1", port: int = 7860,
            max_upload_mb: float = DEFAULT_MAX_UPLOAD_MB, block: bool = True, quiet: bool = False):
     """Serve ``demo`` on ``host:port``: queued (one generation at a time), uploads capped at ``max_upload_mb``.
 
-    block=False returns once the server is up (call ``demo.close()`` to stop it).
+    block=False returns once the server is up (call ``demo.close()`` to stop it). A port in use or an address
+    that cannot be listened on raises ServeError naming the --port / --host flag.
     """
+    from demo.cli_web import listen_problem
+
     demo.queue(default_concurrency_limit=1, max_size=64)
-    return demo.launch(server_name=host, server_port=port, max_file_size=int(max_upload_mb * 2**20),
-                       share=False, inbrowser=False, show_error=True, ssr_mode=False, pwa=False,
-                       mcp_server=False, prevent_thread_lock=not block, quiet=quiet)
+    try:
+        return demo.launch(server_name=host, server_port=port, max_file_size=int(max_upload_mb * 2**20),
+                           share=False, inbrowser=False, show_error=True, ssr_mode=False, pwa=False,
+                           mcp_server=False, prevent_thread_lock=not block, quiet=quiet)
+    except OSError as e:
+        raise listen_problem(host, port, e) from None
+
+
+def stop(demo: gr.Blocks) -> None:
+    """Stop a demo started by ``serve`` and remove the uploads it received."""
+    with contextlib.redirect_stdout(io.StringIO()):  # gradio announces the port it closes
+        demo.close()
+    folder = getattr(demo, "omnijax_upload_dir", None)
+    if folder:
+        shutil.rmtree(folder, ignore_errors=True)
+        if os.environ.get("GRADIO_TEMP_DIR") == folder:
+            previous = demo.omnijax_previous_temp_dir
+            if previous is None:
+                del os.environ["GRADIO_TEMP_DIR"]
+            else:
+                os.environ["GRADIO_TEMP_DIR"] = previous
 
 
 def serve(args, *, block: bool = True) -> gr.Blocks:
     """``omnijax demo``: load ``args.model`` (default: the embedded tiny model) and serve the chat on
-    ``args.host:args.port``. Returns the demo (after the server stops, or at once with block=False)."""
+    ``args.host:args.port`` until Ctrl-C. Returns the demo (after the server stops, or at once with block=False:
+    then ``stop(demo)`` ends it).
+
+    Uploads are kept in a folder of this run (GRADIO_TEMP_DIR, set for this process), removed when it stops.
+    """
     from app.cli import load_pipeline
 
     pipe = load_pipeline(args)
+    upload_dir = tempfile.mkdtemp(prefix="omnijax-demo-uploads-")
+    atexit.register(shutil.rmtree, upload_dir, True)
+    previous = os.environ.get("GRADIO_TEMP_DIR")
+    os.environ["GRADIO_TEMP_DIR"] = upload_dir  # read by gradio when the page is built and on every upload
     demo = build_demo(pipe, max_upload_mb=args.max_upload_mb,
                       notice=DEFAULT_MODEL_NOTICE if args.model is None else None)
-    launch(demo, host=args.host, port=args.port, max_upload_mb=args.max_upload_mb, block=block)
+    demo.omnijax_upload_dir, demo.omnijax_previous_temp_dir = upload_dir, previous
+    try:
+        launch(demo, host=args.host, port=args.port, max_upload_mb=args.max_upload_mb, block=False, quiet=True)
+    except BaseException:
+        stop(demo)
+        raise
+    print(f"[omnijax] serving {pipe.name} ({pipe.family}) on http://{_url_host(args.host)}:{args.port} "
+          f"(Ctrl-C stops)", file=sys.stderr, flush=True)
+    if not block:
+        return demo
+    try:
+        threading.Event().wait()
+    except KeyboardInterrupt:
+        pass
+    finally:
+        stop(demo)
+    print("[omnijax] demo stopped", file=sys.stderr)
     return demo
+
+
+def _url_host(host: str) -> str:
+    if host in ("0.0.0.0", "::"):
+        return "127.0.0.1"
+    return f"[{host}]" if ":" in host else host

@@ -24,6 +24,7 @@ import warnings
 import numpy as np
 
 from common.errors import MediaError
+from preprocess.media_limits import MAX_AUDIO_CHANNELS
 from preprocess.sources import local_path
 
 # Scale of integer PCM arrays, as libsndfile reads them into floats: x / 2**(bits - 1).
@@ -61,31 +62,48 @@ def resample(samples_N: np.ndarray, source_rate: float, target_rate: int) -> np.
     return np.asarray(out[:n_out], dtype=samples_N.dtype)
 
 
-def _to_mono_float32(array: np.ndarray, name: str) -> np.ndarray:
-    """A mono float32 [n] array from [n], [channels, n] or [n, channels] float / int16 / int32 samples.
-
-    Two-dimensional arrays are taken channels-first when ``shape[0] <= shape[1]`` (librosa's layout), otherwise
-    channels-last. Integer PCM is scaled to [-1, 1) as libsndfile scales it. Raises ``MediaError`` on other
-    dtypes, other ranks, no samples, or NaN / infinity.
-    """
-    if array.dtype in _INT_SCALE:
-        array = (array.astype(np.float64) / _INT_SCALE[array.dtype]).astype(np.float32)
-    elif np.issubdtype(array.dtype, np.floating):
-        array = array.astype(np.float32, copy=False)
-    else:
-        raise MediaError(f"{name}: expected float, int16 or int32 audio samples, got dtype {array.dtype}")
-
-    if array.ndim == 2:
+def _layout(array: np.ndarray, name: str) -> tuple[int, int]:
+    """(channels, samples) of a [n], [channels, n] or [n, channels] array, from its shape alone (2-D arrays are
+    channels-first when ``shape[0] <= shape[1]``, librosa's layout). Raises ``MediaError`` on other ranks, empty
+    arrays and more than MAX_AUDIO_CHANNELS channels."""
+    if array.ndim == 1:
+        channels, samples = 1, array.shape[0]
+    elif array.ndim == 2:
         if min(array.shape) == 0:
             raise MediaError(f"{name}: audio array has no samples, shape {tuple(array.shape)}")
-        array = downmix(array if array.shape[0] <= array.shape[1] else array.T)
-    elif array.ndim != 1:
+        channels, samples = (array.shape if array.shape[0] <= array.shape[1] else array.shape[::-1])
+    else:
         raise MediaError(
             f"{name}: expected audio of shape [samples], [channels, samples] or [samples, channels], got shape "
             f"{tuple(array.shape)}"
         )
-    if array.size == 0:
+    if samples == 0:
         raise MediaError(f"{name}: audio has no samples")
+    if channels > MAX_AUDIO_CHANNELS:
+        raise MediaError(f"{name}: {channels} channels; at most {MAX_AUDIO_CHANNELS} are accepted")
+    return channels, samples
+
+
+def _to_mono_float32(array: np.ndarray, name: str) -> np.ndarray:
+    """A mono float32 [n] array from [n], [channels, n] or [n, channels] float / int16 / int32 samples.
+
+    Two-dimensional arrays are taken channels-first when ``shape[0] <= shape[1]`` (librosa's layout), otherwise
+    channels-last. Integer PCM is scaled to [-1, 1) as libsndfile scales it (in float32: int16 converts exactly,
+    and for int32 rounding then scaling by a power of two equals scaling in float64 then rounding). Raises
+    ``MediaError`` on other dtypes, other ranks, no samples, or NaN / infinity. Check the length with ``_layout``
+    first: this makes copies of the samples.
+    """
+    if array.dtype not in _INT_SCALE and not np.issubdtype(array.dtype, np.floating):
+        raise MediaError(f"{name}: expected float, int16 or int32 audio samples, got dtype {array.dtype}")
+    _layout(array, name)
+    scale = _INT_SCALE.get(array.dtype)
+    if scale is not None:
+        array = array.astype(np.float32)
+        array *= np.float32(1.0 / scale)  # a power of two: exact
+    else:
+        array = array.astype(np.float32, copy=False)
+    if array.ndim == 2:
+        array = downmix(array if array.shape[0] <= array.shape[1] else array.T)
     if not np.all(np.isfinite(array)):
         raise MediaError(f"{name}: audio holds NaN or infinite samples")
     return array
@@ -113,7 +131,18 @@ def _decode_file(path: pathlib.Path, sampling_rate: int, max_seconds: float | No
             # Refuse an over-long file from its header, before decoding it.
             if f.frames > 0:
                 _check_duration(f.frames, rate, max_seconds, f"audio file {path}")
-            samples_CN = f.read(dtype="float32", always_2d=True).T
+            if f.channels > MAX_AUDIO_CHANNELS:
+                raise MediaError(f"audio file {path}: {f.channels} channels; at most {MAX_AUDIO_CHANNELS} are "
+                                 f"accepted")
+            # Read block by block, averaging the channels of each block (the same numbers as averaging the whole
+            # array), so only the mono samples are kept; never more than the limit plus one block.
+            cap = None if max_seconds is None else int(max_seconds * rate) + 1
+            blocks, read = [], 0
+            for block_NC in f.blocks(blocksize=1 << 16, dtype="float32", always_2d=True):
+                blocks.append(np.ascontiguousarray(downmix(block_NC.T)))
+                read += block_NC.shape[0]
+                if cap is not None and read > cap:
+                    break
     except soundfile.SoundFileError as exc:
         if not _has_extra_audioread_decoder():
             raise MediaError(f"cannot decode audio file {path} (corrupt or unsupported format?): {exc}") from exc
@@ -122,7 +151,8 @@ def _decode_file(path: pathlib.Path, sampling_rate: int, max_seconds: float | No
         try:
             with warnings.catch_warnings():  # audioread is deprecated in librosa, which warns on every use
                 warnings.simplefilter("ignore")
-                samples, _ = librosa.load(str(path), sr=sampling_rate, mono=True)
+                samples, _ = librosa.load(str(path), sr=sampling_rate, mono=True,
+                                          duration=None if max_seconds is None else max_seconds + 1.0)
         except Exception as fallback_exc:  # audioread's decoders raise many unrelated types
             raise MediaError(
                 f"cannot decode audio file {path} (corrupt or unsupported format?): {exc}; audioread: "
@@ -130,9 +160,12 @@ def _decode_file(path: pathlib.Path, sampling_rate: int, max_seconds: float | No
             ) from fallback_exc
         return np.asarray(samples, dtype=np.float32)
 
-    if samples_CN.shape[1] == 0:
+    if read == 0:
         raise MediaError(f"audio file {path} holds no samples")
-    return resample(downmix(samples_CN), rate, sampling_rate)
+    _check_duration(read, rate, max_seconds, f"audio file {path}")
+    samples = blocks[0] if len(blocks) == 1 else np.concatenate(blocks)
+    del blocks
+    return resample(samples, rate, sampling_rate)
 
 
 def _load_file(path: pathlib.Path, sampling_rate: int, max_seconds: float | None) -> np.ndarray:
@@ -186,8 +219,10 @@ def load_audio(source, sampling_rate: int = 16000, max_seconds: float | None = N
         if not (math.isfinite(float(rate)) and rate > 0):
             raise MediaError(f"{name}: sampling rate must be positive, got {rate!r}")
         rate = float(rate) if float(rate) != int(rate) else int(rate)
+        if array.dtype not in _INT_SCALE and not np.issubdtype(array.dtype, np.floating):
+            raise MediaError(f"{name}: expected float, int16 or int32 audio samples, got dtype {array.dtype}")
+        _check_duration(_layout(array, name)[1], rate, max_seconds, name)  # before any copy is made
         samples = _to_mono_float32(array, name)
-        _check_duration(samples.size, rate, max_seconds, name)
         try:
             samples = resample(samples, rate, sampling_rate)
         except (ValueError, RuntimeError) as exc:
@@ -208,8 +243,8 @@ def load_audio(source, sampling_rate: int = 16000, max_seconds: float | None = N
                 f"{name}: a bare array must hold float samples, got dtype {source.dtype}; pass (array, sampling_rate) "
                 "for integer PCM"
             )
+        _check_duration(_layout(source, name)[1], sampling_rate, max_seconds, name)
         samples = _to_mono_float32(source, name)
-        _check_duration(samples.size, sampling_rate, max_seconds, name)
         return np.ascontiguousarray(samples, dtype=np.float32)
 
     if isinstance(source, (str, os.PathLike)):

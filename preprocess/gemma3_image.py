@@ -25,6 +25,7 @@ import numpy as np
 import PIL.Image
 
 from common.config_values import as_float, as_int, config_getter
+from preprocess.media_limits import PROCESSOR_MAX_CROPS, PROCESSOR_MAX_PIXELS, PROCESSOR_MAX_SIDE
 from preprocess.processor_config import processor_section
 from common.errors import CheckpointError, MediaError
 from preprocess.pixels import rescale_normalize, resize, to_chw_uint8
@@ -76,6 +77,13 @@ class Gemma3ImageConfig:
             raise ValueError(f"image_std must not contain 0, got {std}")
         if int(self.height) <= 0 or int(self.width) <= 0:
             raise ValueError(f"height and width must be positive, got {self.height} x {self.width}")
+        if max(int(self.height), int(self.width)) > PROCESSOR_MAX_SIDE \
+                or int(self.height) * int(self.width) > PROCESSOR_MAX_PIXELS:
+            raise ValueError(f"the image size {self.height} x {self.width} is over the limit of "
+                             f"{PROCESSOR_MAX_SIDE} px a side and {PROCESSOR_MAX_PIXELS / 2**20:g} MP")
+        if int(self.pan_and_scan_max_num_crops) > PROCESSOR_MAX_CROPS:
+            raise ValueError(f"pan_and_scan_max_num_crops is {self.pan_and_scan_max_num_crops}, over the limit of "
+                             f"{PROCESSOR_MAX_CROPS}")
         if int(self.resample) not in {int(r) for r in PIL.Image.Resampling}:
             raise ValueError(f"resample must be a PIL resampling filter id, got {self.resample!r}")
         if int(self.pan_and_scan_min_crop_size) <= 0 or int(self.pan_and_scan_max_num_crops) <= 0:

@@ -10,18 +10,24 @@ Which conversion an input gets depends on its kind, the same way it does in tran
   ``Image.convert("RGB")``. No EXIF transpose: an in-memory image is taken as it is.
 * A numpy array follows transformers' numpy branch of ``convert_to_rgb``: one channel is repeated three times, four
   channels are blended onto white in float64 and rounded (``np.round``), three channels are used as they are.
+
+Every kind is size-checked before it is decoded or converted (preprocess/media_limits.py): over
+``MAX_IMAGE_PIXELS`` is refused, over ``WORKING_IMAGE_PIXELS`` is reduced by a whole factor (box filter) while
+loading, so the full-resolution pixels are held at most once. Smaller images are loaded exactly as described.
 """
 
 from __future__ import annotations
 
 import os
 import pathlib
+import warnings
 
 import numpy as np
 import PIL.Image
 import PIL.ImageOps
 
 from common.errors import MediaError
+from preprocess.media_limits import MAX_IMAGE_PIXELS, check_image_pixels, reduce_factor
 from preprocess.sources import local_path
 
 
@@ -40,13 +46,36 @@ def convert_rgb(image: PIL.Image.Image) -> PIL.Image.Image:
     return image.convert("RGB")
 
 
+_STRIP_PIXELS = 1 << 18  # arrays are converted a strip of about this many pixels at a time
+
+
+def _strip_rgb(strip: np.ndarray, channels: int) -> np.ndarray:
+    """uint8 [rows, W, 3] from a strip [rows, W, C] of a checked uint8 or float image array."""
+    if strip.dtype != np.uint8:
+        strip = (strip.astype(np.float64) * 255).astype(np.float32).astype(np.uint8)
+    if channels == 1:
+        return np.repeat(strip, 3, axis=-1)
+    if channels == 4:
+        # transformers' numpy branch of convert_to_rgb: blend onto white in float64, round, back to uint8.
+        alpha = strip[..., 3:4] / 255
+        return np.round(alpha * strip[..., :3] + (1 - alpha) * 255).astype(np.uint8)
+    return strip
+
+
+def _box_reduce(rgb: np.ndarray, factor: int) -> np.ndarray:
+    """uint8 [ceil(rows / f), ceil(W / f), 3]: ``rgb`` [rows, W, 3] reduced by PIL's box filter (``Image.reduce``)."""
+    return np.asarray(PIL.Image.fromarray(np.ascontiguousarray(rgb), mode="RGB").reduce(factor))
+
+
 def _array_to_rgb(array: np.ndarray, name: str) -> PIL.Image.Image:
     """A numpy image [H, W] or [H, W, C] (C in 1, 3, 4) as an RGB PIL image.
 
     uint8 arrays are used as they are. Float arrays must hold values in [0, 1]; they are scaled the way transformers
     turns a float image into uint8 before a PIL resize: ``(x.astype(float64) * 255).astype(float32).astype(uint8)``
     (truncation, not rounding), so a float array gives the same pixels as transformers' processor run on it with
-    ``do_rescale=False``.
+    ``do_rescale=False``. The size is checked from the shape before anything is converted (``MAX_IMAGE_PIXELS``);
+    an array over ``WORKING_IMAGE_PIXELS`` is reduced by a whole factor (box filter) strip by strip, so no
+    full-resolution copy is made.
     """
     if array.ndim == 2:
         array = array[:, :, None]
@@ -63,50 +92,83 @@ def _array_to_rgb(array: np.ndarray, name: str) -> PIL.Image.Image:
         )
     if height == 0 or width == 0:
         raise MediaError(f"{name}: image array has zero size, shape {tuple(array.shape)}")
+    check_image_pixels(width, height, name)
+    if array.dtype != np.uint8 and not np.issubdtype(array.dtype, np.floating):
+        raise MediaError(f"{name}: expected a uint8 (or float in [0, 1]) image array, got dtype {array.dtype}")
 
-    if array.dtype == np.uint8:
-        pass
-    elif np.issubdtype(array.dtype, np.floating):
-        if not np.all(np.isfinite(array)):
-            raise MediaError(f"{name}: float image array holds NaN or infinite values")
-        low, high = float(array.min()), float(array.max())
+    factor = reduce_factor(width, height)
+    rows = max(factor, _STRIP_PIXELS // width // factor * factor)
+    if np.issubdtype(array.dtype, np.floating):
+        low, high = np.inf, -np.inf
+        for top in range(0, height, rows):
+            strip = array[top:top + rows]
+            if not np.all(np.isfinite(strip)):
+                raise MediaError(f"{name}: float image array holds NaN or infinite values")
+            low, high = min(low, float(strip.min())), max(high, float(strip.max()))
         if low < 0.0 or high > 1.0:
             raise MediaError(
                 f"{name}: float image arrays must hold values in [0, 1], got values in [{low}, {high}]"
             )
-        array = (array.astype(np.float64) * 255).astype(np.float32).astype(np.uint8)
-    else:
-        raise MediaError(f"{name}: expected a uint8 (or float in [0, 1]) image array, got dtype {array.dtype}")
+    if factor == 1 and array.dtype == np.uint8 and channels == 3:
+        return PIL.Image.fromarray(np.ascontiguousarray(array), mode="RGB")
+    out = np.empty((-(-height // factor), -(-width // factor), 3), np.uint8)
+    for top in range(0, height, rows):
+        rgb = _strip_rgb(array[top:top + rows], channels)
+        out[top // factor:top // factor + -(-rgb.shape[0] // factor)] = _box_reduce(rgb, factor) if factor > 1 \
+            else rgb
+    return PIL.Image.fromarray(out, mode="RGB")
 
-    if channels == 1:
-        rgb = np.repeat(array, 3, axis=-1)
-    elif channels == 4:
-        # transformers' numpy branch of convert_to_rgb: blend onto white in float64, round, back to uint8.
-        alpha = array[..., 3:4] / 255
-        composite = alpha * array[..., :3] + (1 - alpha) * 255
-        rgb = np.round(composite).astype(np.uint8)
-    else:
-        rgb = array
-    return PIL.Image.fromarray(np.ascontiguousarray(rgb), mode="RGB")
+
+def _reduced(image: PIL.Image.Image) -> PIL.Image.Image:
+    """``image`` reduced by a whole factor (box filter) to at most WORKING_IMAGE_PIXELS, or itself when it is not
+    larger. Modes without a reduce (palette, 1-bit, 16-bit) are converted first."""
+    factor = reduce_factor(*image.size)
+    if factor == 1:
+        return image
+    if image.mode not in ("L", "LA", "RGB", "RGBA", "I", "F"):
+        image = image.convert("RGBA" if "A" in image.getbands() or "transparency" in image.info else "RGB")
+    return image.reduce(factor)
 
 
 def _open_path(path: pathlib.Path) -> PIL.Image.Image:
-    """Open, decode fully, EXIF-transpose and convert the image file at ``path`` to RGB."""
+    """Open, check the size from the header, decode (reduced when large), EXIF-transpose and convert the image
+    file at ``path`` to RGB."""
     if not path.exists():
         raise MediaError(f"image file not found: {path}")
     if not path.is_file():
         raise MediaError(f"image path is not a file: {path}")
     try:
-        with PIL.Image.open(path) as image:
-            # Decode now so that a truncated or corrupt file fails here, not later in a resize.
-            image.load()
-            image = PIL.ImageOps.exif_transpose(image)
-            rgb = image.convert("RGB")
-            rgb.load()
+        with warnings.catch_warnings():  # PIL warns about large images; the size is checked just below
+            warnings.simplefilter("ignore", PIL.Image.DecompressionBombWarning)
+            image = PIL.Image.open(path)
     except PIL.UnidentifiedImageError as exc:
         raise MediaError(f"cannot identify an image format in file {path}: {exc}") from exc
+    except PIL.Image.DecompressionBombError as exc:
+        raise MediaError(f"image file {path} is too large: {exc}; the largest image accepted is "
+                         f"{MAX_IMAGE_PIXELS / 1e6:g} MP") from exc
+    except (OSError, ValueError, SyntaxError, EOFError) as exc:
+        raise MediaError(f"cannot decode image file {path} (corrupt or truncated?): {exc}") from exc
+    try:
+        width, height = image.size
+        check_image_pixels(width, height, f"image file {path}")
+        factor = reduce_factor(width, height)
+        if factor > 1:  # a JPEG decodes at 1/2, 1/4 or 1/8 scale directly
+            image.draft("RGB", (-(-width // factor), -(-height // factor)))
+        # Decode now so that a truncated or corrupt file fails here, not later in a resize.
+        image.load()
+        reduced = _reduced(image)
+        if reduced is not image:
+            image.close()  # the full-resolution pixels go before anything else is made from them
+            image = reduced
+        transposed = PIL.ImageOps.exif_transpose(image)
+        rgb = transposed.convert("RGB")
+        rgb.load()
+    except MediaError:
+        raise
     except (OSError, ValueError, SyntaxError, EOFError, PIL.Image.DecompressionBombError) as exc:
         raise MediaError(f"cannot decode image file {path} (corrupt or truncated?): {exc}") from exc
+    finally:
+        image.close()
     return rgb
 
 
@@ -126,9 +188,10 @@ def load_image(source) -> PIL.Image.Image:
         width, height = source.size
         if width == 0 or height == 0:
             raise MediaError(f"image has zero size ({width}x{height})")
+        check_image_pixels(width, height, "PIL image")
         try:
             source.load()
-            rgb = convert_rgb(source)
+            rgb = convert_rgb(_reduced(source))
         except (OSError, ValueError, SyntaxError, EOFError) as exc:
             raise MediaError(f"cannot decode PIL image {getattr(source, 'filename', '') or ''}: {exc}") from exc
         return rgb

@@ -5,6 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 from common.errors import PromptError
+from preprocess.user_text import mark, protected_pattern, spells_special_token, unmark
 
 MEDIA_TYPES = ("image", "audio")
 
@@ -60,9 +61,32 @@ def template_messages(messages: list[dict]) -> list[dict]:
 
 
 def render_chat(tokenizer, messages: list[dict], chat_template: str | None = None) -> str:
-    """The prompt text for ``messages`` with the generation prompt appended."""
+    """The prompt text for ``messages`` with the generation prompt appended, its user-supplied text marked so that
+    it never becomes special tokens: tokenize it with ``preprocess.user_text.encode_prompt`` (which removes the
+    marks; ``unmark`` gives the plain text). Raises PromptError when the template rejects the messages, or when it
+    changes user text in a way the marks cannot follow and that text spells a special token."""
+    plain = _render(tokenizer, template_messages(messages), chat_template)
+    pattern = protected_pattern(tokenizer)
+    marked_messages = [{"role": m["role"], "content": [dict(p, text=mark(p["text"], pattern)) if p["type"] == "text"
+                                                       else {"type": p["type"]} for p in m["content"]]}
+                       for m in messages]
     try:
-        return tokenizer.apply_chat_template(template_messages(messages), chat_template=chat_template,
-                                             tokenize=False, add_generation_prompt=True)
+        marked = _render(tokenizer, marked_messages, chat_template)
+        if unmark(marked)[0] == plain:
+            return marked
+    except PromptError:
+        pass
+    for i, message in enumerate(messages):  # a template the marks cannot follow: refuse what they would escape
+        found = spells_special_token([p["text"] for p in message["content"] if p["type"] == "text"], pattern)
+        if found is not None:
+            raise PromptError(f"message {i} contains the special token text {found!r}, which this checkpoint's "
+                              f"chat template does not let omnijax escape; remove it")
+    return plain
+
+
+def _render(tokenizer, messages: list[dict], chat_template: str | None) -> str:
+    try:
+        return tokenizer.apply_chat_template(messages, chat_template=chat_template, tokenize=False,
+                                             add_generation_prompt=True)
     except Exception as e:  # jinja errors (e.g. the template's own role checks) surface as prompt errors
         raise PromptError(f"the chat template rejected these messages: {e}") from e

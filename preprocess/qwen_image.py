@@ -26,6 +26,7 @@ import numpy as np
 import PIL.Image
 
 from common.config_values import as_float, as_int, config_getter
+from preprocess.media_limits import PROCESSOR_MAX_MERGE, PROCESSOR_MAX_PATCH, PROCESSOR_MAX_PIXELS
 from preprocess.processor_config import processor_section
 from common.errors import CheckpointError, MediaError
 from preprocess.pixels import rescale_normalize, resize, to_chw_uint8
@@ -79,6 +80,13 @@ class QwenImageConfig:
             if isinstance(value, bool) or int(value) != value or int(value) <= 0:
                 raise ValueError(f"{key} must be a positive integer, got {value!r}")
             object.__setattr__(self, key, int(value))
+        bounds = {"patch_size": PROCESSOR_MAX_PATCH, "temporal_patch_size": PROCESSOR_MAX_MERGE,
+                  "merge_size": PROCESSOR_MAX_MERGE, "max_pixels": PROCESSOR_MAX_PIXELS}
+        for key, most in bounds.items():
+            if getattr(self, key) > most:
+                raise ValueError(f"{key} is {getattr(self, key)}, over the limit of {most}")
+        if self.min_pixels > self.max_pixels:
+            raise ValueError(f"min_pixels {self.min_pixels} is above max_pixels {self.max_pixels}")
         if int(self.resample) not in {int(r) for r in PIL.Image.Resampling}:
             raise ValueError(f"resample must be a PIL resampling filter id, got {self.resample!r}")
         object.__setattr__(self, "image_mean", mean)

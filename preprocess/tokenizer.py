@@ -3,14 +3,16 @@
 from __future__ import annotations
 
 import json
+import os
 import pathlib
+import re
 
 from common.errors import CheckpointError
 
 
 def load_tokenizer(folder: pathlib.Path):
     """transformers' AutoTokenizer from ``folder`` (no hub access), with the folder's chat template attached."""
-    from transformers import AutoTokenizer
+    AutoTokenizer = _auto_tokenizer()
 
     try:
         tokenizer = AutoTokenizer.from_pretrained(str(folder), local_files_only=True)
@@ -21,6 +23,21 @@ def load_tokenizer(folder: pathlib.Path):
         if template is not None:
             tokenizer.chat_template = template
     return tokenizer
+
+
+def _auto_tokenizer():
+    """transformers' AutoTokenizer, imported without its advisory notices (without PyTorch, importing transformers
+    announces that models are unavailable: omnijax uses only its tokenizers, so the notice does not apply)."""
+    saved = os.environ.get("TRANSFORMERS_NO_ADVISORY_WARNINGS")
+    os.environ["TRANSFORMERS_NO_ADVISORY_WARNINGS"] = "1"
+    try:
+        from transformers import AutoTokenizer
+    finally:
+        if saved is None:
+            del os.environ["TRANSFORMERS_NO_ADVISORY_WARNINGS"]
+        else:
+            os.environ["TRANSFORMERS_NO_ADVISORY_WARNINGS"] = saved
+    return AutoTokenizer
 
 
 def chat_template_of(folder: pathlib.Path) -> str | None:
@@ -38,3 +55,47 @@ def chat_template_of(folder: pathlib.Path) -> str | None:
             if template:
                 return template
     return None
+
+
+def special_tokens(tokenizer) -> dict[str, int]:
+    """The tokenizer's special tokens, text -> id: every added token flagged special (what ``decode`` with
+    ``skip_special_tokens`` drops, and what a chat template's control markers are) plus the named special tokens
+    (bos, eos, pad, ...). Cached on the tokenizer."""
+    cached = getattr(tokenizer, "_omnijax_special_tokens", None)
+    if cached is not None:
+        return cached
+    found: dict[str, int] = {}
+    backend = getattr(tokenizer, "backend_tokenizer", None)
+    if backend is not None:
+        for token_id, token in backend.get_added_tokens_decoder().items():
+            if token.special and token.content:
+                found[token.content] = int(token_id)
+    for text, token_id in zip(tokenizer.all_special_tokens, tokenizer.all_special_ids):
+        if text and token_id is not None:
+            found.setdefault(str(text), int(token_id))
+    try:
+        tokenizer._omnijax_special_tokens = found
+    except AttributeError:
+        pass
+    return found
+
+
+_BYTE_TOKEN = re.compile(r"<0x[0-9A-Fa-f]{2}>")
+
+
+def byte_fallback_ids(tokenizer) -> frozenset[int]:
+    """Ids of the byte tokens ``<0x00>`` .. ``<0xFF>`` of a tokenizer whose decoder has a ByteFallback step (empty
+    otherwise). ByteFallback decodes a run of such tokens all at once: while a run may still grow, the text it
+    ends up as is not known (see app/detokenize.py)."""
+    cached = getattr(tokenizer, "_omnijax_byte_fallback_ids", None)
+    if cached is not None:
+        return cached
+    backend = getattr(tokenizer, "backend_tokenizer", None)
+    found = frozenset()
+    if backend is not None and "ByteFallback" in repr(backend.decoder):
+        found = frozenset(int(i) for token, i in tokenizer.get_vocab().items() if _BYTE_TOKEN.fullmatch(token))
+    try:
+        tokenizer._omnijax_byte_fallback_ids = found
+    except AttributeError:
+        pass
+    return found

@@ -28,6 +28,8 @@ from typing import Any
 import numpy as np
 
 from common.config_values import as_float, as_int, config_getter
+from preprocess.media_limits import (PROCESSOR_MAX_CHUNK_SECONDS, PROCESSOR_MAX_FFT, PROCESSOR_MAX_MEL_BINS,
+                                     PROCESSOR_MAX_RATE)
 from preprocess.processor_config import processor_section
 from common.errors import CheckpointError, MediaError
 
@@ -74,6 +76,11 @@ class WhisperFeatureConfig:
                 raise ValueError(f"'{key}' must be a positive integer, got {value!r}")
         if self.n_fft < 2:
             raise ValueError(f"'n_fft' must be at least 2, got {self.n_fft}")
+        bounds = {"feature_size": PROCESSOR_MAX_MEL_BINS, "n_fft": PROCESSOR_MAX_FFT, "hop_length": PROCESSOR_MAX_FFT,
+                  "sampling_rate": PROCESSOR_MAX_RATE, "chunk_length": PROCESSOR_MAX_CHUNK_SECONDS}
+        for key, most in bounds.items():
+            if getattr(self, key) > most:
+                raise ValueError(f"'{key}' is {getattr(self, key)}, over the limit of {most}")
         if self.padding_side not in ("right", "left"):
             raise ValueError(f"'padding_side' must be 'right' or 'left', got {self.padding_side!r}")
         if not np.isfinite(self.padding_value):

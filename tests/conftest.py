@@ -7,11 +7,15 @@ instruction-tuned generation config (eos = ``[<eos>, <end_of_turn>]``).
 
 from __future__ import annotations
 
+import os
 import pathlib
 import shutil
 import sys
 
 import pytest
+
+# The suite runs on CPU (parity with transformers on CPU float32), also on machines with an accelerator.
+os.environ.setdefault("JAX_PLATFORMS", "cpu")
 
 _ROOT = str(pathlib.Path(__file__).resolve().parents[1])
 if _ROOT not in sys.path:  # plain `pytest` (not `python -m pytest`) does not put the repository root on the path

@@ -125,9 +125,16 @@ def test_malformed_messages(pipe):
         pipe.generate([{"role": "user", "content": [{"type": "audio", "audio": "x.wav"}]}])
 
 
-def test_literal_image_marker_without_an_image(pipe):
-    with pytest.raises(PromptError, match="1 image markers for 0 images"):
-        pipe.generate([{"role": "user", "content": "look: <start_of_image>"}], max_new_tokens=2)
+def test_literal_image_marker_is_text_and_template_markers_must_match_the_images(pipe):
+    typed = pipe.prepare([{"role": "user", "content": "look: <start_of_image>"}])
+    assert not typed.media and pipe.config.media_token_id("image") not in typed.token_ids.tolist()
+    image = np.full((30, 40, 3), 90, np.uint8)
+    # the Gemma 3 template keeps only the system message's first part: the image gets no marker
+    dropped = [{"role": "system", "content": [{"type": "text", "text": "Be brief."},
+                                              {"type": "image", "image": image}]},
+               {"role": "user", "content": "Hi"}]
+    with pytest.raises(PromptError, match="0 image markers for 1 images"):
+        pipe.generate(dropped, max_new_tokens=2)
 
 
 def test_errors_leave_the_pipeline_usable(pipe):

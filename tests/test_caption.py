@@ -240,6 +240,24 @@ def caption_command() -> list[str]:
     return ["-m", "demo", "caption"]
 
 
+# ``omnijax caption`` whose third batch waits until a signal ends the run: the first two batches (four rows) are
+# written, then the run holds still, so a signal sent once four rows are there always lands mid-run.
+PAUSED_CAPTION = """
+import sys, threading
+import demo.caption as caption
+from demo.cli import main
+generate = caption.caption_batch
+calls = []
+def caption_batch(pipe, batch, options):
+    calls.append(len(batch))
+    if len(calls) == 3:
+        threading.Event().wait()
+    return generate(pipe, batch, options)
+caption.caption_batch = caption_batch
+sys.exit(main(["caption", *sys.argv[1:]]))
+"""
+
+
 @pytest.fixture(scope="module")
 def jax_cache(tmp_path_factory):
     """A persistent compilation cache shared by this file's command-line runs: the first one compiles, the rest
@@ -247,11 +265,12 @@ def jax_cache(tmp_path_factory):
     return tmp_path_factory.mktemp("jax_cache")
 
 
-def start_cli(args, tmp_path, jax_cache) -> subprocess.Popen:
+def start_cli(args, tmp_path, jax_cache, *, paused: bool = False) -> subprocess.Popen:
     env = dict(os.environ, OMNIJAX_HOME=str(tmp_path / "home"), PYTHONPATH=str(ROOT),
                JAX_COMPILATION_CACHE_DIR=str(jax_cache), JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS="0",
                JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES="0")
-    return subprocess.Popen([sys.executable, *caption_command(), *args], env=env, cwd=tmp_path, text=True,
+    command = ["-c", PAUSED_CAPTION] if paused else caption_command()
+    return subprocess.Popen([sys.executable, *command, *args], env=env, cwd=tmp_path, text=True,
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE)
 
 
@@ -280,13 +299,13 @@ def test_sigkill_then_rerun_captions_every_item_once(tmp_path, tiny_gemma3_dir, 
     out = tmp_path / "captions.jsonl"
     args = ["--model", str(tiny_gemma3_dir), "--input", str(tmp_path / "many"), "--out", str(out),
             "--batch-size", str(BATCH), "--workers", "2", "--max-new-tokens", str(MAX_NEW)]
-    proc = start_cli(args, tmp_path, jax_cache)
+    proc = start_cli(args, tmp_path, jax_cache, paused=True)
     stop_after_rows(proc, out, 4, signal.SIGKILL)
     proc.wait(timeout=30)
     assert proc.returncode == -signal.SIGKILL
     before = out.read_bytes()
     kept = before[:before.rfind(b"\n") + 1]
-    assert 4 <= kept.count(b"\n") < len(images), "the kill did not land mid-run"
+    assert kept.count(b"\n") == 4
     first = parse_rows(kept).rows
     with open(out, "ab") as f:  # what a kill in the middle of a write leaves behind
         f.write(b'{"path": "' + str(images[-1]).encode() + b'", "caption": "tor')
@@ -305,14 +324,15 @@ def test_ctrl_c_then_rerun_with_the_default_model(tmp_path, jax_cache):
     out = tmp_path / "captions.jsonl"
     args = ["--input", str(tmp_path / "many"), "--out", str(out), "--batch-size", str(BATCH),
             "--max-new-tokens", str(MAX_NEW)]
-    proc = start_cli(args, tmp_path, jax_cache)
+    proc = start_cli(args, tmp_path, jax_cache, paused=True)
     stop_after_rows(proc, out, 4, signal.SIGINT)
     _, err = proc.communicate(timeout=60)
     assert proc.returncode == 130, err[-2000:]
     assert "embedded tiny demo model" in err and "[omnijax] interrupted:" in err and "Traceback" not in err
     written = parse_rows(out.read_bytes())
     assert out.read_bytes().endswith(b"\n") and written.bad_lines == 0
-    assert 4 <= len(written.rows) < len(images), "the interrupt did not land mid-run"
+    assert len(written.rows) == 4
+    assert not (out.parent / (out.name + ".lock")).exists()
     proc = start_cli(args, tmp_path, jax_cache)
     _, err = proc.communicate(timeout=120)
     assert proc.returncode == 0, err[-2000:]

@@ -2,6 +2,7 @@
 
 import os
 import pathlib
+import re
 import subprocess
 import sys
 
@@ -33,7 +34,10 @@ def test_cli_matches_the_python_api(tiny_gemma3_dir, gemma3_pipeline, capsys):
     code = main(["generate", "--model", str(tiny_gemma3_dir), "--image", str(IMAGE), "--prompt", "What shapes?",
                  "--max-new-tokens", "8", "--no-stream"])
     assert code == 0
-    assert capsys.readouterr().out == expected + "\n"
+    captured = capsys.readouterr()
+    assert captured.out == expected + "\n"
+    assert re.fullmatch(r"\[omnijax\] \d+ new tokens? in \d+\.\d\d s \([\d.]+ tokens/s, prompt \d+ tokens, "
+                        r"ended by (eos|length|stop)\)", captured.err.strip().splitlines()[-1])
 
 
 def test_cli_reports_bad_input_as_an_error_line(tmp_path):

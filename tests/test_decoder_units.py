@@ -135,21 +135,29 @@ def test_buckets_and_batch_padding():
     np.testing.assert_array_equal(batch.rope_pos[0], [[0, 1, 2, 0], [0, 0, 0, 0]])
 
 
-def test_stop_checker_cuts_text_and_tokens():
-    vocab = {1: "Hel", 2: "lo", 3: " wor", 4: "ld", 5: "!"}
-    decode = lambda ids: "".join(vocab[i] for i in ids)
-    c = StopChecker(decode, ["o w"])
-    assert [c.push(t) for t in (1, 2, 3)] == [False, False, True]
-    assert c.ids == [1, 2, 3] and c.text(c.ids) == "Hell"
-    assert not StopChecker(decode, None).push(1)
+def test_stop_checker_finds_the_earliest_stop_across_pieces():
+    c = StopChecker(["o w"])
+    assert [c.push(p) for p in ("Hel", "lo", " wor")] == [None, None, 4]  # "Hello wor": "o w" starts at 4
+    c = StopChecker(["abc", "b"])
+    assert c.push("xab") == 2 and StopChecker(["abc", "b"]).push("abc") == 0
+    assert StopChecker(None).push("anything") is None
+    c = StopChecker(["abcdefgh", "zz"])  # pieces much shorter than the stop string
+    assert [c.push(ch) for ch in "xyabcdefgh"] == [None] * 9 + [2]
 
 
 def test_stop_checker_holds_back_possible_stop_prefixes():
-    c = StopChecker(lambda ids: "", ["END", "xyz"])
-    assert c.holdback("abc EN") == "abc "
-    assert c.holdback("abc x") == "abc "
-    assert c.holdback("abc") == "abc"
-    assert StopChecker(lambda ids: "", None).holdback("abc E") == "abc E"
+    c = StopChecker(["END", "xyz"])
+    c.push("abc EN")
+    assert c.held() == 2
+    c = StopChecker(["END", "xyz"])
+    c.push("abc x")
+    assert c.held() == 1
+    c = StopChecker(["END", "xyz"])
+    c.push("abc")
+    assert c.held() == 0
+    c = StopChecker(None)
+    c.push("abc E")
+    assert c.held() == 0
 
 
 def test_attention_over_two_key_segments_equals_one_concatenated_segment():

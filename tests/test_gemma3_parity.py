@@ -148,12 +148,11 @@ def test_stream_yields_the_generated_answer(gemma3_pipeline, case):
     assert len(pieces) >= len(full.token_ids) - (full.finish_reason == "eos")  # a piece per token
     assert (result.text, result.token_ids, result.finish_reason, result.prompt_tokens) == \
         (full.text, full.token_ids, full.finish_reason, full.prompt_tokens)
-    if "\ufffd" not in full.text:
-        assert "".join(pieces) == full.text
+    assert "".join(pieces) == full.text
 
 
 def test_incremental_detokenizer_never_changes_text_already_returned():
-    from app.pipeline import IncrementalDetokenizer
+    from app.detokenize import IncrementalDetokenizer
 
     table = {1: b"ab", 2: b"\xe2", 3: b"\x82", 4: b"\xac", 5: b" c"}
     decode = lambda ids: b"".join(table[i] for i in ids).decode("utf-8", errors="replace")
@@ -171,8 +170,7 @@ def test_stop_string_cuts_the_answer(gemma3_pipeline):
     assert cut.token_ids == full.token_ids[:len(cut.token_ids)]
     pieces, result = collect(gemma3_pipeline.stream(CASES["text"], max_new_tokens=16, stop=[stop]))
     assert (result.text, result.token_ids, result.finish_reason) == (cut.text, cut.token_ids, "stop")
-    if "\ufffd" not in cut.text:
-        assert "".join(pieces) == cut.text
+    assert "".join(pieces) == cut.text
 
 
 def test_sampling_is_seeded(gemma3_pipeline):

@@ -145,11 +145,15 @@ def test_audio_longer_than_the_limit(tiny_qwen_dir):
     assert pipe.generate(user(clip(1, 1.5), "Hi"), max_new_tokens=2).token_ids
 
 
-def test_placeholders_that_do_not_match_the_media(qwen_pipeline):
-    with pytest.raises(PromptError, match="2 image and 0 audio placeholders for 1 images"):
-        qwen_pipeline.generate(user(image(1), "what about <|image_pad|> this?"))
-    with pytest.raises(PromptError, match="0 image and 1 audio placeholders for 0 images and 0 audio"):
-        qwen_pipeline.generate(user("hear <|audio_pad|>"))
+def test_typed_placeholders_are_plain_text(qwen_pipeline):
+    """A placeholder typed in the text is text: only the template's own placeholders take media."""
+    image_id, audio_id = (qwen_pipeline.config.media_token_id(m) for m in ("image", "audio"))
+    with_image = qwen_pipeline.prepare(user(image(1), "what about <|image_pad|> this?"))
+    alone = qwen_pipeline.prepare(user(image(1), "what about this?"))
+    assert (with_image.token_ids == image_id).sum() == (alone.token_ids == image_id).sum() > 0
+    typed = qwen_pipeline.prepare(user("hear <|audio_pad|>"))
+    assert (typed.token_ids == audio_id).sum() == 0 and "audio" not in typed.media
+    assert qwen_pipeline.processor.decode(typed.token_ids).count("<|audio_pad|>") == 1
 
 
 def test_cli_with_audio_and_image_matches_the_api(tiny_qwen_dir, qwen_pipeline, tmp_path, capsys):

@@ -537,7 +537,7 @@ def test_browser_stop_button_stops_generation(served, browser):
 def test_serve_binds_loopback_and_caps_uploads(tiny_gemma3_dir, tmp_path):
     import httpx
 
-    from demo.web import serve
+    from demo.web import build_demo, launch, serve, stop
 
     port = _free_port()
     args = argparse.Namespace(model=str(tiny_gemma3_dir), dtype="float32", model_axis=None, host="127.0.0.1",
@@ -554,5 +554,17 @@ def test_serve_binds_loopback_and_caps_uploads(tiny_gemma3_dir, tmp_path):
         assert ok.status_code == 200, ok.text
         too_big = httpx.post(base + "/gradio_api/upload", files={"files": big.open("rb")}, timeout=30)
         assert too_big.status_code == 413, too_big.text
+        uploaded = pathlib.Path(ok.json()[0])
+        assert uploaded.exists() and uploaded.is_relative_to(demo.omnijax_upload_dir)
     finally:
-        demo.close()
+        stop(demo)
+    assert not uploaded.exists() and not pathlib.Path(demo.omnijax_upload_dir).exists()  # uploads go with the demo
+    with socket.socket() as taken:  # a port taken between the check and the launch: our message, not gradio's
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        from demo.cli_web import ServeError
+
+        with pytest.raises(ServeError, match=f"port {taken.getsockname()[1]} on 127.0.0.1 is already in use: "
+                                             f"choose another with --port"):
+            launch(build_demo(_fake_pipe(("image",))), host="127.0.0.1", port=taken.getsockname()[1], block=False,
+                   quiet=True)

@@ -18,6 +18,7 @@ from encoders.siglip import SiglipVisionConfig, siglip_unused_keys, siglip_weigh
 from preprocess.gemma3_image import Gemma3ImageConfig, process_images
 from preprocess.images import load_image
 from preprocess.prompts import media_of, normalize_messages, render_chat
+from preprocess.user_text import encode_prompt
 from preprocess.tokenizer import load_tokenizer
 
 TEXT_PREFIX = "language_model.model."
@@ -165,7 +166,7 @@ class Gemma3Processor:
             values, num_crops = process_images(images, self.image_cfg)
             pixels = list(values)
             text = pieces[0] + "".join(self.image_text(n) + rest for n, rest in zip(num_crops, pieces[1:]))
-        ids = np.asarray(self.tokenizer(text, add_special_tokens=False)["input_ids"], np.int32)
+        ids = encode_prompt(self.tokenizer, text)
         n_tokens = int((ids == self.image_token_id).sum())
         if n_tokens != len(pixels) * self.mm_tokens:
             raise PromptError(f"the prompt holds {n_tokens} image tokens for {len(pixels)} images of "

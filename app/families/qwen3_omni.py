@@ -27,6 +27,7 @@ from preprocess.audio import load_audio
 from preprocess.images import load_image
 from preprocess.mrope import MRopeTokens, audio_tokens_from_frames, mrope_positions
 from preprocess.prompts import media_of, normalize_messages, render_chat
+from preprocess.user_text import encode_prompt
 from preprocess.qwen_image import QwenImageConfig, process_images
 from preprocess.tokenizer import load_tokenizer
 from preprocess.whisper_features import WhisperFeatureConfig, batch_features
@@ -183,7 +184,7 @@ class Qwen3OmniProcessor:
             else:
                 out.append(self.audio_token * next(it_aud))
             out.append(rest)
-        ids = np.asarray(self.tokenizer("".join(out), add_special_tokens=False)["input_ids"], np.int32)
+        ids = encode_prompt(self.tokenizer, "".join(out))
         positions, delta = mrope_positions(ids, image_grids=grids, audio_lengths=audio_tokens, cfg=self.mrope)
         return PreparedPrompt(token_ids=ids, media=media, bidirectional=np.zeros(len(ids), bool),
                               rope_positions=positions.astype(np.int32), rope_delta=int(delta))

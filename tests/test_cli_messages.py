@@ -1,0 +1,85 @@
+"""What a new user sees: one clear line naming our own flag for each mistake, and no notices they cannot act on."""
+
+from __future__ import annotations
+
+import os
+import pathlib
+import socket
+import subprocess
+import sys
+
+import pytest
+
+from demo.cli import main
+
+ROOT = pathlib.Path(__file__).resolve().parents[1]
+
+
+def one_error_line(capsys) -> str:
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith("omnijax: error: "), err
+    return err[0]
+
+
+def test_demo_on_a_port_in_use_names_the_port_flag(capsys, monkeypatch):
+    def no_model(*args, **kwargs):
+        raise AssertionError("the model was loaded before the port was checked")
+
+    monkeypatch.setattr("app.cli.load_pipeline", no_model)
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        assert main(["demo", "--port", str(port)]) == 2
+    line = one_error_line(capsys)
+    assert f"port {port} on 127.0.0.1 is already in use: choose another with --port" in line
+    assert "GRADIO" not in line and "server_port" not in line
+    assert main(["demo", "--host", "203.0.113.7", "--port", "7861"]) == 2  # an address of another machine
+    assert "check --host" in one_error_line(capsys)
+
+
+@pytest.mark.parametrize("flag, value, name", [
+    ("--temperature", "nan", "temperature"), ("--temperature", "-1", "temperature"),
+    ("--temperature", "inf", "temperature"), ("--top-p", "0", "top_p"), ("--top-p", "1.5", "top_p"),
+    ("--top-k", "-1", "top_k"), ("--top-k", str(2**40), "top_k"), ("--seed", str(2**64), "seed"),
+    ("--max-new-tokens", "0", "max_new_tokens"),
+])
+def test_bad_sampling_flags_are_one_line_and_exit_2(capsys, monkeypatch, flag, value, name):
+    def no_model(*args, **kwargs):
+        raise AssertionError("the model was loaded before the settings were checked")
+
+    monkeypatch.setattr("app.cli.load_pipeline", no_model)
+    monkeypatch.setattr("demo.cli_caption.load_local_pipeline", no_model)
+    assert main(["generate", "--prompt", "Hello", flag, value]) == 2
+    assert name in one_error_line(capsys)
+
+
+def test_bad_sampling_flags_in_caption(capsys, tmp_path):
+    folder = tmp_path / "in"
+    folder.mkdir()
+    (folder / "a.png").write_bytes(b"x")
+    assert main(["caption", "--input", str(folder), "--out", str(tmp_path / "o.jsonl"), "--temperature", "nan"]) == 2
+    assert "temperature" in one_error_line(capsys)
+    assert not (tmp_path / "o.jsonl").exists()
+
+
+def run_without_torch(code: str) -> subprocess.CompletedProcess:
+    """``code`` in a fresh interpreter where ``import torch`` fails, as on a machine without PyTorch."""
+    return subprocess.run([sys.executable, "-c", "import sys\nsys.modules['torch'] = None\n" + code],
+                          capture_output=True, text=True, timeout=300, env=dict(os.environ, PYTHONPATH=str(ROOT)))
+
+
+def test_no_pytorch_notice_when_loading_a_tokenizer(tiny_gemma3_dir):
+    proc = run_without_torch(f"from preprocess.tokenizer import load_tokenizer\n"
+                             f"import pathlib\nload_tokenizer(pathlib.Path({str(tiny_gemma3_dir)!r}))\n"
+                             f"import transformers\nprint(transformers.is_torch_available())")
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert proc.stdout.strip() == "False"  # the notice's condition holds ...
+    assert "PyTorch was not found" not in proc.stderr  # ... and no notice is shown
+
+
+def test_benchmark_without_pytorch_says_what_to_install():
+    proc = run_without_torch("from bench.generation import main\nsys.exit(main(['--smoke']))")
+    assert proc.returncode == 2
+    assert "Traceback" not in proc.stderr and "pip install -e '.[test]'" in proc.stderr
+    assert len(proc.stderr.strip().splitlines()) == 1
