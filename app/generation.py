@@ -201,7 +201,7 @@ class Engine:
         with use_mesh(self.mesh):
             buf, steps, _ = self._decode(
                 self.params, pre.cache, pre.logits, self._put(pre.batch.rope_delta, ("batch",)),
-                jnp.int32(max_new_tokens), jax.random.key(sampling.seed), sampling.values(),
+                jnp.int32(max_new_tokens), sampling.key(), sampling.values(),
                 jnp.full_like(self.eos_ids, -1) if ignore_eos else self.eos_ids, mode=sampling.mode(),
                 cache_len=pre.cache_len)
         return host_array(buf)[:, :int(host_array(steps))]
@@ -213,7 +213,7 @@ class Engine:
         The step computing token i + 1 is launched before token i is read back to the host, so the device works
         while the host detokenizes."""
         pre = self.prefill(prompts, max_new_tokens)
-        key = jax.random.key(sampling.seed)
+        key = sampling.key()
         values, mode = sampling.values(), sampling.mode()
         deltas = self._put(pre.batch.rope_delta, ("batch",))
         eos = np.asarray(self.cfg.eos_ids)

@@ -76,6 +76,12 @@ class SamplingParams:
         """The static part (compiled variants): (sample, use top-k, use top-p)."""
         return (not self.greedy, not self.greedy and self.top_k > 0, not self.greedy and self.top_p < 1.0)
 
+    def key(self) -> jax.Array:
+        """The random key of ``seed``: all 64 bits count (JAX keys take 32; the high half is folded in)."""
+        unsigned = self.seed % (1 << 64)
+        key = jax.random.key(unsigned & 0xFFFFFFFF)
+        return key if unsigned >> 32 == 0 else jax.random.fold_in(key, unsigned >> 32)
+
     def values(self) -> dict:
         """The traced part: changing these never recompiles."""
         return {"temperature": jnp.float32(max(self.temperature, 1e-6)), "top_k": jnp.int32(self.top_k),

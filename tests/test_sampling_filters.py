@@ -125,3 +125,13 @@ def test_settings_are_checked_before_any_work(gemma3_pipeline, monkeypatch):
             gemma3_pipeline.generate(messages, **kwargs)
         with pytest.raises(SamplingError):
             next(gemma3_pipeline.stream(messages, **kwargs))
+
+
+def test_every_bit_of_the_seed_counts():
+    import jax
+
+    from app.sampling import SamplingParams
+
+    keys = [jax.random.key_data(SamplingParams(seed=s).key()).tolist() for s in (0, 1 << 32, -1, (1 << 32) - 1)]
+    assert len({tuple(k) for k in keys}) == 4
+    assert jax.random.key_data(SamplingParams(seed=7).key()).tolist() == jax.random.key_data(jax.random.key(7)).tolist()
