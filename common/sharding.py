@@ -83,9 +83,10 @@ def constrain(x: jax.Array, axes: tuple[str | None, ...]) -> jax.Array:
 def make_mesh(model_axis: int | None = None, devices=None) -> Mesh:
     """A ("data", "model") mesh over ``devices`` (default: every device of every process), laid out by
     ``jax.make_mesh`` from the topology. ``model_axis`` devices shard the weights; the rest split the batch.
-    Default: every device on the model axis."""
+    Default: every device of this process on the model axis (processes split the batch)."""
     devices = list(jax.devices() if devices is None else devices)
-    model = len(devices) if model_axis is None else int(model_axis)
+    local = sum(d.process_index == jax.process_index() for d in devices)
+    model = (local or len(devices)) if model_axis is None else int(model_axis)
     if model < 1 or len(devices) % model:
         raise ValueError(f"model axis {model} does not divide the {len(devices)} available devices")
     axis_types = (jax.sharding.AxisType.Auto,) * 2

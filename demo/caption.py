@@ -13,6 +13,7 @@ one captions its shard of the items into its own part file; ``merge_parts`` join
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import os
 import pathlib
@@ -21,7 +22,9 @@ import time
 from typing import Sequence, TextIO
 
 import grain
+import jax
 
+from common.distributed import broadcast_from_first
 from common.errors import OmnijaxError
 from app.sampling import SamplingParams
 from demo.caption_items import (DEFAULT_PROMPTS, CaptionInputError, CaptionItem, check_parts, dedup_rows,
@@ -276,9 +279,28 @@ def supported(pipe, item: CaptionItem) -> bool:
     return item.kind in pipe.config.modalities
 
 
+class NoRows:
+    """The writer of a process that writes nothing (every process but the first of a ``spmd`` run)."""
+
+    existing: list = []
+
+    def write(self, row: dict) -> None:
+        pass
+
+    def drop(self, paths: set[str]) -> None:
+        pass
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        pass
+
+
 def run_captions(pipe, items: Sequence[CaptionItem], out: str | os.PathLike,
                  options: CaptionOptions = CaptionOptions(), *, shard_index: int = 0, shard_count: int = 1,
-                 log: TextIO | None = sys.stderr, inputs: Sequence[str | os.PathLike] = ()) -> CaptionSummary:
+                 log: TextIO | None = sys.stderr, inputs: Sequence[str | os.PathLike] = (),
+                 spmd: bool = False) -> CaptionSummary:
     """Caption this process's shard of ``items`` into its output file, resuming what is there.
 
     pipe: a Pipeline, or a function returning one (called only when there is something left to caption).
@@ -286,9 +308,14 @@ def run_captions(pipe, items: Sequence[CaptionItem], out: str | os.PathLike,
     ``part_path(out, shard_index, shard_count)`` and items already in a merged ``out`` count as finished too.
     inputs: other input files (a manifest) the output must not be. The output is locked for the run
     (``<out>.lock``) and must be a caption file if it exists (demo/caption_output.py).
+    spmd: every JAX process runs this same call and the model on one mesh spanning them (``jax.distributed``):
+    process 0 reads and writes the output and decides what is left to do; the others run the same batches.
     Ctrl-C at any point stops the run cleanly: the summary has ``interrupted=True`` and every row written so far
     is kept. Returns the summary (also printed to ``log``).
     """
+    leader = not spmd or jax.process_index() == 0
+    if not leader:
+        log = None
     shard = shard_items(list(items), shard_index, shard_count)
     path = part_path(out, shard_index, shard_count)
     every = [item.path for item in items]
@@ -296,9 +323,13 @@ def run_captions(pipe, items: Sequence[CaptionItem], out: str | os.PathLike,
     if path != pathlib.Path(out):
         check_not_an_input(out, every, inputs)
     start = time.perf_counter()
-    with CtrlC() as ctrl_c, OutputLock(path), RowWriter(path) as writer:
+    with CtrlC() as ctrl_c, OutputLock(path) if leader else contextlib.nullcontext(), \
+            RowWriter(path) if leader else NoRows() as writer:
         rows = writer.existing + (read_output(out)[0] if path != pathlib.Path(out) else [])
         todo = remaining(shard, finished_paths(rows, retry_errors=options.retry_errors))
+        if spmd:  # every process takes the first one's list
+            index = {item.path: i for i, item in enumerate(shard)}
+            todo = [shard[i] for i in broadcast_from_first([index[item.path] for item in todo], len(shard))]
         retried = {item.path for item in todo} & {row["path"] for row in writer.existing}
         if retried:  # their error rows go, so that the file keeps one row per item
             with ctrl_c.shielded():

@@ -20,8 +20,10 @@ def add_caption_parser(subparsers) -> argparse.ArgumentParser:
     p = subparsers.add_parser(
         "caption", help="caption every image (and audio file) of a folder, glob or manifest into a JSONL file",
         description="One JSON line per media item, flushed as items finish. Rerunning the same command resumes: "
-                    "items already in the output are skipped. With several JAX processes each captions its "
-                    "shard into OUT's part file (captions.part-00000-of-00004.jsonl, ...); join them with --merge.")
+                    "items already in the output are skipped. With --distributed, several JAX processes run the "
+                    "model on one mesh spanning them and process 0 writes OUT. With --process-index / "
+                    "--process-count, independent processes each caption their shard into OUT's part file "
+                    "(captions.part-00000-of-00004.jsonl, ...); join them with --merge.")
     add_model_flags(p)
     p.add_argument("--input", help="a folder (searched recursively), a glob (quote it; ** recurses), a .jsonl/.csv "
                                    "manifest with a path column and an optional prompt column, or one media file")
@@ -38,11 +40,15 @@ def add_caption_parser(subparsers) -> argparse.ArgumentParser:
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
     p.add_argument("--merge", action="store_true", help="join OUT's part files into OUT (one row per path) and exit")
     p.add_argument("--distributed", action="store_true",
-                   help="call jax.distributed.initialize() first (multi-host runs)")
+                   help="join the other processes (jax.distributed) and run the model on one mesh spanning them; "
+                        "every process runs this same command, process 0 writes OUT")
+    p.add_argument("--coordinator", help="with --distributed: process 0's host:port (default: from the cluster)")
+    p.add_argument("--num-processes", type=int, help="with --distributed: how many processes (default: detected)")
+    p.add_argument("--process-id", type=int, help="with --distributed: this process's id (default: detected)")
     p.add_argument("--process-index", type=int, default=None,
-                   help="this process's shard (default: jax.process_index()); with --process-count")
+                   help="without --distributed: this process's shard of the input; with --process-count")
     p.add_argument("--process-count", type=int, default=None,
-                   help="how many processes share the input (default: jax.process_count())")
+                   help="without --distributed: how many independent processes share the input")
     add_sampling_flags(p)
     return p
 
@@ -52,33 +58,14 @@ def _shard_of(args) -> tuple[int, int]:
 
     if (args.process_index is None) != (args.process_count is None):
         raise CaptionInputError("give --process-index and --process-count together")
-    if args.process_index is not None:
-        if args.process_count < 1 or not 0 <= args.process_index < args.process_count:
-            raise CaptionInputError(f"--process-index {args.process_index} is not in [0, --process-count "
-                                    f"{args.process_count})")
-        return args.process_index, args.process_count
-    import jax
-
-    return jax.process_index(), jax.process_count()
-
-
-def load_local_pipeline(args):
-    """The pipeline of ``args.model`` (default: the embedded model), its weights on this process's own devices:
-    with several JAX processes each one is an independent replica working on its own shard."""
-    import jax
-
-    if jax.process_count() == 1:
-        return load_pipeline(args)
-    from app.pipeline import Pipeline
-    from common.sharding import make_mesh
-
-    folder = args.model
-    if folder is None:
-        from app.default_model import default_model_dir
-
-        folder = default_model_dir()
-    mesh = make_mesh(args.model_axis, devices=jax.local_devices())
-    return Pipeline.from_pretrained(folder, dtype=args.dtype, mesh=mesh)
+    if args.process_index is None:
+        return 0, 1
+    if args.distributed:
+        raise CaptionInputError("--distributed runs one model over every process: it takes no --process-index")
+    if args.process_count < 1 or not 0 <= args.process_index < args.process_count:
+        raise CaptionInputError(f"--process-index {args.process_index} is not in [0, --process-count "
+                                f"{args.process_count})")
+    return args.process_index, args.process_count
 
 
 def run_caption(args) -> int:
@@ -94,11 +81,11 @@ def run_caption(args) -> int:
         return 0
     if not args.input:
         raise CaptionInputError("caption needs --input (a folder, glob or manifest), or --merge")
-    if args.distributed:
-        import jax
-
-        jax.distributed.initialize()
     shard_index, shard_count = _shard_of(args)
+    if args.distributed:
+        from common.distributed import init_distributed
+
+        init_distributed(args.coordinator, args.num_processes, args.process_id)
     try:
         options = CaptionOptions(
             prompt=args.prompt, system=args.system, max_new_tokens=args.max_new_tokens,
@@ -111,8 +98,8 @@ def run_caption(args) -> int:
         raise CaptionInputError(f"--max-new-tokens must be >= 1, got {options.max_new_tokens}")
     items = discover(args.input, path_column=args.path_column, prompt_column=args.prompt_column)
     inputs = [args.input] if os.path.isfile(args.input) else []  # a manifest (or the one media file)
-    summary = run_captions(lambda: load_local_pipeline(args), items, args.out, options, shard_index=shard_index,
-                           shard_count=shard_count, inputs=inputs)
+    summary = run_captions(lambda: load_pipeline(args), items, args.out, options, shard_index=shard_index,
+                           shard_count=shard_count, inputs=inputs, spmd=args.distributed)
     return 130 if summary.interrupted else 0
 
 

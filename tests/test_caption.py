@@ -265,8 +265,8 @@ def jax_cache(tmp_path_factory):
     return tmp_path_factory.mktemp("jax_cache")
 
 
-def start_cli(args, tmp_path, jax_cache, *, paused: bool = False) -> subprocess.Popen:
-    env = dict(os.environ, OMNIJAX_HOME=str(tmp_path / "home"), PYTHONPATH=str(ROOT),
+def start_cli(args, tmp_path, jax_cache, *, paused: bool = False, env_extra: dict | None = None) -> subprocess.Popen:
+    env = dict(os.environ, **(env_extra or {}), OMNIJAX_HOME=str(tmp_path / "home"), PYTHONPATH=str(ROOT),
                JAX_COMPILATION_CACHE_DIR=str(jax_cache), JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS="0",
                JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES="0")
     command = ["-c", PAUSED_CAPTION] if paused else caption_command()
@@ -359,3 +359,35 @@ def test_audio_files_are_captioned_by_a_family_with_audio(tmp_path, qwen_pipelin
         item = CaptionItem(str(folder / name), "audio" if name.endswith(".wav") else "image")
         expected = qwen_pipeline.generate(messages_for(item, row["prompt"]), max_new_tokens=MAX_NEW)
         assert row["caption"] == expected.text
+
+
+def _free_port() -> int:
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def test_distributed_run_shares_one_mesh_and_process_0_writes(mixed_folder, tmp_path, tiny_gemma3_dir,
+                                                            gemma3_pipeline, jax_cache):
+    """Two JAX processes (2 CPU devices each) run `omnijax caption --distributed`: the model runs on one mesh
+    spanning both, process 0 writes the output, and its rows are what one process writes."""
+    folder, good, bad, audio = mixed_folder
+    out = tmp_path / "captions.jsonl"
+    port = str(_free_port())
+    env = {"XLA_FLAGS": "--xla_force_host_platform_device_count=2", "JAX_PLATFORMS": "cpu"}
+    args = ["--model", str(tiny_gemma3_dir), "--input", str(folder), "--out", str(out), "--batch-size", "2",
+            "--max-new-tokens", str(MAX_NEW), "--no-progress", "--distributed", "--coordinator", f"127.0.0.1:{port}",
+            "--num-processes", "2"]
+    procs = [start_cli([*args, "--process-id", str(i)], tmp_path, jax_cache, env_extra=env) for i in range(2)]
+    outs = [p.communicate(timeout=900) for p in procs]
+    for p, (_, err) in zip(procs, outs):
+        assert p.returncode == 0, err[-3000:]
+    assert "[omnijax]" in outs[0][1] and "[omnijax]" not in outs[1][1]  # only process 0 reports
+    rows = rows_by_path(out)
+    assert set(rows) == {str(p) for p in good + bad + [audio]}
+    assert not any(tmp_path.glob("captions.part-*"))
+    for path in good:
+        want = expected_caption(gemma3_pipeline, path)
+        assert (rows[str(path)]["caption"], rows[str(path)]["new_tokens"]) == (want.text, len(want.token_ids))

@@ -49,7 +49,7 @@ def test_bad_sampling_flags_are_one_line_and_exit_2(capsys, monkeypatch, flag, v
         raise AssertionError("the model was loaded before the settings were checked")
 
     monkeypatch.setattr("app.cli.load_pipeline", no_model)
-    monkeypatch.setattr("demo.cli_caption.load_local_pipeline", no_model)
+    monkeypatch.setattr("demo.cli_caption.load_pipeline", no_model)
     assert main(["generate", "--prompt", "Hello", flag, value]) == 2
     assert name in one_error_line(capsys)
 
