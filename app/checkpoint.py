@@ -1,6 +1,6 @@
 """Reading a Hugging Face checkpoint folder: config, safetensors index, and parameters placed on the mesh.
 
-Tensors are read one at a time (``safe_open``), re-laid out per the family's weight map, cast to the requested
+Tensors are read one at a time (``safe_open``, or a ``TensorSource`` such as a GGUF file's), re-laid out per the family's weight map, cast to the requested
 dtype and handed shard by shard to ``jax.make_array_from_callback``: the host never holds a second full copy of the
 model.
 """
@@ -11,7 +11,7 @@ import json
 import logging
 import pathlib
 import re
-from typing import Iterable
+from typing import Iterable, Protocol
 
 import jax
 import ml_dtypes
@@ -54,6 +54,17 @@ def read_json(folder: pathlib.Path, name: str, *, required: bool = True) -> dict
         return json.loads(file.read_text())
     except (OSError, ValueError) as e:
         raise CheckpointError(f"{file} is not readable JSON: {e}") from e
+
+
+class TensorSource(Protocol):
+    """Checkpoint tensors by (canonical Hugging Face) key, read one at a time: ``TensorIndex`` for safetensors
+    folders, ``app.gguf.tensors.GGUFTensors`` for GGUF files."""
+
+    def keys(self) -> set[str]: ...
+
+    def read(self, key: str) -> np.ndarray: ...
+
+    def close(self) -> None: ...
 
 
 class TensorIndex:
@@ -163,7 +174,7 @@ def check_weight_map(params: dict[ParamPath, tuple[tuple, tuple]], weight_map: d
     return skipped
 
 
-def load_params(index: TensorIndex, params: dict[ParamPath, tuple[tuple, tuple]],
+def load_params(index: TensorSource, params: dict[ParamPath, tuple[tuple, tuple]],
                 weight_map: dict[ParamPath, TensorSpec], *, dtype: str, mesh,
                 unused_patterns: Iterable[str] = ()) -> dict:
     """Read every parameter into a sharded device array; returns the nested pure-dict params pytree."""

@@ -59,8 +59,15 @@ def template_messages(messages: list[dict]) -> list[dict]:
             for m in messages]
 
 
+NO_CHAT_TEMPLATE = ("this checkpoint has no chat template (a base model?): pass the prompt as plain text instead "
+                    "of chat messages (pipe.generate(\"The capital of France is\"), or omnijax generate --raw)")
+
+
 def render_chat(tokenizer, messages: list[dict], chat_template: str | None = None) -> str:
-    """The prompt text for ``messages`` with the generation prompt appended."""
+    """The prompt text for ``messages`` with the generation prompt appended; PromptError when the tokenizer has
+    no chat template (raw text is the way to prompt such a model)."""
+    if not (chat_template or getattr(tokenizer, "chat_template", None)):
+        raise PromptError(NO_CHAT_TEMPLATE)
     try:
         return tokenizer.apply_chat_template(template_messages(messages), chat_template=chat_template,
                                              tokenize=False, add_generation_prompt=True)
