@@ -25,14 +25,20 @@ PROMPTS = ["the quick brown fox", "a long walk along the river bank, past the ol
 
 @pytest.fixture(scope="module")
 def tiny_gguf(tmp_path_factory):
-    """A tiny gemma3 GGUF (every type of DEFAULT_TYPES) with a chat template, alone in its folder."""
-    return write_tiny_gemma3_gguf(tmp_path_factory.mktemp("tiny_gguf") / "tiny-gemma3.gguf",
-                                  chat_template=CHAT_TEMPLATE)
+    """A tiny gemma3 GGUF (every type of DEFAULT_TYPES) without a chat template (a base model), alone in its
+    folder."""
+    return write_tiny_gemma3_gguf(tmp_path_factory.mktemp("tiny_gguf") / "tiny-gemma3.gguf")
 
 
 @pytest.fixture(scope="module")
 def tiny_gguf_pipe(tiny_gguf):
     return Pipeline.from_pretrained(tiny_gguf)
+
+
+@pytest.fixture(scope="module")
+def chat_gguf(tmp_path_factory):
+    """The same model with a chat template in its metadata."""
+    return write_tiny_gemma3_gguf(tmp_path_factory.mktemp("chat_gguf") / "chat.gguf", chat_template=CHAT_TEMPLATE)
 
 
 @pytest.fixture(scope="module")
@@ -193,39 +199,54 @@ def test_tiny_gguf_logits_and_greedy_tokens_equal_transformers(tiny_gguf_pipe, h
         assert result.token_ids == ref
 
 
-def test_chat_template_comes_from_the_metadata(tiny_gguf_pipe, hf_from_gguf):
-    _, tokenizer = hf_from_gguf
+def test_chat_template_comes_from_the_metadata(chat_gguf):
+    from transformers import AutoTokenizer
+
+    tokenizer = AutoTokenizer.from_pretrained(str(chat_gguf.parent), gguf_file=chat_gguf.name)
+    pipe = Pipeline.from_pretrained(chat_gguf)  # (nothing is generated: no compilation)
     messages = [{"role": "user", "content": "hello there"}]
-    assert tiny_gguf_pipe.has_chat_template
+    assert pipe.has_chat_template
     expected = tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=False)
     assert "<start_of_turn>model\n" in expected
-    assert tiny_gguf_pipe.prepare(messages).token_ids.tolist() == \
-        tokenizer(expected, add_special_tokens=False)["input_ids"]
+    assert pipe.prepare(messages).token_ids.tolist() == tokenizer(expected, add_special_tokens=False)["input_ids"]
     with pytest.raises(PromptError, match="text only"):
-        tiny_gguf_pipe.prepare([{"role": "user", "content": [{"type": "image", "image": "x.png"},
-                                                             {"type": "text", "text": "what?"}]}])
+        pipe.prepare([{"role": "user", "content": [{"type": "image", "image": "x.png"},
+                                                   {"type": "text", "text": "what?"}]}])
 
 
-def test_without_a_chat_template_chat_messages_ask_for_raw_text(tmp_path):
-    pipe = Pipeline.from_pretrained(write_tiny_gemma3_gguf(tmp_path / "base.gguf"))
-    assert not pipe.has_chat_template
+def test_without_a_chat_template_chat_messages_ask_for_raw_text(tiny_gguf_pipe):
+    assert not tiny_gguf_pipe.has_chat_template
     with pytest.raises(PromptError, match="no chat template.*plain text.*--raw"):
-        pipe.generate([{"role": "user", "content": "hi"}], max_new_tokens=2)
-    out = pipe.generate("the quick brown fox", max_new_tokens=3)
-    assert out.prompt_tokens == len(pipe.prepare("the quick brown fox").token_ids) and len(out.token_ids) >= 1
+        tiny_gguf_pipe.generate([{"role": "user", "content": "hi"}], max_new_tokens=2)
     with pytest.raises(PromptError, match="empty"):
-        pipe.generate("", max_new_tokens=2)
+        tiny_gguf_pipe.generate("", max_new_tokens=2)
+    with pytest.raises(PromptError, match="must be a string"):
+        tiny_gguf_pipe.prepare_raw(["not", "text"])
 
 
-def test_a_folder_holding_one_gguf_file_and_the_cli(tiny_gguf, tiny_gguf_pipe, capsys):
+def test_raw_stream_equals_generate(tiny_gguf_pipe):
+    full = tiny_gguf_pipe.generate(PROMPTS[0], max_new_tokens=6)
+    stream = tiny_gguf_pipe.stream(PROMPTS[0], max_new_tokens=6)
+    pieces = []
+    while True:
+        try:
+            pieces.append(next(stream))
+        except StopIteration as done:
+            result = done.value
+            break
+    assert (result.token_ids, result.text) == (full.token_ids, full.text)
+    assert full.prompt_tokens == len(tiny_gguf_pipe.prepare(PROMPTS[0]).token_ids)
+
+
+def test_the_cli_on_a_folder_holding_one_gguf_file(tiny_gguf, tiny_gguf_pipe, capsys):
     from app.cli import main
 
     expected = tiny_gguf_pipe.generate(PROMPTS[0], max_new_tokens=6)
-    assert Pipeline.from_pretrained(tiny_gguf.parent).generate(PROMPTS[0], max_new_tokens=6).token_ids == \
-        expected.token_ids
-    assert main(["generate", "--model", str(tiny_gguf), "--raw", "--prompt", PROMPTS[0], "--max-new-tokens", "6",
-                 "--no-stream"]) == 0
+    assert main(["generate", "--model", str(tiny_gguf.parent), "--raw", "--prompt", PROMPTS[0],
+                 "--max-new-tokens", "6", "--no-stream"]) == 0
     assert capsys.readouterr().out == expected.text + "\n"
+    assert main(["generate", "--model", str(tiny_gguf.parent), "--raw", "--prompt", "x", "--system", "s"]) == 2
+    assert "--raw continues plain text and takes no --system" in capsys.readouterr().err
 
 
 def test_folder_with_several_gguf_files(tiny_gguf, tmp_path):
@@ -271,3 +292,17 @@ def test_not_a_gguf_and_truncated_files(tiny_gguf, tmp_path):
         Pipeline.from_pretrained(other)
     with pytest.raises(CheckpointError, match="no .gguf file"):
         Pipeline.from_pretrained(tmp_path / "empty" if (tmp_path / "empty").mkdir() is None else None)
+
+
+def test_the_demo_continues_raw_text_for_a_model_without_a_chat_template(tiny_gguf_pipe):
+    from demo.web import build_demo, make_responder
+
+    config = build_demo(tiny_gguf_pipe).get_config_file()
+    header = next(c["props"]["value"] for c in config["components"] if c["props"].get("elem_id") == "model-info")
+    assert "**inputs:** text" in header and "no chat template" in header
+    expected = tiny_gguf_pipe.generate(PROMPTS[0], max_new_tokens=6)
+    history = [{"role": "user", "content": "an earlier turn"}, {"role": "assistant", "content": "its answer"}]
+    outputs = list(make_responder(tiny_gguf_pipe)({"text": PROMPTS[0], "files": []}, history, 6, 0.0, 1.0, 0, 0))
+    assert outputs[-1][0]["content"][0]["text"] == expected.text
+    empty = list(make_responder(tiny_gguf_pipe)({"text": "  ", "files": []}, [], 6, 0.0, 1.0, 0, 0))
+    assert "empty" in empty[-1][0]["content"]
