@@ -8,7 +8,7 @@ load_s (the whole ``from_pretrained``: header, config, tokenizer, weights, engin
 dequantizing and placing the weights), peak_rss_mb (the process's VmHWM over the load, imports included),
 peak_before_weights_mb (the same before the weights: imports, config, tokenizer), rss_before_weights_mb, weights_peak_mb (how far resident memory rose above that while the weights streamed in:
 the peak is reset just before) against weights_mb (the loaded parameters) and largest_tensor_mb. Writes
-``load-<time>.json`` and ``latest-load.md`` into ``--out``.
+``load-<time>.json``, ``latest-load.json`` and ``latest-load.md`` into ``--out``.
 """
 
 from __future__ import annotations
@@ -121,6 +121,7 @@ def run(out: pathlib.Path, repeats: int) -> dict:
               "time": time.strftime("%Y-%m-%d %H:%M:%S"), "runs": runs}
     out.mkdir(parents=True, exist_ok=True)
     (out / f"load-{time.strftime('%Y%m%d-%H%M%S')}.json").write_text(json.dumps(report, indent=1))
+    (out / "latest-load.json").write_text(json.dumps(report, indent=1))
     (out / "latest-load.md").write_text(markdown(report))
     return report
 
