@@ -30,7 +30,7 @@ def long_prompt() -> str:
     lines = ["The librarian of the harbour town kept a notebook. On its first page she wrote that the key to the "
              "archive was hidden under the blue lantern in the reading room."]
     lines += [f"On day {i + 1}, a {colours[i % 7]} {animals[i % 11]} was seen near the {places[i % 9]}."
-              for i in range(48)]
+              for i in range(40)]
     lines.append("Years later, a visitor asked where the key to the archive was hidden. The librarian smiled and "
                  "said that it was under the")
     return " ".join(lines)
