@@ -306,3 +306,27 @@ def test_the_demo_continues_raw_text_for_a_model_without_a_chat_template(tiny_gg
     assert outputs[-1][0]["content"][0]["text"] == expected.text
     empty = list(make_responder(tiny_gguf_pipe)({"text": "  ", "files": []}, [], 6, 0.0, 1.0, 0, 0))
     assert "empty" in empty[-1][0]["content"]
+
+
+def test_tensors_an_architecture_ignores_are_left_out(tmp_path):
+    import dataclasses
+
+    from app.families.gemma3 import GGUF
+    from app.gguf.tensors import GGUFTensors
+
+    path = write_tiny_gemma3_gguf(tmp_path / "rope.gguf", extra_tensors={"rope_freqs.weight": np.ones(64, np.float32)})
+    file = GGUFFile(path)
+    config = {"num_hidden_layers": 6}
+    wanted = ["model.norm.weight", "model.layers.0.self_attn.q_norm.weight", "model.no_such.weight"]
+    plain = GGUFTensors(file, GGUF, config, wanted, np.float32)
+    assert {"model.norm.weight", "model.layers.0.self_attn.q_norm.weight", "rope_freqs.weight"} <= plain.keys()
+    assert "model.no_such.weight" not in plain.keys() and "output_norm.weight" not in plain.keys()
+    ignoring = GGUFTensors(file, dataclasses.replace(GGUF, ignored=(r"rope_freqs\.weight",)), config, wanted,
+                           np.float32)
+    assert "rope_freqs.weight" not in ignoring.keys()
+    stored = dequantize_tensor(lambda part: file.read(file.tensors["output_norm.weight"], part),
+                               file.tensors["output_norm.weight"], np.float32)
+    np.testing.assert_array_equal(plain.read("model.norm.weight"), stored - np.float32(1))  # 1 + w stored
+    with pytest.raises(CheckpointError, match="missing"):
+        plain.read("model.no_such.weight")
+    file.close()

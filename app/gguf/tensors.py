@@ -41,10 +41,11 @@ class GGUFTensors:
                 self.gguf_name[key] = name
         mapped = set(self.gguf_name.values())
         ignored = [re.compile(p) for p in arch.ignored]
-        skipped = [n for n in file.tensors if n not in mapped and any(r.fullmatch(n) for r in ignored)]
+        skipped = {n for n in file.tensors if n not in mapped and any(r.fullmatch(n) for r in ignored)}
         if skipped:
-            log.info("skipping %d GGUF tensors the model does not use: %s", len(skipped), ", ".join(skipped[:5]))
-        self.unmapped = [n for n in file.tensors if n not in mapped and n not in set(skipped)]
+            log.info("skipping %d GGUF tensors the model does not use: %s", len(skipped),
+                     ", ".join(sorted(skipped)[:5]))
+        self.unmapped = [n for n in file.tensors if n not in mapped and n not in skipped]
 
     def keys(self) -> set[str]:
         return set(self.gguf_name) | set(self.unmapped)
