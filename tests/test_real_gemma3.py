@@ -54,17 +54,13 @@ def real_reference(real_gguf):
 
 
 @pytest.fixture(scope="module")
-def hf_real(real_reference):
+def hf_answers(real_reference):
+    """Per prompt: (prompt ids, the first step's logits [vocab], greedy new tokens), from transformers (float32,
+    eager attention; the model is released afterwards)."""
     from transformers import AutoTokenizer, Gemma3ForCausalLM
 
-    model = Gemma3ForCausalLM.from_pretrained(real_reference, dtype=torch.float32, attn_implementation="eager")
-    return model.eval(), AutoTokenizer.from_pretrained(str(real_reference))
-
-
-@pytest.fixture(scope="module")
-def hf_answers(hf_real):
-    """Per prompt: (prompt ids, the first step's logits [vocab], greedy new tokens), from transformers."""
-    model, tokenizer = hf_real
+    model = Gemma3ForCausalLM.from_pretrained(real_reference, dtype=torch.float32, attn_implementation="eager").eval()
+    tokenizer = AutoTokenizer.from_pretrained(str(real_reference))
     out = []
     for text in PROMPTS:
         ids = torch.tensor([tokenizer(text)["input_ids"]], dtype=torch.long)
