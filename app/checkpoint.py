@@ -1,6 +1,6 @@
 """Reading a Hugging Face checkpoint folder: config, safetensors index, and parameters placed on the mesh.
 
-Tensors are read one at a time (``safe_open``), re-laid out per the family's weight map, cast to the requested
+Tensors are read one at a time (``safe_open``, or a ``TensorSource`` such as a GGUF file's), re-laid out per the family's weight map, cast to the requested
 dtype and handed shard by shard to ``jax.make_array_from_callback``: the host never holds a second full copy of the
 model.
 """
@@ -13,7 +13,7 @@ import os
 import pathlib
 import re
 import stat
-from typing import Iterable
+from typing import Iterable, Protocol
 
 import jax
 import ml_dtypes
@@ -41,15 +41,6 @@ def numpy_dtype(name: str):
 # that need scales) is refused before a tensor is read.
 FLOAT_DTYPES = frozenset({"F16", "BF16", "F32", "F64"})
 MAX_JSON_BYTES = 64 * 2**20  # config, generation config and index files are kilobytes
-
-
-def checkpoint_folder(path) -> pathlib.Path:
-    folder = pathlib.Path(path).expanduser()
-    if not folder.exists():
-        raise CheckpointError(f"checkpoint folder {str(folder)!r} does not exist")
-    if not folder.is_dir():
-        raise CheckpointError(f"checkpoint path {str(folder)!r} is not a folder")
-    return folder
 
 
 def check_folder_files(folder: pathlib.Path) -> None:
@@ -112,6 +103,17 @@ def weight_file_name(folder: pathlib.Path, name) -> str:
         raise CheckpointError(f"{where} names weight file {name!r}, which is not a .safetensors file "
                               f"(omnijax reads safetensors only)")
     return name
+
+
+class TensorSource(Protocol):
+    """Checkpoint tensors by (canonical Hugging Face) key, read one at a time: ``TensorIndex`` for safetensors
+    folders, ``app.gguf.tensors.GGUFTensors`` for GGUF files."""
+
+    def keys(self) -> set[str]: ...
+
+    def read(self, key: str) -> np.ndarray: ...
+
+    def close(self) -> None: ...
 
 
 class TensorIndex:
@@ -243,7 +245,7 @@ def check_weight_map(params: dict[ParamPath, tuple[tuple, tuple]], weight_map: d
     return skipped
 
 
-def load_params(index: TensorIndex, params: dict[ParamPath, tuple[tuple, tuple]],
+def load_params(index: TensorSource, params: dict[ParamPath, tuple[tuple, tuple]],
                 weight_map: dict[ParamPath, TensorSpec], *, dtype: str, mesh,
                 unused_patterns: Iterable[str] = ()) -> dict:
     """Read every parameter into a sharded device array; returns the nested pure-dict params pytree."""

@@ -11,7 +11,7 @@ import os
 import sys
 import time
 
-from common.errors import OmnijaxError
+from common.errors import OmnijaxError, PromptError
 
 
 def add_sampling_flags(p: argparse.ArgumentParser) -> None:
@@ -23,7 +23,8 @@ def add_sampling_flags(p: argparse.ArgumentParser) -> None:
 
 
 def add_model_flags(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--model", help="local Hugging Face checkpoint folder (default: the embedded tiny demo model)")
+    p.add_argument("--model", help="local Hugging Face checkpoint folder, or a .gguf file (default: the embedded "
+                                   "tiny demo model)")
     p.add_argument("--dtype", default="float32", choices=["float32", "bfloat16", "float16"])
     p.add_argument("--model-axis", type=int, default=None, help="devices that shard the weights (default: all)")
     p.add_argument("--no-compilation-cache", action="store_true",
@@ -37,6 +38,8 @@ def add_generate_parser(sub) -> argparse.ArgumentParser:
     gen.add_argument("--image", action="append", default=[], help="an image file (repeatable)")
     gen.add_argument("--audio", action="append", default=[], help="an audio file (repeatable)")
     gen.add_argument("--system", help="an optional system message")
+    gen.add_argument("--raw", action="store_true",
+                     help="continue --prompt as plain text (base models): no chat template, text only")
     gen.add_argument("--stop", action="append", default=None, help="a stop string (repeatable)")
     gen.add_argument("--no-stream", action="store_true", help="print the answer at the end instead of streaming")
     add_sampling_flags(gen)
@@ -71,7 +74,15 @@ def load_pipeline(args):
     return Pipeline.from_pretrained(folder, dtype=args.dtype, model_axis=args.model_axis)
 
 
-def messages_from(args) -> list[dict]:
+def messages_from(args) -> list[dict] | str:
+    """The chat messages of ``--prompt`` (with ``--image`` / ``--audio`` / ``--system``), or with ``--raw`` the
+    prompt string itself."""
+    if getattr(args, "raw", False):
+        extras = [flag for flag, value in (("--image", args.image), ("--audio", args.audio), ("--system", args.system))
+                  if value]
+        if extras:
+            raise PromptError(f"--raw continues plain text and takes no {', '.join(extras)}")
+        return args.prompt
     content = [{"type": "image", "image": path} for path in args.image]
     content += [{"type": "audio", "audio": path} for path in args.audio]
     content.append({"type": "text", "text": args.prompt})

@@ -1,4 +1,5 @@
-"""The Python API: ``Pipeline.from_pretrained(folder)`` then ``generate`` / ``stream`` on chat messages."""
+"""The Python API: ``Pipeline.from_pretrained(folder or .gguf file)`` then ``generate`` / ``stream`` on chat messages
+or, for base models, on plain text (raw completion)."""
 
 from __future__ import annotations
 
@@ -12,7 +13,8 @@ import jax.numpy as jnp
 import numpy as np
 
 from app.answer_text import answer_for
-from app.checkpoint import TensorIndex, abstract_params, check_folder_files, checkpoint_folder, load_params, read_json
+from app.checkpoint import abstract_params, load_params
+from app.checkpoint_source import open_checkpoint
 from app.compilation_cache import enable_compilation_cache
 from app.config_limits import check_config_limits
 from common.errors import PromptError
@@ -22,6 +24,7 @@ from app.generation import Engine
 from app.model import abstract_model
 from app.sampling import check_settings
 from common.sharding import make_mesh
+from preprocess.raw_prompt import raw_prompt_ids
 
 log = logging.getLogger(__name__)
 
@@ -41,7 +44,8 @@ class GenerationResult:
 
 
 def _is_batch(messages: Any) -> bool:
-    return isinstance(messages, (list, tuple)) and bool(messages) and isinstance(messages[0], (list, tuple))
+    """A list of conversations or of raw prompts (one conversation is a list of message dicts)."""
+    return isinstance(messages, (list, tuple)) and bool(messages) and isinstance(messages[0], (list, tuple, str))
 
 
 class Pipeline:
@@ -61,16 +65,21 @@ class Pipeline:
     def name(self) -> str:
         return self.folder.name
 
+    @property
+    def has_chat_template(self) -> bool:
+        """Whether chat messages can be rendered (base models often have no chat template: use raw text)."""
+        return bool(getattr(getattr(self.processor, "tokenizer", None), "chat_template", None))
+
     @classmethod
     def from_pretrained(cls, path=None, *, dtype: str = "float32", mesh=None, model_axis: int | None = None,
                         max_context: int | None = None, max_audio_seconds: float | None = None) -> "Pipeline":
-        """Load a local Hugging Face checkpoint folder (``path=None``: the embedded tiny default model, built on
-        first use; its weights are random).
+        """Load a local Hugging Face checkpoint folder, a GGUF file, or a folder holding one GGUF file (``path=None``:
+        the embedded default model).
 
-        dtype: parameter dtype ("float32", "bfloat16", "float16"). mesh: a ("data", "model") jax Mesh; default:
-        all devices with ``model_axis`` of them (default all) sharding the weights. max_context: context budget
-        in tokens (prompt + new tokens), at most the model's own limit. max_audio_seconds: longest audio clip
-        accepted (families with audio input).
+        dtype: parameter dtype ("float32", "bfloat16", "float16"); GGUF tensors are dequantized into it.
+        mesh: a ("data", "model") jax Mesh; default: all devices with ``model_axis`` of them (default all)
+        sharding the weights. max_context: context budget in tokens (prompt + new tokens), at most the model's own
+        limit. max_audio_seconds: longest audio clip accepted (families with audio input).
         """
         if dtype not in _JAX_DTYPES:
             raise ValueError(f"unsupported dtype {dtype!r}; use one of {sorted(_JAX_DTYPES)}")
@@ -79,34 +88,45 @@ class Pipeline:
             from app.default_model import default_model_dir
 
             path = default_model_dir()
-        folder = checkpoint_folder(path)
-        check_folder_files(folder)
-        hf_config = read_json(folder, "config.json")
-        check_config_limits(hf_config)
-        spec = family_for_config(hf_config)
-        cfg = spec.parse_config(hf_config)
-        generation_config = read_json(folder, "generation_config.json", required=False) or {}
-        eos = generation_config.get("eos_token_id")
-        if eos is not None:
-            cfg = dataclasses.replace(cfg, eos_ids=tuple(eos) if isinstance(eos, list) else (int(eos),))
-        processor = spec.make_processor(folder, cfg, max_audio_seconds=max_audio_seconds)
+        ckpt = open_checkpoint(path)
+        check_config_limits(ckpt.hf_config)
+        spec = family_for_config(ckpt.hf_config)
+        cfg = spec.parse_config(ckpt.hf_config)
+        if ckpt.eos_ids is not None:
+            cfg = dataclasses.replace(cfg, eos_ids=ckpt.eos_ids)
+        processor = spec.make_processor(ckpt.folder, cfg, max_audio_seconds=max_audio_seconds,
+                                        **ckpt.processor_kwargs)
         mesh = mesh if mesh is not None else make_mesh(model_axis)
         cfg = dataclasses.replace(cfg, decoder=cfg.decoder.with_kv_repeat(mesh.shape["model"]))
         graphdef, shapes = abstract_params(abstract_model(cfg, spec, getattr(processor, "encoder_options", {})))
-        index = TensorIndex(folder, spec.key_aliases)
+        weight_map = spec.weight_map(cfg)
         start = time.perf_counter()
-        params = load_params(index, shapes, spec.weight_map(cfg), dtype=dtype, mesh=mesh,
-                             unused_patterns=spec.unused_keys(cfg, hf_config))
-        log.info("loaded %s (%s) in %.1fs", folder, spec.name, time.perf_counter() - start)
+        tensors = ckpt.open_tensors(spec, weight_map, dtype)
+        params = load_params(tensors, shapes, weight_map, dtype=dtype, mesh=mesh,
+                             unused_patterns=spec.unused_keys(cfg, ckpt.hf_config))
+        log.info("loaded %s (%s, %s) in %.1fs", ckpt.path, spec.name, ckpt.format, time.perf_counter() - start)
         engine = Engine(cfg, graphdef, params, mesh, dtype=_JAX_DTYPES[dtype], max_context=max_context)
-        return cls(folder, spec, cfg, engine, processor, hf_config)
+        return cls(ckpt.path, spec, cfg, engine, processor, ckpt.hf_config)
 
-    def prepare(self, messages):
+    def prepare(self, messages) -> PreparedPrompt:
+        """Chat messages -> PreparedPrompt through the family's processor; a plain string is a raw prompt."""
+        if isinstance(messages, str):
+            return self.prepare_raw(messages)
         return self.processor.prepare(messages)
+
+    def prepare_raw(self, text: str) -> PreparedPrompt:
+        """A raw-completion prompt: ``text`` tokenized as the tokenizer does by default (BOS as it is configured to
+        add), with no chat template. Media placeholder tokens are refused (a raw prompt carries no media)."""
+        ids = raw_prompt_ids(self.processor.tokenizer, text)
+        for modality, token_id in self.config.media_token_ids:
+            if np.any(ids == token_id):
+                raise PromptError(f"the raw prompt holds {int(np.sum(ids == token_id))} {modality} placeholder "
+                                  f"token(s); raw prompts are text only")
+        return PreparedPrompt(token_ids=ids, media={}, bidirectional=np.zeros(len(ids), bool))
 
     def generate(self, messages, *, max_new_tokens: int = 64, temperature: float = 0.0, top_k: int = 0,
                  top_p: float = 1.0, seed: int = 0, stop: Sequence[str] | None = None):
-        """One conversation -> GenerationResult; a list of conversations -> list of GenerationResult."""
+        """One conversation (or raw prompt string) -> GenerationResult; a list of them -> list of GenerationResult."""
         check_settings(max_new_tokens, temperature, top_k, top_p, seed, stop)
         batch = _is_batch(messages)
         conversations = list(messages) if batch else [messages]

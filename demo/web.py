@@ -4,7 +4,9 @@ A ``gr.ChatInterface`` with a ``gr.MultimodalTextbox`` (images, and audio files 
 audio), answers streamed piece by piece, gradio's Stop button (it cancels the generator, which releases the model
 for the next request), sampling controls, and one stats line per answer. Requests go through gradio's queue and
 one lock, so generations run one at a time and every browser tab gets its answer in turn. A bad file or a failed
-generation becomes an error message in the chat; the server keeps serving.
+generation becomes an error message in the chat; the server keeps serving. The page names the inputs the model
+takes and offers attachments only for those (none for a text-only model); a model without a chat template (a base
+model) continues each message as plain text.
 """
 
 from __future__ import annotations
@@ -23,7 +25,7 @@ from typing import Any, Callable, Iterator
 
 import gradio as gr
 
-from common.errors import OmnijaxError
+from common.errors import OmnijaxError, PromptError
 from demo.chat_state import (
     AUDIO_EXTENSIONS,
     DEFAULT_MAX_UPLOAD_MB,
@@ -44,6 +46,8 @@ log = logging.getLogger(__name__)
 DEFAULT_MAX_NEW_TOKENS = 256
 DEFAULT_MODEL_NOTICE = ("This is the embedded tiny demo model: its weights are random, so its answers are "
                         "meaningless. Start with `--model DIR` for a real checkpoint.")
+COMPLETION_NOTICE = ("This checkpoint has no chat template (a base model): each message is continued as plain "
+                     "text, without the earlier turns.")
 
 
 def accepted_media(pipe) -> tuple[str, ...]:
@@ -51,7 +55,12 @@ def accepted_media(pipe) -> tuple[str, ...]:
     return tuple(kind for kind in MEDIA_KINDS if kind in pipe.config.modalities)
 
 
-def _stream_into(pipe, messages: list[dict], options: dict, sink: dict) -> Iterator[str]:
+def completion_mode(pipe) -> bool:
+    """True for a model without a chat template (a base model): the demo continues each message as raw text."""
+    return not getattr(pipe, "has_chat_template", True)
+
+
+def _stream_into(pipe, messages: list[dict] | str, options: dict, sink: dict) -> Iterator[str]:
     """``pipe.stream``'s text pieces; its return value (a GenerationResult, when the pipeline gives one) lands in
     ``sink["result"]``."""
     sink["result"] = yield from pipe.stream(messages, **options)
@@ -77,11 +86,13 @@ def _report(error: Exception, paths: list[str]) -> dict:
 def make_responder(pipe, *, max_upload_mb: float = DEFAULT_MAX_UPLOAD_MB) -> Callable[..., Iterator[tuple]]:
     """The chat function: ``respond(message, history, max_new_tokens, temperature, top_p, top_k, seed)``.
 
-    message: the MultimodalTextbox value ``{"text": str, "files": [path, ...]}``; history: the Chatbot's messages.
-    Yields ``(assistant message, stats markdown)`` pairs: the answer so far while streaming (stats left as they
-    are), then the whole answer with its stats line; or one error message.
+    message: the MultimodalTextbox value ``{"text": str, "files": [path, ...]}``; history: the Chatbot's messages
+    (left out for a model without a chat template: its message text is continued as a raw prompt). Yields
+    ``(assistant message, stats markdown)`` pairs: the answer so far while streaming (stats left as they are),
+    then the whole answer with its stats line; or one error message.
     """
     media_kinds = accepted_media(pipe)
+    raw = completion_mode(pipe)
     max_bytes = int(max_upload_mb * 2**20)
     lock = threading.Lock()  # the Pipeline is not thread-safe: one generation at a time
 
@@ -90,7 +101,12 @@ def make_responder(pipe, *, max_upload_mb: float = DEFAULT_MAX_UPLOAD_MB) -> Cal
         paths = [_file_path(f) for f in message.get("files") or []]
         try:
             media = [(validate_upload(p, max_bytes=max_bytes, modalities=media_kinds), p) for p in paths]
-            messages = build_messages(history or [], message.get("text") or "", media)
+            if raw:
+                messages = message.get("text") or ""
+                if not messages.strip():
+                    raise PromptError("the message is empty: type some text to continue")
+            else:
+                messages = build_messages(history or [], message.get("text") or "", media)
             options = sampling_options(max_new_tokens, temperature, top_p, top_k, seed)
         except Exception as e:  # noqa: BLE001 - a bad request must not stop the server
             yield _report(e, paths), ""
@@ -109,7 +125,7 @@ def make_responder(pipe, *, max_upload_mb: float = DEFAULT_MAX_UPLOAD_MB) -> Cal
                             yield answer_message(answer), gr.skip()
                 total = time.perf_counter() - start
         except Exception as e:  # noqa: BLE001 - a failed generation must not stop the server
-            report = _report(e, _media_paths(messages))
+            report = _report(e, [] if raw else _media_paths(messages))
             yield ([answer_message(answer), report] if answer else report), ""
             return
         result = sink.get("result")
@@ -141,13 +157,16 @@ def build_demo(pipe, *, max_upload_mb: float = DEFAULT_MAX_UPLOAD_MB, notice: st
     Launch it with ``launch`` (which sets up the queue and the upload size cap).
     """
     kinds = accepted_media(pipe)
+    if completion_mode(pipe):
+        notice = "\n\n".join(n for n in (notice, COMPLETION_NOTICE) if n)
     by_kind = {"image": IMAGE_EXTENSIONS, "audio": AUDIO_EXTENSIONS}
     extensions = sorted(ext for kind in kinds for ext in by_kind[kind])
     attach = " or ".join(f"{k}s" for k in kinds)
     sources = (["upload"] if kinds else []) + (["microphone"] if "audio" in kinds else [])
     textbox = gr.MultimodalTextbox(
         file_types=extensions or None, file_count="multiple", sources=sources,
-        placeholder="Type a message" + (f", attach or paste {attach}…" if kinds else "…"),
+        placeholder=("Type text to continue…" if completion_mode(pipe) else
+                     "Type a message" + (f", attach or paste {attach}…" if kinds else "…")),
         autofocus=True, submit_btn=True, stop_btn=True, elem_id="chat-input", show_label=False,
     )
     chatbot = gr.Chatbot(label=f"{pipe.name} ({pipe.family})", elem_id="chatbot", scale=1, height=520,

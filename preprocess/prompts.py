@@ -60,11 +60,18 @@ def template_messages(messages: list[dict]) -> list[dict]:
             for m in messages]
 
 
+NO_CHAT_TEMPLATE = ("this checkpoint has no chat template (a base model?): pass the prompt as plain text instead "
+                    "of chat messages (pipe.generate(\"The capital of France is\"), or omnijax generate --raw)")
+
+
 def render_chat(tokenizer, messages: list[dict], chat_template: str | None = None) -> str:
     """The prompt text for ``messages`` with the generation prompt appended, its user-supplied text marked so that
     it never becomes special tokens: tokenize it with ``preprocess.user_text.encode_prompt`` (which removes the
-    marks; ``unmark`` gives the plain text). Raises PromptError when the template rejects the messages, or when it
-    changes user text in a way the marks cannot follow and that text spells a special token."""
+    marks; ``unmark`` gives the plain text). Raises PromptError when the tokenizer has no chat template (raw text
+    is the way to prompt such a model), when the template rejects the messages, or when it changes user text in a
+    way the marks cannot follow and that text spells a special token."""
+    if not (chat_template or getattr(tokenizer, "chat_template", None)):
+        raise PromptError(NO_CHAT_TEMPLATE)
     plain = _render(tokenizer, template_messages(messages), chat_template)
     pattern = protected_pattern(tokenizer)
     marked_messages = [{"role": m["role"], "content": [dict(p, text=mark(p["text"], pattern)) if p["type"] == "text"

@@ -99,3 +99,23 @@ def byte_fallback_ids(tokenizer) -> frozenset[int]:
     except AttributeError:
         pass
     return found
+
+
+def load_gguf_tokenizer(file: pathlib.Path, model_type: str):
+    """The tokenizer a GGUF file describes in its metadata (vocabulary, merges or scores, special ids, BOS/EOS
+    flags, chat template), built by transformers as ``from_pretrained(folder, gguf_file=name)`` builds it.
+
+    model_type: the Hugging Face model type of the file's model; it picks the tokenizer class the way
+    AutoTokenizer does (without AutoTokenizer's pass over the whole file to rebuild the model config).
+    """
+    from transformers.models.auto.tokenization_auto import TOKENIZER_MAPPING_NAMES, tokenizer_class_from_name
+
+    file = pathlib.Path(file)
+    name = TOKENIZER_MAPPING_NAMES.get(model_type) or "TokenizersBackend"
+    cls = tokenizer_class_from_name(name if isinstance(name, str) else name[-1])
+    if cls is None:
+        raise CheckpointError(f"transformers has no tokenizer class {name!r} for model type {model_type!r}")
+    try:
+        return cls.from_pretrained(str(file.parent), gguf_file=file.name, local_files_only=True)
+    except Exception as e:
+        raise CheckpointError(f"the tokenizer in GGUF file {str(file)!r} could not be built: {e}") from e

@@ -1,4 +1,5 @@
-"""Gemma 3 (Gemma3ForConditionalGeneration): SigLIP image tower + projector, Gemma 3 text decoder."""
+"""Gemma 3: Gemma3ForConditionalGeneration (SigLIP image tower + projector, Gemma 3 text decoder), the text-only
+Gemma3ForCausalLM (model_type gemma3_text: the 270M and 1B checkpoints), and llama.cpp's gemma3 GGUF files."""
 
 from __future__ import annotations
 
@@ -10,6 +11,8 @@ from flax import nnx
 from common.errors import CheckpointError, PromptError
 from app.families.spec import FamilySpec, ModelConfig, PreparedPrompt
 from app.families.common import GEMMA_NORMS, decoder_weight_map
+from app.families.text_only import TextProcessor, no_encoders
+from app.gguf.arch import GGUFArch, GGUFMetadata, common_hf_config, subtract_one
 from common.weights import prefixed
 from decoder.spec import AttentionSpec, DecoderSpec, FeedForwardSpec, LayerSpec, MaskSpec, RopeSpec
 from encoders.gemma3_image_encoder import Gemma3ImageEncoder
@@ -128,8 +131,6 @@ class Gemma3Processor:
 
     def __init__(self, folder: pathlib.Path, cfg: ModelConfig, *, max_audio_seconds: float | None = None):
         self.tokenizer = load_tokenizer(folder)  # (Gemma 3 takes no audio: max_audio_seconds has no effect)
-        if not getattr(self.tokenizer, "chat_template", None):
-            raise CheckpointError(f"no chat template found in {str(folder)!r}")
         self.image_cfg = Gemma3ImageConfig.from_folder(folder)
         _, self.mm_tokens = cfg.encoder_config("image")
         self.image_token_id = cfg.media_token_id("image")
@@ -182,3 +183,96 @@ SPEC = FamilySpec(
     name="gemma3", model_types=("gemma3",), parse_config=parse_config, build_encoders=build_encoders,
     weight_map=weight_map, unused_keys=unused_keys, key_aliases=KEY_ALIASES, make_processor=Gemma3Processor,
 )
+
+
+# ---- text-only checkpoints: Gemma3ForCausalLM (config.json is the text config itself; keys model.*, lm_head) ----
+
+TEXT_PREFIX_CAUSAL = "model."
+
+# A text model cut out of a multimodal checkpoint keeps that checkpoint's spellings.
+TEXT_KEY_ALIASES = (
+    (r"^model\.language_model\.", TEXT_PREFIX_CAUSAL),
+    (r"^language_model\.model\.", TEXT_PREFIX_CAUSAL),
+    (r"^language_model\.lm_head\.", "lm_head."),
+)
+
+
+def parse_text_config(hf: dict) -> ModelConfig:
+    if hf.get("use_bidirectional_attention"):
+        raise CheckpointError("config.json sets use_bidirectional_attention (an embedding model such as "
+                              "EmbeddingGemma): it does not generate text")
+    try:
+        eos = hf.get("eos_token_id", 1)
+        return ModelConfig(
+            family="gemma3", decoder=decoder_config(hf), encoders=(), media_token_ids=(),
+            eos_ids=tuple(eos) if isinstance(eos, list) else (int(eos),),
+            pad_id=int(hf.get("pad_token_id", 0) or 0),
+            max_context=int(hf.get("max_position_embeddings", 131072)),
+        )
+    except (KeyError, TypeError, ValueError) as e:
+        raise CheckpointError(f"config.json is not a valid Gemma 3 text config: {e!r}") from e
+
+
+def text_weight_map(cfg: ModelConfig) -> dict:
+    return prefixed(decoder_weight_map(cfg.decoder, TEXT_PREFIX_CAUSAL, norms=GEMMA_NORMS, lm_head="lm_head"),
+                    ("decoder",))
+
+
+def text_unused_keys(cfg: ModelConfig, hf: dict) -> list[str]:
+    return [r"lm_head\.weight"] if cfg.decoder.tie_embeddings else []  # a tied copy some exports write
+
+
+TEXT_SPEC = FamilySpec(
+    name="gemma3", model_types=("gemma3_text",), parse_config=parse_text_config, build_encoders=no_encoders,
+    weight_map=text_weight_map, unused_keys=text_unused_keys, key_aliases=TEXT_KEY_ALIASES,
+    make_processor=TextProcessor,
+)
+
+SPECS = (SPEC, TEXT_SPEC)
+
+
+# ---- llama.cpp GGUF files (general.architecture "gemma3": the text decoder only) ---------------------------------
+
+GGUF_SLIDING_PATTERN = 6  # llama.cpp's gemma3 default when the file states no sliding_window_pattern
+GGUF_27B_LAYERS = 62
+
+
+def gguf_config(meta: GGUFMetadata) -> dict:
+    """The Gemma3TextConfig of a gemma3 GGUF file, read as llama.cpp reads it: sliding layers unless
+    (i + 1) % 6 == 0 (or the file's sliding_window_pattern), RoPE base rope.freq_base on full layers (with
+    rope.scaling linear when stated) and rope.freq_base_swa (default 10000) on sliding layers, attention scale
+    1/sqrt(head_dim) except 1/sqrt(hidden / heads) for the 62-layer 27B model."""
+    config = common_hf_config(meta)
+    layers, hidden, heads = config["num_hidden_layers"], config["hidden_size"], config["num_attention_heads"]
+    head_dim = config.setdefault("head_dim", hidden // heads)
+    config.setdefault("num_key_value_heads", heads)
+    config.setdefault("sliding_window", 4096)
+    config.setdefault("max_position_embeddings", 131072)
+    pattern = meta.arch("attention.sliding_window_pattern", GGUF_SLIDING_PATTERN)
+    if isinstance(pattern, (list, np.ndarray)):
+        sliding = [bool(x) for x in pattern]
+        if len(sliding) != layers:
+            raise CheckpointError(f"{meta.path}: sliding_window_pattern has {len(sliding)} entries for {layers} layers")
+    else:
+        sliding = [(i + 1) % int(pattern) != 0 for i in range(layers)]
+    full_rope = {"rope_type": "default", "rope_theta": float(meta.arch("rope.freq_base", 1e6))}
+    scaling = meta.arch("rope.scaling.type", None)
+    if scaling == "linear":
+        full_rope.update(rope_type="linear", factor=float(meta.arch("rope.scaling.factor")))
+    elif scaling not in (None, "none"):
+        raise CheckpointError(f"{meta.path}: RoPE scaling {scaling!r} is not supported for Gemma 3")
+    config.update(
+        model_type="gemma3_text", architectures=["Gemma3ForCausalLM"],
+        layer_types=["sliding_attention" if s else "full_attention" for s in sliding],
+        rope_parameters={"full_attention": full_rope,
+                         "sliding_attention": {"rope_type": "default",
+                                               "rope_theta": float(meta.arch("rope.freq_base_swa", 1e4))}},
+        query_pre_attn_scalar=hidden // heads if layers == GGUF_27B_LAYERS else head_dim,
+        hidden_activation="gelu_pytorch_tanh",
+        attn_logit_softcapping=meta.arch("attn_logit_softcapping", None),
+        final_logit_softcapping=meta.arch("final_logit_softcapping", None),
+    )
+    return config
+
+
+GGUF = GGUFArch(architecture="gemma3", hf_config=gguf_config, transforms=((r"norm\.weight$", subtract_one),))

@@ -1,0 +1,79 @@
+"""A GGUF file's tensors under their Hugging Face names, read one at a time into the requested dtype.
+
+``GGUFTensors`` has the interface of app/checkpoint.py's ``TensorIndex`` (``keys``, ``shape``, ``read``,
+``close``), so ``load_params`` streams a GGUF file exactly as it streams safetensors: one tensor is dequantized,
+transformed, cast and placed on the mesh before the next is read.
+"""
+
+from __future__ import annotations
+
+import logging
+import re
+from typing import Iterable
+
+import numpy as np
+
+from app.gguf.arch import GGUFArch, gguf_tensor_name
+from app.gguf.dequant import dequantize_tensor
+from app.gguf.file import GGUFFile, TensorInfo
+from common.errors import CheckpointError
+
+log = logging.getLogger(__name__)
+
+
+class GGUFTensors:
+    """Tensors of ``file`` keyed by the Hugging Face names in ``wanted`` (the keys a weight map reads).
+
+    A GGUF tensor no wanted key maps to (and that ``arch.ignored`` does not name) stays under its GGUF name, so
+    the loader reports it as an unexpected tensor. ``read`` returns arrays of ``dtype`` (a numpy dtype).
+    """
+
+    def __init__(self, file: GGUFFile, arch: GGUFArch, hf_config: dict, wanted: Iterable[str], dtype):
+        self.file = file
+        self.arch = arch
+        self.hf_config = hf_config
+        self.dtype = np.dtype(dtype)
+        layers = int(hf_config["num_hidden_layers"])
+        self.gguf_name: dict[str, str] = {}  # Hugging Face key -> GGUF name
+        for key in sorted(set(wanted)):
+            name = gguf_tensor_name(arch.architecture, layers, key)
+            if name is not None and name in file.tensors:
+                self.gguf_name[key] = name
+        mapped = set(self.gguf_name.values())
+        ignored = [re.compile(p) for p in arch.ignored]
+        skipped = {n for n in file.tensors if n not in mapped and any(r.fullmatch(n) for r in ignored)}
+        if skipped:
+            log.info("skipping %d GGUF tensors the model does not use: %s", len(skipped),
+                     ", ".join(sorted(skipped)[:5]))
+        self.unmapped = [n for n in file.tensors if n not in mapped and n not in skipped]
+
+    def keys(self) -> set[str]:
+        return set(self.gguf_name) | set(self.unmapped)
+
+    def info(self, key: str) -> TensorInfo:
+        name = self.gguf_name.get(key, key if key in self.unmapped else None)
+        if name is None:
+            raise CheckpointError(f"tensor {key!r} is missing from GGUF file {str(self.file.path)!r}")
+        return self.file.tensors[name]
+
+    def shape(self, key: str) -> tuple[int, ...]:
+        return self.info(key).shape
+
+    def read(self, key: str) -> np.ndarray:
+        """The tensor ``key`` dequantized, with the architecture's transforms for it applied in float32, as
+        ``self.dtype``."""
+        info = self.info(key)
+        transforms = self.arch.transforms_for(key)
+
+        def rows(part: slice) -> np.ndarray:
+            return self.file.read(info, part)
+
+        if not transforms:
+            return dequantize_tensor(rows, info, self.dtype)
+        array = dequantize_tensor(rows, info, np.float32)
+        for transform in transforms:
+            array = transform(array, self.hf_config)
+        return array.astype(self.dtype, copy=False)
+
+    def close(self) -> None:
+        self.file.close()

@@ -1,0 +1,144 @@
+"""Load benchmark: time and peak memory of ``Pipeline.from_pretrained`` on the real Gemma 3 270M checkpoint.
+
+    python -m bench.load [--out bench/results] [--repeats 2]
+
+Loads the Q4_K_M GGUF file (dequantized into float32 and into bfloat16) and, for comparison, the float32
+safetensors folder transformers saves from it (bench/real_gemma3.py), each in a fresh subprocess, and reports:
+load_s (the whole ``from_pretrained``: header, config, tokenizer, weights, engine), weights_s (reading,
+dequantizing and placing the weights), peak_rss_mb (the process's VmHWM over the load, imports included),
+peak_before_weights_mb (the same before the weights: imports, config, tokenizer), rss_before_weights_mb, weights_peak_mb (how far resident memory rose above that while the weights streamed in:
+the peak is reset just before) against weights_mb (the loaded parameters) and largest_tensor_mb. Writes
+``load-<time>.json``, ``latest-load.json`` and ``latest-load.md`` into ``--out``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import pathlib
+import platform
+import subprocess
+import sys
+import time
+
+MB = 1 << 20
+
+
+def _status_kb(field: str) -> int:
+    with open("/proc/self/status") as f:
+        for line in f:
+            if line.startswith(field + ":"):
+                return int(line.split()[1])
+    raise RuntimeError(f"no {field} in /proc/self/status")
+
+
+def _reset_peak() -> None:
+    """Reset VmHWM to the current resident size (Linux: write 5 to /proc/self/clear_refs)."""
+    with open("/proc/self/clear_refs", "w") as f:
+        f.write("5")
+
+
+def probe(path: str, dtype: str) -> dict:
+    """Load ``path`` in this process and measure it (run it in a fresh process: see ``measure``)."""
+    start = time.perf_counter()
+    import jax
+
+    import app.pipeline as pipeline_module
+
+    jax.devices()
+    imports_s = time.perf_counter() - start
+    stage: dict = {}
+    real_load = pipeline_module.load_params
+
+    def measured_load(*args, **kwargs):
+        stage["peak_before_weights_kb"] = _status_kb("VmHWM")
+        stage["rss_before_weights_kb"] = _status_kb("VmRSS")
+        _reset_peak()
+        t = time.perf_counter()
+        params = jax.block_until_ready(real_load(*args, **kwargs))
+        stage["weights_s"] = time.perf_counter() - t
+        stage["weights_peak_kb"] = _status_kb("VmHWM")
+        return params
+
+    pipeline_module.load_params = measured_load
+    t = time.perf_counter()
+    pipe = pipeline_module.Pipeline.from_pretrained(path, dtype=dtype)
+    load_s = time.perf_counter() - t
+    leaves = jax.tree.leaves(pipe.engine.params)
+    return {
+        "path": str(path), "dtype": dtype, "imports_s": imports_s, "load_s": load_s,
+        "weights_s": stage["weights_s"],
+        "peak_rss_mb": max(stage["peak_before_weights_kb"], _status_kb("VmHWM")) / 1024,
+        "peak_before_weights_mb": stage["peak_before_weights_kb"] / 1024,
+        "rss_before_weights_mb": stage["rss_before_weights_kb"] / 1024,
+        "weights_peak_mb": (stage["weights_peak_kb"] - stage["rss_before_weights_kb"]) / 1024,
+        "weights_mb": sum(x.nbytes for x in leaves) / MB,
+        "largest_tensor_mb": max(x.nbytes for x in leaves) / MB,
+        "rss_after_mb": _status_kb("VmRSS") / 1024,
+    }
+
+
+def measure(path, dtype: str, env: dict | None = None) -> dict:
+    """``probe`` in a fresh Python process."""
+    proc = subprocess.run([sys.executable, "-m", "bench.load", "--probe", str(path), "--dtype", dtype],
+                          capture_output=True, text=True, env=env, timeout=1800)
+    if proc.returncode != 0:
+        raise RuntimeError(f"load probe failed ({proc.returncode}):\n{proc.stderr[-4000:]}")
+    return json.loads(proc.stdout.strip().splitlines()[-1])
+
+
+def markdown(report: dict) -> str:
+    lines = [f"# Load: real Gemma 3 270M ({report['machine']})", "",
+             "| checkpoint | dtype | load s | weights s | peak RSS MB | peak before weights MB | RSS before "
+             "weights MB | rise while weights stream MB | weights MB | largest tensor MB |",
+             "|---|---|---|---|---|---|---|---|---|---|"]
+    for r in report["runs"]:
+        lines.append(f"| {r['checkpoint']} | {r['dtype']} | {r['load_s']:.1f} | {r['weights_s']:.1f} | "
+                     f"{r['peak_rss_mb']:.0f} | {r['peak_before_weights_mb']:.0f} | "
+                     f"{r['rss_before_weights_mb']:.0f} | {r['weights_peak_mb']:.0f} | "
+                     f"{r['weights_mb']:.0f} | {r['largest_tensor_mb']:.0f} |")
+    lines += ["", "Each figure is the best (time) / largest (memory) of the repeats, each in a fresh process."]
+    return "\n".join(lines) + "\n"
+
+
+def run(out: pathlib.Path, repeats: int) -> dict:
+    from bench.real_gemma3 import gemma3_270m_gguf, reference_folder
+
+    gguf = gemma3_270m_gguf()
+    cases = [("GGUF Q4_K_M", gguf, "float32"), ("GGUF Q4_K_M", gguf, "bfloat16"),
+             ("safetensors (from the GGUF)", reference_folder(gguf), "float32")]
+    runs = []
+    for name, path, dtype in cases:
+        samples = [measure(path, dtype) for _ in range(repeats)]
+        best = dict(samples[0], checkpoint=name)
+        for key in ("load_s", "weights_s", "imports_s"):
+            best[key] = min(s[key] for s in samples)
+        for key in ("peak_rss_mb", "peak_before_weights_mb", "weights_peak_mb", "rss_before_weights_mb"):
+            best[key] = max(s[key] for s in samples)
+        best["samples"] = samples
+        runs.append(best)
+    report = {"machine": f"{platform.machine()}, {platform.processor() or platform.system()}",
+              "time": time.strftime("%Y-%m-%d %H:%M:%S"), "runs": runs}
+    out.mkdir(parents=True, exist_ok=True)
+    (out / f"load-{time.strftime('%Y%m%d-%H%M%S')}.json").write_text(json.dumps(report, indent=1))
+    (out / "latest-load.json").write_text(json.dumps(report, indent=1))
+    (out / "latest-load.md").write_text(markdown(report))
+    return report
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(prog="python -m bench.load", description=__doc__.splitlines()[0])
+    p.add_argument("--out", default="bench/results")
+    p.add_argument("--repeats", type=int, default=2)
+    p.add_argument("--probe", help=argparse.SUPPRESS)
+    p.add_argument("--dtype", default="float32", help=argparse.SUPPRESS)
+    args = p.parse_args(argv)
+    if args.probe:
+        print(json.dumps(probe(args.probe, args.dtype)))
+        return 0
+    print(markdown(run(pathlib.Path(args.out), args.repeats)))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

