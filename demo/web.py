@@ -10,7 +10,10 @@ generation becomes an error message in the chat; the server keeps serving.
 from __future__ import annotations
 
 import contextlib
+import json
 import logging
+import os
+import pathlib
 import threading
 import time
 from typing import Any, Callable, Iterator
@@ -36,8 +39,11 @@ from demo.chat_state import (
 log = logging.getLogger(__name__)
 
 DEFAULT_MAX_NEW_TOKENS = 256
-DEFAULT_MODEL_NOTICE = ("This is the embedded tiny demo model: its weights are random, so its answers are "
-                        "meaningless. Start with `--model DIR` for a real checkpoint.")
+EXAMPLES_DIR = pathlib.Path(__file__).resolve().parents[1] / "examples"
+DEFAULT_MODEL_NOTICE = ("This is the embedded default model: a small model trained only on pictures of simple shapes "
+                        "(circles, squares and triangles in six colours). Ask it to describe a picture, count the "
+                        "shapes or name a shape's colour; try the examples below. Start with `--model DIR` for a "
+                        "real checkpoint.")
 
 
 def accepted_media(pipe) -> tuple[str, ...]:
@@ -129,10 +135,13 @@ def _settings(pipe) -> list[gr.components.Component]:
     ]
 
 
-def build_demo(pipe, *, max_upload_mb: float = DEFAULT_MAX_UPLOAD_MB, notice: str | None = None) -> gr.Blocks:
+def build_demo(pipe, *, max_upload_mb: float = DEFAULT_MAX_UPLOAD_MB, notice: str | None = None,
+               examples: list[dict] | None = None) -> gr.Blocks:
     """The demo page for ``pipe``: model header, chat, the last answer's stats, generation settings (sidebar).
 
-    Launch it with ``launch`` (which sets up the queue and the upload size cap).
+    examples: clickable example messages ``{"text": prompt, "files": [image path, ...]}`` shown under the chat
+    (a click sends one with the default settings). Launch it with ``launch`` (which sets up the queue and the upload
+    size cap).
     """
     kinds = accepted_media(pipe)
     by_kind = {"image": IMAGE_EXTENSIONS, "audio": AUDIO_EXTENSIONS}
@@ -150,6 +159,7 @@ def build_demo(pipe, *, max_upload_mb: float = DEFAULT_MAX_UPLOAD_MB, notice: st
         with gr.Sidebar(label="Generation settings", position="right", open=True, elem_id="settings"):
             gr.Markdown("### Generation settings")
             settings = _settings(pipe)
+        defaults = [component.value for component in settings]
         gr.Markdown(f"## omnijax chat\n{model_header(pipe.name, pipe.family, kinds, notice)}",
                     elem_id="model-info")
         stats = gr.Markdown("", elem_id="answer-stats", render=False)
@@ -157,7 +167,8 @@ def build_demo(pipe, *, max_upload_mb: float = DEFAULT_MAX_UPLOAD_MB, notice: st
             make_responder(pipe, max_upload_mb=max_upload_mb),
             multimodal=True, chatbot=chatbot, textbox=textbox, additional_inputs=settings,
             additional_outputs=[stats], concurrency_limit=1, api_name="chat", analytics_enabled=False,
-            fill_height=True,
+            fill_height=True, examples=[[example, *defaults] for example in examples] if examples else None,
+            cache_examples=False,
         )
         stats.render()
         chatbot.clear(lambda: "", None, stats, queue=False, api_visibility="private")
@@ -176,13 +187,30 @@ def launch(demo: gr.Blocks, *, host: str = "127.0.0.1", port: int = 7860,
                        mcp_server=False, prevent_thread_lock=not block, quiet=quiet)
 
 
+def default_model_examples(folder: pathlib.Path = EXAMPLES_DIR) -> list[dict]:
+    """The embedded default model's example messages from ``folder``/examples.json (pictures and a prompt each;
+    written by scripts/make_examples.py), as ``{"text", "files"}`` dicts; none when the folder is not there (an
+    installation without the repository's examples/)."""
+    try:
+        manifest = json.loads((folder / "examples.json").read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return []
+    examples = []
+    for entry in manifest.get("examples", []):
+        files = [str(folder / name) for name in entry["files"]]
+        if all(os.path.isfile(f) for f in files):
+            examples.append({"text": entry["prompt"], "files": files})
+    return examples
+
+
 def serve(args, *, block: bool = True) -> gr.Blocks:
-    """``omnijax demo``: load ``args.model`` (default: the embedded tiny model) and serve the chat on
-    ``args.host:args.port``. Returns the demo (after the server stops, or at once with block=False)."""
+    """``omnijax demo``: load ``args.model`` (default: the embedded default model, with its examples) and serve the
+    chat on ``args.host:args.port``. Returns the demo (after the server stops, or at once with block=False)."""
     from app.cli import load_pipeline
 
     pipe = load_pipeline(args)
-    demo = build_demo(pipe, max_upload_mb=args.max_upload_mb,
-                      notice=DEFAULT_MODEL_NOTICE if args.model is None else None)
+    default = args.model is None
+    demo = build_demo(pipe, max_upload_mb=args.max_upload_mb, notice=DEFAULT_MODEL_NOTICE if default else None,
+                      examples=default_model_examples() if default else None)
     launch(demo, host=args.host, port=args.port, max_upload_mb=args.max_upload_mb, block=block)
     return demo

@@ -556,3 +556,40 @@ def test_serve_binds_loopback_and_caps_uploads(tiny_gemma3_dir, tmp_path):
         assert too_big.status_code == 413, too_big.text
     finally:
         demo.close()
+
+
+def test_default_model_examples_come_from_the_manifest():
+    import json
+
+    from demo.web import EXAMPLES_DIR, default_model_examples
+
+    manifest = json.loads((EXAMPLES_DIR / "examples.json").read_text())
+    examples = default_model_examples()
+    assert [e["text"] for e in examples] == [e["prompt"] for e in manifest["examples"]]
+    assert all(os.path.isfile(f) for e in examples for f in e["files"])
+    assert default_model_examples(pathlib.Path("/nonexistent")) == []
+
+
+def test_browser_default_model_demo_offers_examples(browser):
+    """``omnijax demo`` without --model: the default model's example pictures and prompts are on the page, and a
+    click on the first one gets its right answer."""
+    import json
+
+    from demo.web import EXAMPLES_DIR, serve
+
+    first = json.loads((EXAMPLES_DIR / "examples.json").read_text())["examples"][0]
+    port = _free_port()
+    args = argparse.Namespace(model=None, dtype="float32", model_axis=None, host="127.0.0.1", port=port,
+                              max_upload_mb=20.0)
+    demo = serve(args, block=False)
+    try:
+        page = browser.new_page()
+        page.goto(f"http://127.0.0.1:{port}/")
+        page.wait_for_selector("#chat-input textarea")
+        assert "pictures of simple shapes" in page.inner_text("#model-info")
+        page.get_by_text(first["prompt"]).first.click()
+        answer, stats = _wait_for_answer(page, 1)
+        assert answer == first["answer"] and STATS_RE.search(stats)
+        page.close()
+    finally:
+        demo.close()

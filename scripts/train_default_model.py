@@ -1,0 +1,267 @@
+"""Train the embedded default model (app/checkpoints/shapes-gemma3) from scratch on procedurally drawn scenes.
+
+    pip install -e ".[train]"
+    python scripts/train_default_model.py --out app/checkpoints/shapes-gemma3
+
+A Gemma 3-architecture model (SigLIP-style vision tower, Gemma 3 projector, Gemma 3 decoder with sliding and global
+layers and bidirectional image blocks), built with this package's own modules (app.model.MultimodalModel through
+the gemma3 family spec) and trained with optax on conversations about pictures of shapes (app/shape_scenes.py,
+app/shape_dialogues.py), with the loss on the answer tokens only. The result is written as an ordinary Hugging
+Face checkpoint folder (transformers' Gemma3ForConditionalGeneration loads it): config.json,
+generation_config.json, model.safetensors (float32), the tokenizer (app/shape_tokenizer.py), the Gemma 3 chat
+template and the processor settings.
+
+Reproducible: every random draw comes from ``--seed`` (the model's initialisation, and each step's data from
+``numpy.random.default_rng([seed, step])``); the same command on the same software gives the same weights (XLA's CPU
+results can differ across machines and versions in the last bits). Run time of the default recipe on a 2-core CPU
+(2 shared cores, float32): see README.md ("The embedded default model").
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import pathlib
+import queue
+import sys
+import tempfile
+import threading
+import time
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+from flax import nnx
+
+ROOT = pathlib.Path(__file__).resolve().parents[1]
+if str(ROOT) not in sys.path:
+    sys.path.insert(0, str(ROOT))
+
+from app.checkpoint_export import checkpoint_tensors  # noqa: E402
+from app.families import gemma3  # noqa: E402
+from app.model import MultimodalModel  # noqa: E402
+from app.shape_dialogues import sample_conversation  # noqa: E402
+from app.shape_model import CONFIG, IMAGE_SIZE, write_folder_files  # noqa: E402
+from app.shape_tokenizer import special_token_ids  # noqa: E402
+from app.tiny_gemma3 import _save_weights, gemma3_weight_shapes  # noqa: E402
+from decoder.embed import merge_media  # noqa: E402
+from decoder.kv_cache import init_cache  # noqa: E402
+from decoder.masks import block_ids  # noqa: E402
+
+IDS = special_token_ids()
+
+# Step kinds: (conversation kind, rows, padded length, image slots). Every fourth step is a "long" one.
+STEP_KINDS = {"short": ("short", 48, 64, 48), "long": ("long", 16, 160, 48)}
+
+
+def step_kind(step: int) -> str:
+    return "long" if step % 4 == 3 else "short"
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Data
+
+
+def answer_mask(ids: np.ndarray, model_prefix: list[int]) -> np.ndarray:
+    """True at the tokens of every assistant answer (its text and its closing <end_of_turn>): the tokens after each
+    ``<start_of_turn>model\\n`` up to and including the next <end_of_turn>."""
+    mask = np.zeros(len(ids), bool)
+    sot, eot = IDS["<start_of_turn>"], IDS["<end_of_turn>"]
+    k = len(model_prefix)
+    i = 0
+    while i < len(ids):
+        if ids[i] == sot and list(ids[i + 1:i + 1 + k]) == model_prefix:
+            j = i + 1 + k
+            while j < len(ids) and ids[j] != eot:
+                mask[j] = True
+                j += 1
+            if j < len(ids):
+                mask[j] = True
+            i = j
+        i += 1
+    return mask
+
+
+class Batcher:
+    """Training batches: conversations -> the pipeline's own prompt preparation -> padded arrays."""
+
+    def __init__(self, processor, seed: int):
+        self.processor = processor
+        self.seed = seed
+        self.model_prefix = processor.tokenizer("model\n", add_special_tokens=False)["input_ids"]
+        # what the chat template appends after the last answer: the next generation prompt
+        self.suffix = [IDS["<start_of_turn>"]] + self.model_prefix
+
+    def example(self, rng: np.random.Generator, kind: str, max_len: int):
+        while True:
+            conv = sample_conversation(rng, kind)
+            prompt = self.processor.prepare(conv.messages)
+            ids = np.asarray(prompt.token_ids)
+            assert list(ids[-len(self.suffix):]) == self.suffix
+            ids = ids[:-len(self.suffix)]
+            if len(ids) <= max_len:
+                return ids, answer_mask(ids, self.model_prefix), prompt.media.get("image", [])
+
+    def batch(self, step: int) -> dict:
+        kind, rows, length, slots = STEP_KINDS[step_kind(step)]
+        rng = np.random.default_rng([self.seed, step])
+        tokens = np.full((rows, length), IDS["<pad>"], np.int32)
+        pos = np.full((rows, length), -1, np.int32)
+        mask = np.zeros((rows, length), bool)
+        pixels = np.zeros((slots, 3, IMAGE_SIZE, IMAGE_SIZE), np.float32)
+        used = 0
+        for r in range(rows):
+            while True:
+                ids, m, images = self.example(rng, kind, length)
+                if used + len(images) <= slots:
+                    break
+            n = len(ids)
+            tokens[r, :n], pos[r, :n], mask[r, :n] = ids, np.arange(n), m
+            for image in images:
+                pixels[used] = image
+                used += 1
+        return {"kind": step_kind(step), "tokens": tokens, "pos": pos, "mask": mask, "pixels": pixels}
+
+
+def prefetch(batcher: Batcher, start: int, stop: int, depth: int = 3):
+    """Batches for steps start..stop-1, drawn in a background thread (the data of a step depends only on its
+    index, so the thread changes nothing but the wall time)."""
+    q: queue.Queue = queue.Queue(maxsize=depth)
+
+    def work():
+        for step in range(start, stop):
+            q.put(batcher.batch(step))
+        q.put(None)
+
+    threading.Thread(target=work, daemon=True).start()
+    while (item := q.get()) is not None:
+        yield item
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Model forward (teacher forcing)
+
+
+def forward_logits(model: MultimodalModel, tokens_BL: jax.Array, seq_pos_BL: jax.Array,
+                   pixels_NCHW: jax.Array) -> jax.Array:
+    """Logits [B, L, V] at every position of right-padded token rows (seq_pos -1 at padding), the way the
+    generation engine's prefill computes them: token embeddings, image features merged at the image soft tokens
+    (the j-th row of features at the j-th soft token, row-major over the batch), the decoder over the whole
+    sequence (each image's soft tokens attend to each other both ways), then the logits."""
+    dec = model.decoder
+    image_token = CONFIG["image_token_index"]
+    x = dec.embedder.encode(tokens_BL)
+    feats, _ = model.encoders["image"](pixels_NCHW)
+    is_image = tokens_BL == image_token
+    x = merge_media(x, is_image, feats)
+    cache = init_cache(dec.cfg, tokens_BL.shape[0], tokens_BL.shape[1], x.dtype)
+    h, _ = dec(x, seq_pos_BL=seq_pos_BL, block_BL=block_ids(is_image), cache=cache, write_index=jnp.int32(0),
+               attend_cache=False)
+    return dec.logits(h)
+
+
+def loss_and_metrics(params, graphdef, batch):
+    model = nnx.merge(graphdef, params)
+    logits = forward_logits(model, batch["tokens"], batch["pos"], batch["pixels"])[:, :-1]
+    targets = batch["tokens"][:, 1:]
+    mask = batch["mask"][:, 1:]
+    losses = optax.softmax_cross_entropy_with_integer_labels(logits, targets)
+    weight = mask.astype(jnp.float32)
+    loss = jnp.sum(losses * weight) / jnp.maximum(jnp.sum(weight), 1.0)
+    correct = (jnp.argmax(logits, -1) == targets) | ~mask
+    answers_ok = jnp.all(correct, axis=1)
+    has_answer = jnp.any(mask, axis=1)
+    exact = jnp.sum(answers_ok & has_answer) / jnp.maximum(jnp.sum(has_answer), 1)
+    token_acc = jnp.sum((jnp.argmax(logits, -1) == targets) & mask) / jnp.maximum(jnp.sum(weight), 1.0)
+    return loss, {"loss": loss, "token_acc": token_acc, "exact": exact}
+
+
+def make_optimizer(steps: int, peak_lr: float, warmup: int) -> optax.GradientTransformation:
+    schedule = optax.warmup_cosine_decay_schedule(0.0, peak_lr, warmup, steps, end_value=peak_lr * 0.05)
+    decay_mask = lambda params: jax.tree.map(lambda p: p.ndim >= 2, params)  # noqa: E731 (no decay on norms, biases)
+    return optax.chain(optax.clip_by_global_norm(1.0),
+                       optax.adamw(schedule, b1=0.9, b2=0.98, weight_decay=0.01, mask=decay_mask))
+
+
+def make_train_step(graphdef, optimizer):
+    @jax.jit
+    def train_step(params, opt_state, batch):
+        (_, metrics), grads = jax.value_and_grad(loss_and_metrics, has_aux=True)(params, graphdef, batch)
+        updates, opt_state = optimizer.update(grads, opt_state, params)
+        return optax.apply_updates(params, updates), opt_state, metrics
+
+    return train_step
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Export
+
+
+def _flatten(tree, prefix=()):
+    if isinstance(tree, dict):
+        for k, v in tree.items():
+            yield from _flatten(v, prefix + (k,))
+    else:
+        yield prefix, tree
+
+
+def export(params, folder: pathlib.Path) -> pathlib.Path:
+    """Write the trained parameters as a Hugging Face Gemma 3 checkpoint folder."""
+    cfg = gemma3.parse_config(CONFIG)
+    tensors = checkpoint_tensors({p: np.asarray(v) for p, v in _flatten(params)}, gemma3.weight_map(cfg),
+                                 gemma3_weight_shapes(CONFIG))
+    write_folder_files(folder)
+    _save_weights(folder, tensors, shards=1)
+    return folder
+
+
+# ---------------------------------------------------------------------------------------------------------------
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--out", default=str(ROOT / "app" / "checkpoints" / "shapes-gemma3"))
+    p.add_argument("--steps", type=int, default=2400)
+    p.add_argument("--lr", type=float, default=2e-3)
+    p.add_argument("--warmup", type=int, default=150)
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--log-every", type=int, default=50)
+    args = p.parse_args(argv)
+
+    out = pathlib.Path(args.out)
+    cfg = gemma3.parse_config(CONFIG)
+    with tempfile.TemporaryDirectory() as tmp:  # the processor reads the tokenizer and processor files
+        processor = gemma3.Gemma3Processor(write_folder_files(pathlib.Path(tmp)), cfg)
+    model = MultimodalModel(cfg, gemma3.SPEC, rngs=nnx.Rngs(args.seed))
+    graphdef, state = nnx.split(model)
+    params = nnx.to_pure_dict(state)
+    n_params = sum(np.asarray(v).size for _, v in _flatten(params))
+    print(f"[train] {n_params / 1e6:.2f}M parameters, {args.steps} steps, seed {args.seed}", flush=True)
+    optimizer = make_optimizer(args.steps, args.lr, args.warmup)
+    opt_state = optimizer.init(params)
+    train_step = make_train_step(graphdef, optimizer)
+    batcher = Batcher(processor, args.seed)
+
+    start = time.perf_counter()
+    sums: dict[str, list[float]] = {}
+    for step, batch in enumerate(prefetch(batcher, 0, args.steps)):
+        kind = batch.pop("kind")
+        params, opt_state, metrics = train_step(params, opt_state, batch)
+        for name, value in metrics.items():
+            sums.setdefault(f"{kind}_{name}", []).append(float(value))
+        if (step + 1) % args.log_every == 0 or step + 1 == args.steps:
+            elapsed = time.perf_counter() - start
+            summary = " ".join(f"{k} {np.mean(v):.4f}" for k, v in sorted(sums.items()))
+            print(f"[train] step {step + 1}/{args.steps} {elapsed:.0f}s {summary}", flush=True)
+            sums = {}
+    seconds = time.perf_counter() - start
+    export(params, out)
+    print(json.dumps({"steps": args.steps, "seed": args.seed, "seconds": round(seconds, 1),
+                      "parameters": int(n_params), "out": str(out)}), flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
