@@ -53,7 +53,8 @@ COLOUR_PROMPTS = (
     "What colour is the {kind} in the picture?",
 )
 PRESENCE_PROMPTS = (
-    "Is there a {kind}?", "Is there a {kind} in this image?", "Do you see a {kind}?", "Is there a {kind} in the picture?",
+    "Is there a {kind}?", "Is there a {kind} in this image?", "Do you see a {kind}?",
+    "Is there a {kind} in the picture?",
     "Does this image have a {kind}?", "Is there any {kind}?",
 )
 BACKGROUND_PROMPTS = (
@@ -226,7 +227,8 @@ def single_image_qa(scene: Scene, rng: np.random.Generator, weights=(0.45, 0.15,
 
 
 def _user(images: list[PIL.Image.Image], text: str) -> dict:
-    return {"role": "user", "content": [{"type": "image", "image": im} for im in images] + [{"type": "text", "text": text}]}
+    content = [{"type": "image", "image": im} for im in images] + [{"type": "text", "text": text}]
+    return {"role": "user", "content": content}
 
 
 def _assistant(text: str) -> dict:
@@ -254,8 +256,8 @@ def text_only_conversation(rng: np.random.Generator) -> Conversation:
     return Conversation([_user([], _vary(text, rng)), _assistant(TEXT_ONLY_ANSWER)], [])
 
 
-def single_image_conversation(rng: np.random.Generator) -> Conversation:
-    scene = sample_scene(rng)
+def single_image_conversation(rng: np.random.Generator, new_scene=sample_scene) -> Conversation:
+    scene = new_scene(rng)
     image = render_file_like(scene, rng)
     question, answer = single_image_qa(scene, rng)
     messages = [_user([image], question), _assistant(answer)]
@@ -264,29 +266,29 @@ def single_image_conversation(rng: np.random.Generator) -> Conversation:
     return Conversation(messages, [scene])
 
 
-def multi_image_conversation(rng: np.random.Generator) -> Conversation:
+def multi_image_conversation(rng: np.random.Generator, new_scene=sample_scene) -> Conversation:
     """Two or three pictures in one message: describe each, or (two pictures) which has more shapes."""
     if rng.uniform() < 0.35:
-        scenes = [sample_scene(rng) for _ in range(2)]
+        scenes = [new_scene(rng) for _ in range(2)]
         question, answer = _vary(_pick(COMPARE_PROMPTS, rng), rng), compare_answer(scenes)
     else:
         n = 2 if rng.uniform() < 0.6 else 3
-        scenes = [sample_scene(rng) for _ in range(n)]
+        scenes = [new_scene(rng) for _ in range(n)]
         question = _vary(_pick(DESCRIBE_MANY_PROMPTS + DESCRIBE_PROMPTS, rng), rng)
         answer = describe_many(scenes)
     images = [render_file_like(s, rng) for s in scenes]
     return Conversation([_user(images, question), _assistant(answer)], scenes)
 
 
-def two_turn_conversation(rng: np.random.Generator) -> Conversation:
+def two_turn_conversation(rng: np.random.Generator, new_scene=sample_scene) -> Conversation:
     """A question about a picture, then a second question: about the same picture, or about a new one given with
     it; the answer always refers to the latest picture."""
-    first = sample_scene(rng)
+    first = new_scene(rng)
     q1, a1 = single_image_qa(first, rng)
     messages = [_user([render_file_like(first, rng)], q1), _assistant(a1)]
     scenes = [first]
     if rng.uniform() < 0.5:
-        second = sample_scene(rng)
+        second = new_scene(rng)
         scenes.append(second)
         q2, a2 = single_image_qa(second, rng)
         messages += [_user([render_file_like(second, rng)], q2), _assistant(a2)]
@@ -296,11 +298,12 @@ def two_turn_conversation(rng: np.random.Generator) -> Conversation:
     return Conversation(messages, scenes)
 
 
-def sample_conversation(rng: np.random.Generator, kind: str) -> Conversation:
+def sample_conversation(rng: np.random.Generator, kind: str, new_scene=sample_scene) -> Conversation:
     """A training conversation: ``kind`` "short" (one picture and one question, or text only) or "long" (several
-    pictures, or two turns)."""
+    pictures, or two turns); ``new_scene(rng)`` draws each picture's scene."""
     if kind == "short":
-        return text_only_conversation(rng) if rng.uniform() < 0.08 else single_image_conversation(rng)
+        return text_only_conversation(rng) if rng.uniform() < 0.08 else single_image_conversation(rng, new_scene)
     if kind == "long":
-        return multi_image_conversation(rng) if rng.uniform() < 0.6 else two_turn_conversation(rng)
+        return (multi_image_conversation(rng, new_scene) if rng.uniform() < 0.6
+                else two_turn_conversation(rng, new_scene))
     raise ValueError(f"unknown conversation kind {kind!r}")

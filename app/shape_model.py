@@ -1,7 +1,7 @@
 """The embedded default model's architecture and its checkpoint files other than the weights.
 
-A Gemma 3-architecture model at toy scale: a 4-layer SigLIP-style vision tower on 96 x 96 pictures in 12 x 12
-patches (64 patches), the Gemma 3 projector pooling them to 16 soft tokens, and a 6-layer Gemma 3 decoder (five
+A Gemma 3-architecture model at toy scale: a 3-layer SigLIP-style vision tower on 96 x 96 pictures in 12 x 12
+patches (64 patches), the Gemma 3 projector pooling them to 16 soft tokens, and a 4-layer Gemma 3 decoder (three
 sliding-window layers, then a global one; hidden size 128) over the vocabulary of app/shape_tokenizer.py.
 scripts/train_default_model.py trains it; app/checkpoints/shapes-gemma3 holds the result.
 """
@@ -31,7 +31,7 @@ CONFIG: dict = {
     "mm_tokens_per_image": MM_TOKENS,
     "model_type": "gemma3",
     "text_config": {
-        "_sliding_window_pattern": 6,
+        "_sliding_window_pattern": 4,
         "attention_bias": False,
         "attention_dropout": 0.0,
         "attn_logit_softcapping": None,
@@ -42,12 +42,12 @@ CONFIG: dict = {
         "hidden_activation": "gelu_pytorch_tanh",
         "hidden_size": 128,
         "initializer_range": 0.02,
-        "intermediate_size": 512,
-        "layer_types": ["sliding_attention"] * 5 + ["full_attention"],
+        "intermediate_size": 384,
+        "layer_types": ["sliding_attention"] * 3 + ["full_attention"],
         "max_position_embeddings": 1024,
         "model_type": "gemma3_text",
         "num_attention_heads": 4,
-        "num_hidden_layers": 6,
+        "num_hidden_layers": 4,
         "num_key_value_heads": 2,
         "pad_token_id": IDS["<pad>"],
         "query_pre_attn_scalar": 32,
@@ -69,12 +69,12 @@ CONFIG: dict = {
         "hidden_act": "gelu_pytorch_tanh",
         "hidden_size": 128,
         "image_size": IMAGE_SIZE,
-        "intermediate_size": 512,
+        "intermediate_size": 256,
         "layer_norm_eps": 1e-06,
         "model_type": "siglip_vision_model",
         "num_attention_heads": 4,
         "num_channels": 3,
-        "num_hidden_layers": 4,
+        "num_hidden_layers": 3,
         "patch_size": PATCH_SIZE,
         "vision_use_head": False,
     },

@@ -39,7 +39,8 @@ def corpus() -> str:
     for background in BACKGROUNDS:
         lines += [f"A shape on a {background} background.", f"The background is {background}."]
     lines += ["There is 1 shape.", "There are 2 shapes.", "There are 3 shapes.",
-              "Image 1: A shape. Image 2: A shape. Image 3: Two shapes.", "The first image has more shapes.", "The second image has more shapes.",
+              "Image 1: A shape. Image 2: A shape. Image 3: Two shapes.", "The first image has more shapes.",
+              "The second image has more shapes.",
               "Both images have the same number of shapes.", sd.TEXT_ONLY_ANSWER]
     return "\n".join(lines) + "\n"
 

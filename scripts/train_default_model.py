@@ -20,6 +20,7 @@ results can differ across machines and versions in the last bits). Run time of t
 from __future__ import annotations
 
 import argparse
+import collections
 import json
 import math
 import pathlib
@@ -43,6 +44,7 @@ from app.checkpoint_export import checkpoint_tensors  # noqa: E402
 from app.families import gemma3  # noqa: E402
 from app.model import MultimodalModel  # noqa: E402
 from app.shape_dialogues import sample_conversation  # noqa: E402
+from app.shape_scenes import BACKGROUNDS, COLOURS, KINDS, MAX_SHAPES, sample_scene  # noqa: E402
 from app.shape_model import CONFIG, IMAGE_SIZE, write_folder_files  # noqa: E402
 from app.shape_tokenizer import special_token_ids  # noqa: E402
 from app.tiny_gemma3 import _save_weights, gemma3_weight_shapes  # noqa: E402
@@ -53,7 +55,7 @@ from decoder.masks import block_ids  # noqa: E402
 IDS = special_token_ids()
 
 # Step kinds: (conversation kind, rows, padded length, image slots). Every fourth step is a "long" one.
-STEP_KINDS = {"short": ("short", 48, 64, 48), "long": ("long", 16, 160, 48)}
+STEP_KINDS = {"short": ("short", 32, 64, 32), "long": ("long", 12, 160, 36)}
 
 
 def step_kind(step: int) -> str:
@@ -84,45 +86,67 @@ def answer_mask(ids: np.ndarray, model_prefix: list[int]) -> np.ndarray:
     return mask
 
 
+PAIRS = [(colour, kind) for colour in COLOURS for kind in KINDS]
+NUM_PAIRS = len(PAIRS)
+
+
+def scene_attributes(scene) -> np.ndarray:
+    """[2 + pairs] int: background index, number of shapes - 1, then how many shapes of each (colour, kind)."""
+    counts = collections.Counter((s.colour, s.kind) for s in scene.shapes)
+    return np.array([list(BACKGROUNDS).index(scene.background), len(scene.shapes) - 1]
+                    + [counts[pair] for pair in PAIRS], np.int32)
+
+
+def warmup_scene(rng: np.random.Generator):
+    """A scene of the first steps' curriculum: mostly one shape (1, 2, 3 shapes with probabilities .6, .3, .1),
+    which ties each answer's colour and kind words to one shape."""
+    return sample_scene(rng, num_shapes=int(rng.choice([1, 2, 3], p=[0.6, 0.3, 0.1])))
+
+
 class Batcher:
     """Training batches: conversations -> the pipeline's own prompt preparation -> padded arrays."""
 
-    def __init__(self, processor, seed: int):
+    def __init__(self, processor, seed: int, curriculum_steps: int = 0):
         self.processor = processor
         self.seed = seed
+        self.curriculum_steps = curriculum_steps
         self.model_prefix = processor.tokenizer("model\n", add_special_tokens=False)["input_ids"]
         # what the chat template appends after the last answer: the next generation prompt
         self.suffix = [IDS["<start_of_turn>"]] + self.model_prefix
 
-    def example(self, rng: np.random.Generator, kind: str, max_len: int):
+    def example(self, rng: np.random.Generator, kind: str, max_len: int, new_scene):
         while True:
-            conv = sample_conversation(rng, kind)
+            conv = sample_conversation(rng, kind, new_scene)
             prompt = self.processor.prepare(conv.messages)
             ids = np.asarray(prompt.token_ids)
             assert list(ids[-len(self.suffix):]) == self.suffix
             ids = ids[:-len(self.suffix)]
             if len(ids) <= max_len:
-                return ids, answer_mask(ids, self.model_prefix), prompt.media.get("image", [])
+                return ids, answer_mask(ids, self.model_prefix), prompt.media.get("image", []), conv.scenes
 
     def batch(self, step: int) -> dict:
         kind, rows, length, slots = STEP_KINDS[step_kind(step)]
         rng = np.random.default_rng([self.seed, step])
+        new_scene = warmup_scene if step < self.curriculum_steps else sample_scene
         tokens = np.full((rows, length), IDS["<pad>"], np.int32)
         pos = np.full((rows, length), -1, np.int32)
         mask = np.zeros((rows, length), bool)
         pixels = np.zeros((slots, 3, IMAGE_SIZE, IMAGE_SIZE), np.float32)
+        labels = np.full((slots, 2 + NUM_PAIRS), -1, np.int32)
         used = 0
         for r in range(rows):
             while True:
-                ids, m, images = self.example(rng, kind, length)
+                ids, m, images, scenes = self.example(rng, kind, length, new_scene)
                 if used + len(images) <= slots:
                     break
             n = len(ids)
             tokens[r, :n], pos[r, :n], mask[r, :n] = ids, np.arange(n), m
-            for image in images:
+            for image, scene in zip(images, scenes, strict=True):
                 pixels[used] = image
+                labels[used] = scene_attributes(scene)
                 used += 1
-        return {"kind": step_kind(step), "tokens": tokens, "pos": pos, "mask": mask, "pixels": pixels}
+        return {"kind": step_kind(step), "tokens": tokens, "pos": pos, "mask": mask, "pixels": pixels,
+                "labels": labels}
 
 
 def prefetch(batcher: Batcher, start: int, stop: int, depth: int = 3):
@@ -145,11 +169,12 @@ def prefetch(batcher: Batcher, start: int, stop: int, depth: int = 3):
 
 
 def forward_logits(model: MultimodalModel, tokens_BL: jax.Array, seq_pos_BL: jax.Array,
-                   pixels_NCHW: jax.Array) -> jax.Array:
-    """Logits [B, L, V] at every position of right-padded token rows (seq_pos -1 at padding), the way the
-    generation engine's prefill computes them: token embeddings, image features merged at the image soft tokens
-    (the j-th row of features at the j-th soft token, row-major over the batch), the decoder over the whole
-    sequence (each image's soft tokens attend to each other both ways), then the logits."""
+                   pixels_NCHW: jax.Array) -> tuple[jax.Array, jax.Array]:
+    """(logits [B, L, V] at every position of right-padded token rows (seq_pos -1 at padding), image features
+    [images * soft tokens, D]), the way the generation engine's prefill computes them: token embeddings, image
+    features merged at the image soft tokens (the j-th row of features at the j-th soft token, row-major over the
+    batch), the decoder over the whole sequence (each image's soft tokens attend to each other both ways), then
+    the logits."""
     dec = model.decoder
     image_token = CONFIG["image_token_index"]
     x = dec.embedder.encode(tokens_BL)
@@ -159,12 +184,31 @@ def forward_logits(model: MultimodalModel, tokens_BL: jax.Array, seq_pos_BL: jax
     cache = init_cache(dec.cfg, tokens_BL.shape[0], tokens_BL.shape[1], x.dtype)
     h, _ = dec(x, seq_pos_BL=seq_pos_BL, block_BL=block_ids(is_image), cache=cache, write_index=jnp.int32(0),
                attend_cache=False)
-    return dec.logits(h)
+    return dec.logits(h), feats
 
 
-def loss_and_metrics(params, graphdef, batch):
-    model = nnx.merge(graphdef, params)
-    logits = forward_logits(model, batch["tokens"], batch["pos"], batch["pixels"])[:, :-1]
+def attribute_loss(aux: dict, feats_MD: jax.Array, labels_NA: jax.Array) -> jax.Array:
+    """Auxiliary loss that speeds up the vision tower's start: each image's soft tokens, averaged, predict its
+    scene's attributes through a linear head (dropped after training): the background, the number of shapes and
+    how many shapes of each (colour, kind) there are. labels_NA [images, 2 + pairs] (-1 for an empty slot)."""
+    n = labels_NA.shape[0]
+    pooled = feats_MD.reshape(n, -1, feats_MD.shape[-1]).mean(axis=1)
+    logits = pooled @ aux["kernel"] + aux["bias"]
+    valid = (labels_NA[:, 0] >= 0).astype(jnp.float32)
+    total, start = 0.0, 0
+    for size, column in [(len(BACKGROUNDS), 0), (MAX_SHAPES, 1)] + [(MAX_SHAPES + 1, 2 + i) for i in range(NUM_PAIRS)]:
+        part = logits[:, start:start + size]
+        ce = optax.softmax_cross_entropy_with_integer_labels(part, jnp.maximum(labels_NA[:, column], 0))
+        total = total + jnp.sum(ce * valid)
+        start += size
+    return total / jnp.maximum(jnp.sum(valid), 1.0) / (2 + NUM_PAIRS)
+
+
+def loss_and_metrics(params, graphdef, batch, aux_weight):
+    model = nnx.merge(graphdef, params["model"])
+    logits, feats = forward_logits(model, batch["tokens"], batch["pos"], batch["pixels"])
+    aux_loss = attribute_loss(params["aux"], feats, batch["labels"])
+    logits = logits[:, :-1]
     targets = batch["tokens"][:, 1:]
     mask = batch["mask"][:, 1:]
     losses = optax.softmax_cross_entropy_with_integer_labels(logits, targets)
@@ -175,7 +219,28 @@ def loss_and_metrics(params, graphdef, batch):
     has_answer = jnp.any(mask, axis=1)
     exact = jnp.sum(answers_ok & has_answer) / jnp.maximum(jnp.sum(has_answer), 1)
     token_acc = jnp.sum((jnp.argmax(logits, -1) == targets) & mask) / jnp.maximum(jnp.sum(weight), 1.0)
-    return loss, {"loss": loss, "token_acc": token_acc, "exact": exact}
+    return loss + aux_weight * aux_loss, {"loss": loss, "aux": aux_loss, "token_acc": token_acc, "exact": exact}
+
+
+def initial_params(cfg, seed: int):
+    """The model's own random initialisation (``MultimodalModel`` with ``nnx.Rngs(seed)``), with two tables drawn
+    again at unit scale: the token embeddings (std 1/sqrt(hidden), so that embeddings times Gemma's sqrt(hidden)
+    have RMS ~1 like the post-normed layer outputs added to them) and the projector's matrix (std
+    1/sqrt(vision hidden), so that soft tokens have RMS ~1 too). Returns (graphdef, {"model": the model's parameters
+    as a nested dict, "aux": the attribute head of ``attribute_loss``, zeros})."""
+    model = MultimodalModel(cfg, gemma3.SPEC, rngs=nnx.Rngs(seed))
+    graphdef, state = nnx.split(model)
+    params = nnx.to_pure_dict(state)
+    k_embed, k_proj = jax.random.split(jax.random.key(seed + 1))
+    table = params["decoder"]["embedder"]["embedding"]
+    params["decoder"]["embedder"]["embedding"] = jax.random.normal(k_embed, table.shape) * table.shape[1] ** -0.5
+    proj = params["encoders"]["image"]["projector"]
+    w = proj["mm_input_projection_weight"]
+    proj["mm_input_projection_weight"] = jax.random.normal(k_proj, w.shape) * w.shape[0] ** -0.5
+    width = cfg.decoder.hidden_size
+    outputs = len(BACKGROUNDS) + MAX_SHAPES + NUM_PAIRS * (MAX_SHAPES + 1)
+    aux = {"kernel": jnp.zeros((width, outputs), jnp.float32), "bias": jnp.zeros((outputs,), jnp.float32)}
+    return graphdef, {"model": params, "aux": aux}
 
 
 def make_optimizer(steps: int, peak_lr: float, warmup: int) -> optax.GradientTransformation:
@@ -185,10 +250,11 @@ def make_optimizer(steps: int, peak_lr: float, warmup: int) -> optax.GradientTra
                        optax.adamw(schedule, b1=0.9, b2=0.98, weight_decay=0.01, mask=decay_mask))
 
 
-def make_train_step(graphdef, optimizer):
+def make_train_step(graphdef, optimizer, aux_weight: float):
     @jax.jit
     def train_step(params, opt_state, batch):
-        (_, metrics), grads = jax.value_and_grad(loss_and_metrics, has_aux=True)(params, graphdef, batch)
+        (_, metrics), grads = jax.value_and_grad(loss_and_metrics, has_aux=True)(params, graphdef, batch,
+                                                                                   aux_weight)
         updates, opt_state = optimizer.update(grads, opt_state, params)
         return optax.apply_updates(params, updates), opt_state, metrics
 
@@ -210,7 +276,7 @@ def _flatten(tree, prefix=()):
 def export(params, folder: pathlib.Path) -> pathlib.Path:
     """Write the trained parameters as a Hugging Face Gemma 3 checkpoint folder."""
     cfg = gemma3.parse_config(CONFIG)
-    tensors = checkpoint_tensors({p: np.asarray(v) for p, v in _flatten(params)}, gemma3.weight_map(cfg),
+    tensors = checkpoint_tensors({p: np.asarray(v) for p, v in _flatten(params["model"])}, gemma3.weight_map(cfg),
                                  gemma3_weight_shapes(CONFIG))
     write_folder_files(folder)
     _save_weights(folder, tensors, shards=1)
@@ -223,26 +289,27 @@ def export(params, folder: pathlib.Path) -> pathlib.Path:
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--out", default=str(ROOT / "app" / "checkpoints" / "shapes-gemma3"))
-    p.add_argument("--steps", type=int, default=2400)
+    p.add_argument("--steps", type=int, default=2000)
     p.add_argument("--lr", type=float, default=2e-3)
-    p.add_argument("--warmup", type=int, default=150)
+    p.add_argument("--warmup", type=int, default=100)
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--curriculum", type=int, default=300, help="steps whose scenes have mostly one shape")
+    p.add_argument("--aux-weight", type=float, default=1.0, help="weight of the image attribute loss")
     p.add_argument("--log-every", type=int, default=50)
+    p.add_argument("--export-every", type=int, default=0, help="also write the folder every this many steps")
     args = p.parse_args(argv)
 
     out = pathlib.Path(args.out)
     cfg = gemma3.parse_config(CONFIG)
     with tempfile.TemporaryDirectory() as tmp:  # the processor reads the tokenizer and processor files
         processor = gemma3.Gemma3Processor(write_folder_files(pathlib.Path(tmp)), cfg)
-    model = MultimodalModel(cfg, gemma3.SPEC, rngs=nnx.Rngs(args.seed))
-    graphdef, state = nnx.split(model)
-    params = nnx.to_pure_dict(state)
-    n_params = sum(np.asarray(v).size for _, v in _flatten(params))
+    graphdef, params = initial_params(cfg, args.seed)
+    n_params = sum(np.asarray(v).size for _, v in _flatten(params["model"]))
     print(f"[train] {n_params / 1e6:.2f}M parameters, {args.steps} steps, seed {args.seed}", flush=True)
     optimizer = make_optimizer(args.steps, args.lr, args.warmup)
     opt_state = optimizer.init(params)
-    train_step = make_train_step(graphdef, optimizer)
-    batcher = Batcher(processor, args.seed)
+    train_step = make_train_step(graphdef, optimizer, args.aux_weight)
+    batcher = Batcher(processor, args.seed, args.curriculum)
 
     start = time.perf_counter()
     sums: dict[str, list[float]] = {}
@@ -256,6 +323,8 @@ def main(argv=None) -> int:
             summary = " ".join(f"{k} {np.mean(v):.4f}" for k, v in sorted(sums.items()))
             print(f"[train] step {step + 1}/{args.steps} {elapsed:.0f}s {summary}", flush=True)
             sums = {}
+        if args.export_every and (step + 1) % args.export_every == 0 and step + 1 < args.steps:
+            export(params, out)
     seconds = time.perf_counter() - start
     export(params, out)
     print(json.dumps({"steps": args.steps, "seed": args.seed, "seconds": round(seconds, 1),

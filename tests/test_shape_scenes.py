@@ -181,7 +181,8 @@ def test_tokenizer_layout_and_template_words():
         assert len(tok.encode(line, add_special_tokens=False).ids) == len(line.split(" ")), line
 
 
-@pytest.mark.parametrize("text", ["Describe this image.", "  odd   spacing ", "café, 日本語 🙂 {}<>", "a\nb\n\nc", ""])
+@pytest.mark.parametrize("text", ["Describe this image.", "  odd   spacing ", "café, 日本語 🙂 {}<>", "a\nb\n\nc",
+                                  ""])
 def test_tokenizer_round_trip(text):
     tok = build_shape_tokenizer()
     enc = tok.encode(text)
