@@ -137,22 +137,50 @@ def sample_scene(rng: np.random.Generator, *, num_shapes: int | None = None, siz
     return Scene(width, height, bg, bg_rgb, tuple(shapes))
 
 
+def _draw_shapes(draw: PIL.ImageDraw.ImageDraw, scene: Scene, fills: list, scale: float = 1.0) -> None:
+    """Paint every shape of ``scene`` with its fill from ``fills``, coordinates multiplied by ``scale``."""
+    for s, fill in zip(scene.shapes, fills):
+        x0, y0 = s.left * scale, s.top * scale
+        x1, y1 = (s.left + s.size - 1) * scale, (s.top + s.size - 1) * scale
+        if s.kind == "circle":
+            draw.ellipse((x0, y0, x1, y1), fill=fill)
+        elif s.kind == "square":
+            draw.rectangle((x0, y0, x1, y1), fill=fill)
+        elif s.kind == "triangle":
+            draw.polygon([((x0 + x1) / 2, y0), (x1, y1), (x0, y1)], fill=fill)
+        else:
+            raise ValueError(f"unknown shape kind {s.kind!r}")
+
+
 def render(scene: Scene) -> PIL.Image.Image:
     """The scene as an RGB image: circles fill their box, squares are the box, triangles point up with their base
     on the box's bottom edge."""
     image = PIL.Image.new("RGB", (scene.width, scene.height), scene.background_rgb)
-    draw = PIL.ImageDraw.Draw(image)
-    for s in scene.shapes:
-        x0, y0, x1, y1 = s.left, s.top, s.left + s.size - 1, s.top + s.size - 1
-        if s.kind == "circle":
-            draw.ellipse((x0, y0, x1, y1), fill=s.rgb)
-        elif s.kind == "square":
-            draw.rectangle((x0, y0, x1, y1), fill=s.rgb)
-        elif s.kind == "triangle":
-            draw.polygon([((x0 + x1) / 2, y0), (x1, y1), (x0, y1)], fill=s.rgb)
-        else:
-            raise ValueError(f"unknown shape kind {s.kind!r}")
+    _draw_shapes(PIL.ImageDraw.Draw(image), scene, [s.rgb for s in scene.shapes])
     return image
+
+
+def shape_map(scene: Scene, grid: int, min_cover: float = 0.2, resolution: int = 256) -> np.ndarray:
+    """Which shape each cell of a ``grid`` x ``grid`` division of the whole picture shows: [grid * grid] int,
+    row-major, the index of the shape covering most of the cell (at least ``min_cover`` of it) or -1. Cells are
+    measured on a drawing at most ``resolution`` pixels a side."""
+    scale = min(1.0, resolution / max(scene.width, scene.height))
+    w, h = max(1, round(scene.width * scale)), max(1, round(scene.height * scale))
+    labels = PIL.Image.new("L", (w, h), 0)
+    _draw_shapes(PIL.ImageDraw.Draw(labels), scene, list(range(1, len(scene.shapes) + 1)), scale)
+    pixels = np.asarray(labels)
+    out = np.full(grid * grid, -1, np.int64)
+    rows = np.linspace(0, h, grid + 1).round().astype(int)
+    cols = np.linspace(0, w, grid + 1).round().astype(int)
+    for i in range(grid):
+        for j in range(grid):
+            cell = pixels[rows[i]:rows[i + 1], cols[j]:cols[j + 1]]
+            if cell.size == 0:
+                continue
+            counts = np.bincount(cell.ravel(), minlength=len(scene.shapes) + 1)[1:]
+            if counts.size and counts.max() >= min_cover * cell.size:
+                out[i * grid + j] = int(counts.argmax())
+    return out
 
 
 def encode(image: PIL.Image.Image, fmt: str = "PNG", quality: int = 90) -> bytes:

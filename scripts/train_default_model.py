@@ -44,8 +44,8 @@ from app.checkpoint_export import checkpoint_tensors  # noqa: E402
 from app.families import gemma3  # noqa: E402
 from app.model import MultimodalModel  # noqa: E402
 from app.shape_dialogues import sample_conversation  # noqa: E402
-from app.shape_scenes import BACKGROUNDS, COLOURS, KINDS, MAX_SHAPES, sample_scene  # noqa: E402
-from app.shape_model import CONFIG, IMAGE_SIZE, write_folder_files  # noqa: E402
+from app.shape_scenes import BACKGROUNDS, COLOURS, KINDS, MAX_SHAPES, sample_scene, shape_map  # noqa: E402
+from app.shape_model import CONFIG, IMAGE_SIZE, MM_TOKENS, write_folder_files  # noqa: E402
 from app.shape_tokenizer import special_token_ids  # noqa: E402
 from app.tiny_gemma3 import _save_weights, gemma3_weight_shapes  # noqa: E402
 from decoder.embed import merge_media  # noqa: E402
@@ -90,11 +90,32 @@ PAIRS = [(colour, kind) for colour in COLOURS for kind in KINDS]
 NUM_PAIRS = len(PAIRS)
 
 
+# Attribute heads of ``attribute_loss``: (classes, how many heads).
+ATTRIBUTE_HEADS = [(len(BACKGROUNDS), 1), (MAX_SHAPES, 1), (MAX_SHAPES + 1, len(KINDS) + len(COLOURS) + NUM_PAIRS)]
+NUM_ATTRIBUTES = sum(n for _, n in ATTRIBUTE_HEADS)
+CELL_CLASSES = (len(KINDS) + 1, len(COLOURS) + 1)  # what a soft token's cell shows: kind or none, colour or none
+
+
 def scene_attributes(scene) -> np.ndarray:
-    """[2 + pairs] int: background index, number of shapes - 1, then how many shapes of each (colour, kind)."""
-    counts = collections.Counter((s.colour, s.kind) for s in scene.shapes)
+    """[NUM_ATTRIBUTES] int: background index, number of shapes - 1, then how many shapes of each kind, of each
+    colour and of each (colour, kind)."""
+    pairs = collections.Counter((s.colour, s.kind) for s in scene.shapes)
+    kinds = collections.Counter(s.kind for s in scene.shapes)
+    colours = collections.Counter(s.colour for s in scene.shapes)
     return np.array([list(BACKGROUNDS).index(scene.background), len(scene.shapes) - 1]
-                    + [counts[pair] for pair in PAIRS], np.int32)
+                    + [kinds[k] for k in KINDS] + [colours[c] for c in COLOURS] + [pairs[p] for p in PAIRS], np.int32)
+
+
+def cell_labels(scene) -> np.ndarray:
+    """[soft tokens, 2] int: for the picture's cell under each soft token (row-major grid), the kind (1 + index,
+    0 for none) and colour (1 + index, 0 for none) of the shape covering most of it."""
+    which = shape_map(scene, math.isqrt(MM_TOKENS))
+    out = np.zeros((len(which), 2), np.int32)
+    for cell, index in enumerate(which):
+        if index >= 0:
+            shape = scene.shapes[index]
+            out[cell] = (KINDS.index(shape.kind) + 1, list(COLOURS).index(shape.colour) + 1)
+    return out
 
 
 def warmup_scene(rng: np.random.Generator):
@@ -132,7 +153,8 @@ class Batcher:
         pos = np.full((rows, length), -1, np.int32)
         mask = np.zeros((rows, length), bool)
         pixels = np.zeros((slots, 3, IMAGE_SIZE, IMAGE_SIZE), np.float32)
-        labels = np.full((slots, 2 + NUM_PAIRS), -1, np.int32)
+        labels = np.full((slots, NUM_ATTRIBUTES), -1, np.int32)
+        cells = np.full((slots, MM_TOKENS, 2), -1, np.int32)
         used = 0
         for r in range(rows):
             while True:
@@ -144,9 +166,10 @@ class Batcher:
             for image, scene in zip(images, scenes, strict=True):
                 pixels[used] = image
                 labels[used] = scene_attributes(scene)
+                cells[used] = cell_labels(scene)
                 used += 1
         return {"kind": step_kind(step), "tokens": tokens, "pos": pos, "mask": mask, "pixels": pixels,
-                "labels": labels}
+                "labels": labels, "cells": cells}
 
 
 def prefetch(batcher: Batcher, start: int, stop: int, depth: int = 3):
@@ -187,27 +210,37 @@ def forward_logits(model: MultimodalModel, tokens_BL: jax.Array, seq_pos_BL: jax
     return dec.logits(h), feats
 
 
-def attribute_loss(aux: dict, feats_MD: jax.Array, labels_NA: jax.Array) -> jax.Array:
-    """Auxiliary loss that speeds up the vision tower's start: each image's soft tokens, averaged, predict its
-    scene's attributes through a linear head (dropped after training): the background, the number of shapes and
-    how many shapes of each (colour, kind) there are. labels_NA [images, 2 + pairs] (-1 for an empty slot)."""
+def _heads_loss(logits: jax.Array, labels: jax.Array, heads, valid: jax.Array) -> jax.Array:
+    """Mean cross-entropy of consecutive softmax heads (classes, count) over the valid rows."""
+    total, start, column = 0.0, 0, 0
+    for classes, count in heads:
+        for _ in range(count):
+            ce = optax.softmax_cross_entropy_with_integer_labels(logits[..., start:start + classes],
+                                                                 jnp.maximum(labels[..., column], 0))
+            total = total + jnp.sum(ce * valid)
+            start, column = start + classes, column + 1
+    return total / jnp.maximum(jnp.sum(valid), 1.0) / column
+
+
+def attribute_loss(aux: dict, feats_MD: jax.Array, labels_NA: jax.Array, cells_NT2: jax.Array) -> jax.Array:
+    """Auxiliary losses that speed up the vision tower's start, through linear heads dropped after training: each
+    image's soft tokens, averaged, predict its scene's attributes (``scene_attributes``), and each soft token
+    predicts the kind and colour of the shape in its cell (``cell_labels``). labels_NA [images, attributes] and
+    cells_NT2 [images, tokens, 2] are -1 for an empty image slot."""
     n = labels_NA.shape[0]
-    pooled = feats_MD.reshape(n, -1, feats_MD.shape[-1]).mean(axis=1)
-    logits = pooled @ aux["kernel"] + aux["bias"]
+    tokens = feats_MD.reshape(n, -1, feats_MD.shape[-1])
     valid = (labels_NA[:, 0] >= 0).astype(jnp.float32)
-    total, start = 0.0, 0
-    for size, column in [(len(BACKGROUNDS), 0), (MAX_SHAPES, 1)] + [(MAX_SHAPES + 1, 2 + i) for i in range(NUM_PAIRS)]:
-        part = logits[:, start:start + size]
-        ce = optax.softmax_cross_entropy_with_integer_labels(part, jnp.maximum(labels_NA[:, column], 0))
-        total = total + jnp.sum(ce * valid)
-        start += size
-    return total / jnp.maximum(jnp.sum(valid), 1.0) / (2 + NUM_PAIRS)
+    pooled = _heads_loss(tokens.mean(axis=1) @ aux["kernel"] + aux["bias"], labels_NA, ATTRIBUTE_HEADS, valid)
+    per_token = tokens @ aux["cell_kernel"] + aux["cell_bias"]
+    cells = _heads_loss(per_token, cells_NT2, [(c, 1) for c in CELL_CLASSES],
+                        jnp.broadcast_to(valid[:, None], cells_NT2.shape[:2]))
+    return pooled + cells
 
 
 def loss_and_metrics(params, graphdef, batch, aux_weight):
     model = nnx.merge(graphdef, params["model"])
     logits, feats = forward_logits(model, batch["tokens"], batch["pos"], batch["pixels"])
-    aux_loss = attribute_loss(params["aux"], feats, batch["labels"])
+    aux_loss = attribute_loss(params["aux"], feats, batch["labels"], batch["cells"])
     logits = logits[:, :-1]
     targets = batch["tokens"][:, 1:]
     mask = batch["mask"][:, 1:]
@@ -238,8 +271,10 @@ def initial_params(cfg, seed: int):
     w = proj["mm_input_projection_weight"]
     proj["mm_input_projection_weight"] = jax.random.normal(k_proj, w.shape) * w.shape[0] ** -0.5
     width = cfg.decoder.hidden_size
-    outputs = len(BACKGROUNDS) + MAX_SHAPES + NUM_PAIRS * (MAX_SHAPES + 1)
-    aux = {"kernel": jnp.zeros((width, outputs), jnp.float32), "bias": jnp.zeros((outputs,), jnp.float32)}
+    outputs = sum(classes * count for classes, count in ATTRIBUTE_HEADS)
+    aux = {"kernel": jnp.zeros((width, outputs), jnp.float32), "bias": jnp.zeros((outputs,), jnp.float32),
+           "cell_kernel": jnp.zeros((width, sum(CELL_CLASSES)), jnp.float32),
+           "cell_bias": jnp.zeros((sum(CELL_CLASSES),), jnp.float32)}
     return graphdef, {"model": params, "aux": aux}
 
 
@@ -289,7 +324,7 @@ def export(params, folder: pathlib.Path) -> pathlib.Path:
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--out", default=str(ROOT / "app" / "checkpoints" / "shapes-gemma3"))
-    p.add_argument("--steps", type=int, default=2000)
+    p.add_argument("--steps", type=int, default=1800)
     p.add_argument("--lr", type=float, default=2e-3)
     p.add_argument("--warmup", type=int, default=100)
     p.add_argument("--seed", type=int, default=0)

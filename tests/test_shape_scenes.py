@@ -12,7 +12,7 @@ import pytest
 
 from app import shape_dialogues as sd
 from app.shape_scenes import (BACKGROUNDS, COLOURS, KINDS, MAX_SHAPE, MIN_SHAPE, Scene, Shape, encode, render,
-                              render_file_like, sample_scene, scene_from_dict)
+                              render_file_like, sample_scene, scene_from_dict, shape_map)
 from app.shape_tokenizer import build_shape_tokenizer, corpus, shape_vocab, special_token_ids
 
 
@@ -89,6 +89,18 @@ def test_jpeg_round_trip_and_file_like_rendering():
         encode(render(scene), "GIF")
     lossless = render_file_like(scene, np.random.default_rng(0), jpeg_fraction=0.0)
     assert np.array_equal(np.asarray(lossless), np.asarray(render(scene)))
+
+
+def test_shape_map_names_the_shape_covering_each_cell():
+    scene = Scene(400, 200, "white", BACKGROUNDS["white"],
+                  (Shape("square", "red", 100, 0, 100, COLOURS["red"]),       # exactly cell (row 0, col 1) and (1, 1)
+                   Shape("circle", "blue", 300, 100, 100, COLOURS["blue"]),   # inside cells (2, 3) and (3, 3)
+                   Shape("triangle", "green", 0, 150, 12, COLOURS["green"])))  # too small for its cell
+    expected = np.full((4, 4), -1)
+    expected[0:2, 1] = 0
+    expected[2:4, 3] = 1
+    assert np.array_equal(shape_map(scene, 4).reshape(4, 4), expected)
+    assert np.array_equal(shape_map(scene, 4, resolution=100).reshape(4, 4), expected)  # drawn smaller
 
 
 def test_scene_from_dict_inverts_asdict():
