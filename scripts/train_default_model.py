@@ -6,8 +6,11 @@
 A Gemma 3-architecture model (SigLIP-style vision tower, Gemma 3 projector, Gemma 3 decoder with sliding and global
 layers and bidirectional image blocks), built with this package's own modules (app.model.MultimodalModel through
 the gemma3 family spec) and trained with optax on conversations about pictures of shapes (app/shape_scenes.py,
-app/shape_dialogues.py), with the loss on the answer tokens only. The result is written as an ordinary Hugging
-Face checkpoint folder (transformers' Gemma3ForConditionalGeneration loads it): config.json,
+app/shape_dialogues.py), with the loss on the answer tokens only. Two training aids are dropped at the end: for the
+first ``--curriculum`` steps most pictures hold one shape, and linear heads on the image's soft tokens predict
+what the scene holds (per picture: background, counts; per soft token: the kind and colour of the shape in its
+cell), which teaches the vision tower long before the answers alone would. The result is written as an ordinary
+Hugging Face checkpoint folder (transformers' Gemma3ForConditionalGeneration loads it): config.json,
 generation_config.json, model.safetensors (float32), the tokenizer (app/shape_tokenizer.py), the Gemma 3 chat
 template and the processor settings.
 
@@ -315,6 +318,7 @@ def export(params, folder: pathlib.Path) -> pathlib.Path:
                                  gemma3_weight_shapes(CONFIG))
     write_folder_files(folder)
     _save_weights(folder, tensors, shards=1)
+    (folder / "model.safetensors").chmod(0o644)
     return folder
 
 
