@@ -139,8 +139,8 @@ def build_demo(pipe, *, max_upload_mb: float = DEFAULT_MAX_UPLOAD_MB, notice: st
                examples: list[dict] | None = None) -> gr.Blocks:
     """The demo page for ``pipe``: model header, chat, the last answer's stats, generation settings (sidebar).
 
-    examples: clickable example messages ``{"text": prompt, "files": [image path, ...]}`` shown under the chat
-    (a click sends one with the default settings). Launch it with ``launch`` (which sets up the queue and the upload
+    examples: example messages ``{"text": prompt, "files": [image path, ...]}`` shown under the chat (a click puts
+    one in the message box, with the default settings). Launch it with ``launch`` (which sets up the queue and the upload
     size cap).
     """
     kinds = accepted_media(pipe)

@@ -571,8 +571,8 @@ def test_default_model_examples_come_from_the_manifest():
 
 
 def test_browser_default_model_demo_offers_examples(browser):
-    """``omnijax demo`` without --model: the default model's example pictures and prompts are on the page, and a
-    click on the first one gets its right answer."""
+    """``omnijax demo`` without --model: the default model's example pictures and prompts are on the page; a click
+    on the first one puts it in the message box, and sending it gets its right answer."""
     import json
 
     from demo.web import EXAMPLES_DIR, serve
@@ -587,7 +587,11 @@ def test_browser_default_model_demo_offers_examples(browser):
         page.goto(f"http://127.0.0.1:{port}/")
         page.wait_for_selector("#chat-input textarea")
         assert "pictures of simple shapes" in page.inner_text("#model-info")
+        page.locator("#chat-input").get_by_text(first["prompt"]).wait_for(state="detached")  # the box is empty
         page.get_by_text(first["prompt"]).first.click()
+        page.wait_for_function(  # the example's picture is in the message box
+            "document.querySelectorAll('#chat-input .thumbnail-item, #chat-input img').length >= 1")
+        page.click("#chat-input [data-testid=submit-button]")
         answer, stats = _wait_for_answer(page, 1)
         assert answer == first["answer"] and STATS_RE.search(stats)
         page.close()
