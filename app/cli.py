@@ -24,7 +24,7 @@ def add_sampling_flags(p: argparse.ArgumentParser) -> None:
 
 def add_model_flags(p: argparse.ArgumentParser) -> None:
     p.add_argument("--model", help="local Hugging Face checkpoint folder, or a .gguf file (default: the embedded "
-                                   "tiny demo model)")
+                                   "default model)")
     p.add_argument("--dtype", default="float32", choices=["float32", "bfloat16", "float16"])
     p.add_argument("--model-axis", type=int, default=None, help="devices that shard the weights (default: all)")
     p.add_argument("--no-compilation-cache", action="store_true",
@@ -69,8 +69,8 @@ def load_pipeline(args):
         from app.default_model import default_model_dir
 
         folder = default_model_dir()
-        print(f"[omnijax] no --model given: using the embedded tiny demo model at {folder} "
-              f"(random weights: its output is meaningless)", file=sys.stderr)
+        print(f"[omnijax] no --model given: using the embedded default model at {folder} (a small model "
+              f"trained on pictures of simple shapes)", file=sys.stderr)
     return Pipeline.from_pretrained(folder, dtype=args.dtype, model_axis=args.model_axis)
 
 

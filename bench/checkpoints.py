@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 import pathlib
 
-from app.default_model import build_tiny_gemma3
+from app.tiny_gemma3 import build_tiny_gemma3
 
 # Gemma-3-shaped, about 128M parameters: hidden 768, 12 layers, 12 heads, head_dim 64, MLP 3072, vocab 32k,
 # sliding window 512, and a small SigLIP tower (224 px, patch 14 -> 256 patches pooled to 64 soft tokens).

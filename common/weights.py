@@ -56,6 +56,31 @@ class TensorSpec:
             array = self.fn(array)
         return array
 
+    def unapply(self, value: np.ndarray, shapes: list[tuple[int, ...]]) -> list[np.ndarray]:
+        """The inverse of :meth:`apply`: the checkpoint tensors (one per key, in order, of the given on-disk
+        ``shapes``) that ``apply`` turns into the parameter ``value``."""
+        keys = self.keys
+        if len(shapes) != len(keys):
+            raise ValueError(f"{len(keys)} keys but {len(shapes)} shapes")
+        # the shape of each tensor after its transpose, i.e. as apply sees it before joining
+        inverse = None if self.transpose is None else tuple(np.argsort(self.transpose))
+        moved = [tuple(s) if self.transpose is None else tuple(s[i] for i in self.transpose) for s in shapes]
+        value = np.asarray(value)
+        if isinstance(self.key, str):
+            parts = [np.reshape(value, moved[0])]
+        elif self.concat_axis is not None:
+            joined = list(moved[0])
+            joined[self.concat_axis] = sum(s[self.concat_axis] for s in moved)
+            value = np.reshape(value, joined)
+            cuts = np.cumsum([s[self.concat_axis] for s in moved])[:-1]
+            parts = np.split(value, cuts, axis=self.concat_axis)
+        else:
+            value = np.reshape(value, (len(keys),) + moved[0])
+            parts = [value[i] for i in range(len(keys))]
+        if inverse is not None:
+            parts = [np.transpose(p, inverse) for p in parts]
+        return [np.ascontiguousarray(p) for p in parts]
+
 
 def linear(key_prefix: str) -> TensorSpec:
     """A torch ``nn.Linear`` weight ``{prefix}.weight`` [out, in] as our kernel (the same layout)."""

@@ -1,4 +1,5 @@
-"""``omnijax demo``: serve the multimodal web chat (gradio) for a checkpoint folder or the embedded tiny model."""
+"""``omnijax demo``: serve the multimodal web chat (gradio) for a checkpoint folder or the embedded default
+model."""
 
 from __future__ import annotations
 

@@ -14,8 +14,10 @@ from __future__ import annotations
 import atexit
 import contextlib
 import io
+import json
 import logging
 import os
+import pathlib
 import shutil
 import sys
 import tempfile
@@ -44,8 +46,11 @@ from demo.chat_state import (
 log = logging.getLogger(__name__)
 
 DEFAULT_MAX_NEW_TOKENS = 256
-DEFAULT_MODEL_NOTICE = ("This is the embedded tiny demo model: its weights are random, so its answers are "
-                        "meaningless. Start with `--model DIR` for a real checkpoint.")
+EXAMPLES_DIR = pathlib.Path(__file__).resolve().parents[1] / "examples"
+DEFAULT_MODEL_NOTICE = ("This is the embedded default model: a small model trained only on pictures of simple shapes "
+                        "(circles, squares and triangles in six colours). Ask it to describe a picture, count the "
+                        "shapes or name a shape's colour; try the examples below. Start with `--model DIR` for a "
+                        "real checkpoint.")
 COMPLETION_NOTICE = ("This checkpoint has no chat template (a base model): each message is continued as plain "
                      "text, without the earlier turns.")
 
@@ -151,10 +156,13 @@ def _settings(pipe) -> list[gr.components.Component]:
     ]
 
 
-def build_demo(pipe, *, max_upload_mb: float = DEFAULT_MAX_UPLOAD_MB, notice: str | None = None) -> gr.Blocks:
+def build_demo(pipe, *, max_upload_mb: float = DEFAULT_MAX_UPLOAD_MB, notice: str | None = None,
+               examples: list[dict] | None = None) -> gr.Blocks:
     """The demo page for ``pipe``: model header, chat, the last answer's stats, generation settings (sidebar).
 
-    Launch it with ``launch`` (which sets up the queue and the upload size cap).
+    examples: example messages ``{"text": prompt, "files": [image path, ...]}`` shown under the chat (a click puts
+    one in the message box, with the default settings). Launch it with ``launch`` (which sets up the queue and the upload
+    size cap).
     """
     kinds = accepted_media(pipe)
     if completion_mode(pipe):
@@ -175,6 +183,7 @@ def build_demo(pipe, *, max_upload_mb: float = DEFAULT_MAX_UPLOAD_MB, notice: st
         with gr.Sidebar(label="Generation settings", position="right", open=True, elem_id="settings"):
             gr.Markdown("### Generation settings")
             settings = _settings(pipe)
+        defaults = [component.value for component in settings]
         gr.Markdown(f"## omnijax chat\n{model_header(pipe.name, pipe.family, kinds, notice)}",
                     elem_id="model-info")
         stats = gr.Markdown("", elem_id="answer-stats", render=False)
@@ -182,7 +191,8 @@ def build_demo(pipe, *, max_upload_mb: float = DEFAULT_MAX_UPLOAD_MB, notice: st
             make_responder(pipe, max_upload_mb=max_upload_mb),
             multimodal=True, chatbot=chatbot, textbox=textbox, additional_inputs=settings,
             additional_outputs=[stats], concurrency_limit=1, api_name="chat", analytics_enabled=False,
-            fill_height=True,
+            fill_height=True, examples=[[example, *defaults] for example in examples] if examples else None,
+            cache_examples=False,
         )
         stats.render()
         chatbot.clear(lambda: "", None, stats, queue=False, api_visibility="private")
@@ -222,8 +232,24 @@ def stop(demo: gr.Blocks) -> None:
                 os.environ["GRADIO_TEMP_DIR"] = previous
 
 
+def default_model_examples(folder: pathlib.Path = EXAMPLES_DIR) -> list[dict]:
+    """The embedded default model's example messages from ``folder``/examples.json (pictures and a prompt each;
+    written by scripts/make_examples.py), as ``{"text", "files"}`` dicts; none when the folder is not there (an
+    installation without the repository's examples/)."""
+    try:
+        manifest = json.loads((folder / "examples.json").read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return []
+    examples = []
+    for entry in manifest.get("examples", []):
+        files = [str(folder / name) for name in entry["files"]]
+        if all(os.path.isfile(f) for f in files):
+            examples.append({"text": entry["prompt"], "files": files})
+    return examples
+
+
 def serve(args, *, block: bool = True) -> gr.Blocks:
-    """``omnijax demo``: load ``args.model`` (default: the embedded tiny model) and serve the chat on
+    """``omnijax demo``: load ``args.model`` (default: the embedded default model, with its examples) and serve the chat on
     ``args.host:args.port`` until Ctrl-C. Returns the demo (after the server stops, or at once with block=False:
     then ``stop(demo)`` ends it).
 
@@ -236,8 +262,9 @@ def serve(args, *, block: bool = True) -> gr.Blocks:
     atexit.register(shutil.rmtree, upload_dir, True)
     previous = os.environ.get("GRADIO_TEMP_DIR")
     os.environ["GRADIO_TEMP_DIR"] = upload_dir  # read by gradio when the page is built and on every upload
-    demo = build_demo(pipe, max_upload_mb=args.max_upload_mb,
-                      notice=DEFAULT_MODEL_NOTICE if args.model is None else None)
+    default = args.model is None
+    demo = build_demo(pipe, max_upload_mb=args.max_upload_mb, notice=DEFAULT_MODEL_NOTICE if default else None,
+                      examples=default_model_examples() if default else None)
     demo.omnijax_upload_dir, demo.omnijax_previous_temp_dir = upload_dir, previous
     try:
         launch(demo, host=args.host, port=args.port, max_upload_mb=args.max_upload_mb, block=False, quiet=True)

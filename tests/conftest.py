@@ -1,7 +1,7 @@
 """Shared session fixtures: tiny Gemma 3 checkpoint folders written by Hugging Face ``save_pretrained``.
 
 Every folder holds the same random weights (drawn with a fixed torch seed, nothing left at its zero / one
-initialisation), the tokenizer, chat template and processor files of :mod:`app.default_model`, and the
+initialisation), the tokenizer, chat template and processor files of :mod:`app.tiny_gemma3`, and the
 instruction-tuned generation config (eos = ``[<eos>, <end_of_turn>]``).
 """
 
@@ -21,7 +21,7 @@ _ROOT = str(pathlib.Path(__file__).resolve().parents[1])
 if _ROOT not in sys.path:  # plain `pytest` (not `python -m pytest`) does not put the repository root on the path
     sys.path.insert(0, _ROOT)
 
-from app import default_model as dm  # noqa: E402
+from app import tiny_gemma3 as dm  # noqa: E402
 
 TORCH_SEED = 1234
 

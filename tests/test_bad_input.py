@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 from safetensors.numpy import load_file, save_file
 
-from app.default_model import build_tiny_gemma3
+from app.tiny_gemma3 import build_tiny_gemma3
 from common.errors import CheckpointError, MediaError, PromptError, UnsupportedModelError
 from app.pipeline import Pipeline
 

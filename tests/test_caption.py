@@ -328,7 +328,7 @@ def test_ctrl_c_then_rerun_with_the_default_model(tmp_path, jax_cache):
     stop_after_rows(proc, out, 4, signal.SIGINT)
     _, err = proc.communicate(timeout=60)
     assert proc.returncode == 130, err[-2000:]
-    assert "embedded tiny demo model" in err and "[omnijax] interrupted:" in err and "Traceback" not in err
+    assert "embedded default model" in err and "[omnijax] interrupted:" in err and "Traceback" not in err
     written = parse_rows(out.read_bytes())
     assert out.read_bytes().endswith(b"\n") and written.bad_lines == 0
     assert len(written.rows) == 4

@@ -1,5 +1,6 @@
 """The command line as a user runs it: python -m app generate ..."""
 
+import json
 import os
 import pathlib
 import re
@@ -7,6 +8,8 @@ import subprocess
 import sys
 
 from app.cli import main
+from app.shape_dialogues import describe
+from app.shape_scenes import scene_from_dict
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 IMAGE = ROOT / "examples" / "shapes.png"
@@ -19,12 +22,15 @@ def run(args, tmp_path):
 
 
 def test_generate_with_the_embedded_default_model(tmp_path):
-    proc = run(["generate", "--image", str(IMAGE), "--prompt", "Describe this image.", "--max-new-tokens", "6"],
-               tmp_path)
+    """The README's first command: the shipped default model describes the example picture correctly (the
+    expected sentence is the template's description of the scene the picture was drawn from)."""
+    manifest = json.loads((ROOT / "examples" / "examples.json").read_text())
+    expected = describe(scene_from_dict(manifest["pictures"][IMAGE.name]))
+    proc = run(["generate", "--image", str(IMAGE), "--prompt", "Describe this image."], tmp_path)
     assert proc.returncode == 0, proc.stderr
-    assert "embedded tiny demo model" in proc.stderr
-    assert proc.stdout.strip() != ""
-    assert (tmp_path / "home" / "default-gemma3-tiny" / "config.json").exists()
+    assert "embedded default model" in proc.stderr
+    assert proc.stdout.strip() == expected
+    assert not (tmp_path / "home").exists()  # nothing was built or cached at first use
 
 
 def test_cli_matches_the_python_api(tiny_gemma3_dir, gemma3_pipeline, capsys):

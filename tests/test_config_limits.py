@@ -15,7 +15,7 @@ import pytest
 from safetensors.numpy import load_file, save_file
 
 from app.config_limits import check_config_limits
-from app.default_model import build_tiny_gemma3
+from app.tiny_gemma3 import build_tiny_gemma3
 from app.pipeline import Pipeline
 from common.errors import CheckpointError
 

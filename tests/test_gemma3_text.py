@@ -12,7 +12,7 @@ import pytest
 import torch
 from safetensors.numpy import load_file, save_file
 
-from app import default_model as dm
+from app import tiny_gemma3 as dm
 from app.pipeline import Pipeline
 from common.errors import PromptError
 from conftest import _randomise_

@@ -16,10 +16,9 @@ import sys
 import zlib
 
 import numpy as np
-import PIL.Image
 import pytest
 
-from common.errors import CheckpointError, MediaError
+from common.errors import CheckpointError
 from preprocess.gemma3_image import Gemma3ImageConfig
 from preprocess.images import load_image
 from preprocess.media_limits import MAX_IMAGE_PIXELS, WORKING_IMAGE_PIXELS

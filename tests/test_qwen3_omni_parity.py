@@ -8,7 +8,7 @@ import pytest
 import torch
 from PIL import Image
 
-from common.errors import MediaError, PromptError
+from common.errors import MediaError
 from app.pipeline import Pipeline
 
 SR = 16000

@@ -12,7 +12,7 @@ import pathlib
 import numpy as np
 import pytest
 
-from app import default_model as dm
+from app import tiny_gemma3 as dm
 from app.answer_text import AnswerText
 from app.detokenize import IncrementalDetokenizer
 from preprocess.tokenizer import byte_fallback_ids, load_tokenizer, special_tokens

@@ -568,3 +568,44 @@ def test_serve_binds_loopback_and_caps_uploads(tiny_gemma3_dir, tmp_path):
                                              f"choose another with --port"):
             launch(build_demo(_fake_pipe(("image",))), host="127.0.0.1", port=taken.getsockname()[1], block=False,
                    quiet=True)
+
+
+def test_default_model_examples_come_from_the_manifest():
+    import json
+
+    from demo.web import EXAMPLES_DIR, default_model_examples
+
+    manifest = json.loads((EXAMPLES_DIR / "examples.json").read_text())
+    examples = default_model_examples()
+    assert [e["text"] for e in examples] == [e["prompt"] for e in manifest["examples"]]
+    assert all(os.path.isfile(f) for e in examples for f in e["files"])
+    assert default_model_examples(pathlib.Path("/nonexistent")) == []
+
+
+def test_browser_default_model_demo_offers_examples(browser):
+    """``omnijax demo`` without --model: the default model's example pictures and prompts are on the page; a click
+    on the first one puts it in the message box, and sending it gets its right answer."""
+    import json
+
+    from demo.web import EXAMPLES_DIR, serve, stop
+
+    first = json.loads((EXAMPLES_DIR / "examples.json").read_text())["examples"][0]
+    port = _free_port()
+    args = argparse.Namespace(model=None, dtype="float32", model_axis=None, host="127.0.0.1", port=port,
+                              max_upload_mb=20.0)
+    demo = serve(args, block=False)
+    try:
+        page = browser.new_page()
+        page.goto(f"http://127.0.0.1:{port}/")
+        page.wait_for_selector("#chat-input textarea")
+        assert "pictures of simple shapes" in page.inner_text("#model-info")
+        page.locator("#chat-input").get_by_text(first["prompt"]).wait_for(state="detached")  # the box is empty
+        page.get_by_text(first["prompt"]).first.click()
+        page.wait_for_function(  # the example's picture is in the message box
+            "document.querySelectorAll('#chat-input .thumbnail-item, #chat-input img').length >= 1")
+        page.click("#chat-input [data-testid=submit-button]")
+        answer, stats = _wait_for_answer(page, 1)
+        assert answer == first["answer"] and STATS_RE.search(stats)
+        page.close()
+    finally:
+        stop(demo)

@@ -1,8 +1,12 @@
-"""The tiny default model's tokenizer, chat template and processor files, built offline and deterministically.
+"""The tiny random Gemma 3 checkpoints' tokenizer, chat template and processor files, built offline and
+deterministically.
 
 A byte-fallback BPE whose merges are learned from an embedded English text, with every Gemma 3 special token the
-processor and chat template need (ids: see app/default_model.py), the Gemma 3 chat template, and the processor /
+processor and chat template need (ids: see app/tiny_gemma3.py), the Gemma 3 chat template, and the processor /
 image-processor settings laid out the way transformers 5.23 saves them. No torch needed.
+
+:func:`gemma_bpe_tokenizer` and :func:`learn_merges` build the same kind of tokenizer for another vocabulary (the
+embedded default model's, app/shape_tokenizer.py).
 """
 
 from __future__ import annotations
@@ -71,7 +75,7 @@ The meeting is on the second floor, in the room with the large table by the wind
 """
 
 
-def _learn_merges(text: str, num_merges: int) -> list[tuple[str, str]]:
+def learn_merges(text: str, num_merges: int) -> list[tuple[str, str]]:
     """Byte-pair merges learned greedily from ``text`` (ties broken by the pair's text, so fully deterministic).
 
     Words are a space marker plus the following characters, or runs of newlines; merges never cross words.
@@ -118,7 +122,7 @@ def tokenizer_vocab() -> tuple[dict[str, int], list[tuple[str, str]]]:
             vocab[f"<0x{b:02X}>"] = len(vocab)
         for ch in _BASE_CHARS:
             vocab[ch] = len(vocab)
-        merges = _learn_merges(_CORPUS, _NUM_MERGES)
+        merges = learn_merges(_CORPUS, _NUM_MERGES)
         for a, b in merges:
             vocab[a + b] = len(vocab)
         for tok in _TAIL_SPECIALS:
@@ -136,22 +140,28 @@ def build_tokenizer():
     The pipeline is the one ``transformers``' ``GemmaTokenizer`` rebuilds when it loads ``tokenizer.json``, so the
     file and the class agree.
     """
+    vocab, merges = tokenizer_vocab()
+    return gemma_bpe_tokenizer(vocab, merges)
+
+
+def gemma_bpe_tokenizer(vocab: dict[str, int], merges: list[tuple[str, str]]):
+    """A Gemma-style ``tokenizers.Tokenizer`` for ``vocab`` (which holds every Gemma 3 special token) and
+    ``merges``: spaces -> ``▁``, BPE with byte fallback, ``<bos>`` prepended, the special tokens added."""
     from tokenizers import AddedToken, Tokenizer, decoders, normalizers, pre_tokenizers, processors
     from tokenizers.models import BPE
 
-    vocab, merges = tokenizer_vocab()
     tok = Tokenizer(BPE(vocab=vocab, merges=merges, fuse_unk=True, unk_token=UNK_TOKEN, dropout=None,
                         byte_fallback=True))
     tok.normalizer = normalizers.Replace(" ", _SPACE)
     tok.pre_tokenizer = pre_tokenizers.Split(pattern=" ", behavior="merged_with_previous", invert=False)
     tok.decoder = decoders.Sequence([decoders.Replace(_SPACE, " "), decoders.ByteFallback(), decoders.Fuse()])
-    bos_id = SPECIAL_TOKEN_IDS[BOS_TOKEN]
+    bos_id = vocab[BOS_TOKEN]
     tok.post_processor = processors.TemplateProcessing(
         single=f"{BOS_TOKEN}:0 $A:0",
         pair=f"{BOS_TOKEN}:0 $A:0 {BOS_TOKEN}:1 $B:1",
         special_tokens=[(BOS_TOKEN, bos_id)],
     )
-    specials = sorted(SPECIAL_TOKEN_IDS, key=SPECIAL_TOKEN_IDS.get)
+    specials = sorted(_HEAD_SPECIALS + _TAIL_SPECIALS, key=vocab.__getitem__)
     tok.add_special_tokens([AddedToken(t, special=True, normalized=False) for t in specials])
     return tok
 
@@ -234,8 +244,12 @@ def write_tokenizer_and_processor(
     pan_and_scan_max_num_crops: int = 4,
     pan_and_scan_min_ratio_to_activate: float = 1.2,
     layout: str = "transformers",
+    tokenizer=None,
 ) -> pathlib.Path:
     """Write the tokenizer, chat template and processor configuration into ``folder`` (created if needed).
+
+    ``tokenizer``: the ``tokenizers.Tokenizer`` to write (default :func:`build_tokenizer`'s); another one must
+    hold the same special tokens (the ``layout="hub"`` files name the ids of :data:`SPECIAL_TOKEN_IDS`).
 
     ``layout="transformers"`` (default) writes what ``Gemma3Processor.save_pretrained`` writes in transformers 5.23:
     ``tokenizer.json``, ``tokenizer_config.json``, ``chat_template.jinja`` and one ``processor_config.json`` that
@@ -252,7 +266,7 @@ def write_tokenizer_and_processor(
         raise ValueError(f"unknown layout {layout!r}")
     folder = pathlib.Path(folder)
     folder.mkdir(parents=True, exist_ok=True)
-    tok = build_tokenizer()
+    tok = build_tokenizer() if tokenizer is None else tokenizer
     (folder / "tokenizer.json").write_text(tok.to_str(pretty=True), encoding="utf-8")
 
     if pan_and_scan_min_crop_size is None:
