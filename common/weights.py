@@ -26,7 +26,7 @@ class TensorSpec:
         [out, in] into an [in, out] matrix); None keeps the layout.
     reshape: shape applied after the transpose (and stacking); None keeps the shape.
     fn: a last layout change (a pure numpy function of the array so far), for layouts the fields above do not
-        express (e.g. q/k/v rows regrouped per kv head).
+        express (e.g. q/k/v rows regrouped per kv head); ``inverse`` undoes it (for ``unapply``).
     """
 
     key: str | tuple[str, ...]
@@ -34,6 +34,7 @@ class TensorSpec:
     reshape: tuple[int, ...] | None = None
     concat_axis: int | None = None
     fn: Callable[[np.ndarray], np.ndarray] | None = None
+    inverse: Callable[[np.ndarray], np.ndarray] | None = None
 
     @property
     def keys(self) -> tuple[str, ...]:
@@ -62,6 +63,10 @@ class TensorSpec:
         keys = self.keys
         if len(shapes) != len(keys):
             raise ValueError(f"{len(keys)} keys but {len(shapes)} shapes")
+        if self.fn is not None:
+            if self.inverse is None:
+                raise ValueError(f"the layout change of {keys[0]!r} has no inverse")
+            value = self.inverse(np.asarray(value))
         # the shape of each tensor after its transpose, i.e. as apply sees it before joining
         inverse = None if self.transpose is None else tuple(np.argsort(self.transpose))
         moved = [tuple(s) if self.transpose is None else tuple(s[i] for i in self.transpose) for s in shapes]

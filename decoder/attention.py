@@ -12,6 +12,7 @@ from typing import NamedTuple
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 from flax import nnx
 
 from common.linear import Linear, matmul_oi, param
@@ -57,27 +58,32 @@ class KV(NamedTuple):
 
 
 def grouped_qkv(spec: AttentionSpec):
-    """The layout change from torch's concatenated q, k, v projection rows [(N + 2K) * H, ...] (k, v absent for a
-    sharing layer, v absent when k == v) to the fused per-kv-head kernel [K * repeat, (G + rows) * H, ...]: each
-    held kv head's query heads, then its key and value rows (repeated kv heads each get a copy)."""
+    """(regroup, ungroup): the layout change from torch's concatenated q, k, v projection rows [(N + 2K) * H, ...]
+    (k, v absent for a sharing layer, v absent when k == v) to the fused per-kv-head kernel
+    [K * repeat, (G + rows) * H, ...] (each held kv head's query heads, then its key and value rows; repeated kv
+    heads each get a copy), and back."""
     n, kh, h, r = spec.num_heads, spec.num_kv_heads, spec.head_dim, spec.kv_repeat
-    own, k_eq_v = spec.kv_source is None, spec.k_eq_v
+    kv_rows = 0 if spec.kv_source is not None else 1 if spec.k_eq_v else 2
+    g = n // (kh * r)
 
     def regroup(a):
-        import numpy as np
-
         rest = a.shape[1:]
-        parts = [a[:n * h].reshape(kh, r, n // (kh * r), h, *rest)]
-        offset = n * h
-        for _ in range(0 if not own else 1 if k_eq_v else 2):
-            kv = a[offset:offset + kh * h].reshape(kh, 1, 1, h, *rest)
-            parts.append(np.broadcast_to(kv, (kh, r, 1, h, *rest)))
-            offset += kh * h
-        if offset != a.shape[0]:
+        if a.shape[0] != (n + kv_rows * kh) * h:
             raise ValueError(f"q/k/v rows {a.shape[0]} do not match {n} heads, {kh} kv heads of {h}")
+        parts = [a[:n * h].reshape(kh, r, g, h, *rest)]
+        for i in range(kv_rows):
+            kv = a[(n + i * kh) * h:(n + (i + 1) * kh) * h].reshape(kh, 1, 1, h, *rest)
+            parts.append(np.broadcast_to(kv, (kh, r, 1, h, *rest)))
         return np.concatenate(parts, axis=2).reshape(kh * r, -1, *rest)
 
-    return regroup
+    def ungroup(a):
+        rest = a.shape[2:]
+        a = a.reshape(kh, r, g + kv_rows, h, *rest)
+        rows = [a[:, :, :g].reshape(n * h, *rest)]
+        rows += [a[:, 0, g + i].reshape(kh * h, *rest) for i in range(kv_rows)]  # the first copy of each kv head
+        return np.concatenate(rows, axis=0)
+
+    return regroup, ungroup
 
 
 def temperature_scale(pos_BL: jax.Array, floor_scale: float, attn_scale: float) -> jax.Array:

@@ -16,25 +16,27 @@ def qkv_map(spec: DecoderSpec, i: int, attn_prefix: str) -> dict:
     att = spec.layers[i].attention
     names = ["q_proj"] if att.kv_source is not None else ["q_proj", "k_proj"] if att.k_eq_v else \
         ["q_proj", "k_proj", "v_proj"]
+    regroup, ungroup = grouped_qkv(att)
     out = {("attn", "qkv"): TensorSpec(tuple(f"{attn_prefix}{n}.weight" for n in names), concat_axis=0,
-                                       fn=grouped_qkv(att))}
+                                       fn=regroup, inverse=ungroup)}
     if att.bias:
         out[("attn", "qkv_bias")] = TensorSpec(tuple(f"{attn_prefix}{n}.bias" for n in names), concat_axis=0,
-                                               fn=grouped_qkv(att))
+                                               fn=regroup, inverse=ungroup)
         out[("attn", "o_proj", "bias")] = plain(f"{attn_prefix}o_proj.bias")
     out[("attn", "o_proj", "kernel")] = linear(f"{attn_prefix}o_proj")
     return out
 
 
 def interleave_gate_up(stacked_2ID):
-    """[2, I, D] (gate, up) -> [I, 2, D]: row i's gate and up projections side by side (GatedMLP's layout)."""
+    """[2, I, D] (gate, up) -> [I, 2, D]: row i's gate and up projections side by side (GatedMLP's layout); its own
+    inverse."""
     return stacked_2ID.transpose(1, 0, 2)
 
 
 def gated_mlp_map(prefix: str, gate: str = "gate_proj", up: str = "up_proj", down: str = "down_proj") -> dict:
     """A GatedMLP (paths relative to it) from separate torch gate / up / down Linear weights."""
     return {("gate_up_proj",): TensorSpec((f"{prefix}{gate}.weight", f"{prefix}{up}.weight"),
-                                          fn=interleave_gate_up),
+                                          fn=interleave_gate_up, inverse=interleave_gate_up),
             ("down_proj", "kernel"): linear(f"{prefix}{down}")}
 
 
