@@ -86,10 +86,8 @@ class DecoderModel(nnx.Module):
         self.layers = nnx.List([BLOCKS[layer.block](layer, spec, rngs=rngs) for layer in spec.layers])
         self.final_norm = RMSNorm(spec.hidden_size, eps=spec.rms_norm_eps, plus_one=spec.norm_plus_one,
                                   axis_name="embed")
-        self.layer_inputs = None
-        if spec.layer_inputs is not None:
-            name, _ = spec.layer_inputs
-            self.layer_inputs = LAYER_INPUTS[name](spec, rngs=rngs)
+        # one assignment: an NNX attribute first set to None would stay static and refuse the module
+        self.layer_inputs = None if spec.layer_inputs is None else LAYER_INPUTS[spec.layer_inputs[0]](spec, rngs=rngs)
 
     # ---- pieces --------------------------------------------------------------------------------------------
     def rope_tables(self, rope_pos_ABL: jax.Array) -> dict:

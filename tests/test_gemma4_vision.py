@@ -56,7 +56,8 @@ class _Loaded:
 
     def __call__(self, images, params=None):
         inputs = collate([process_image(im, self.image_cfg) for im in images], self.image_cfg)
-        features, valid = self.fn(self.params if params is None else params, inputs)
+        features, valid, extras = self.fn(self.params if params is None else params, inputs)
+        assert extras == ()
         return np.asarray(features), np.asarray(valid), inputs
 
 

@@ -10,6 +10,8 @@ from app.families.spec import FamilySpec
 # config.json "model_type" -> the module in app/families holding that family's SPEC
 MODEL_TYPES = {
     "gemma3": "gemma3",
+    "gemma4": "gemma4",
+    "gemma4_text": "gemma4",
     "qwen3_omni_moe": "qwen3_omni",
     "qwen3_omni_moe_thinker": "qwen3_omni",
 }
