@@ -82,7 +82,7 @@ class DecoderModel(nnx.Module):
     def __init__(self, spec: DecoderSpec, *, rngs: nnx.Rngs):
         self.spec = spec
         self.embedder = Embedder(spec.vocab_size, spec.hidden_size, embed_scale=spec.embed_scale,
-                                 tie=spec.tie_embeddings, rngs=rngs)
+                                 tie=spec.tie_embeddings, substitutes=spec.embed_substitutes, rngs=rngs)
         self.layers = nnx.List([BLOCKS[layer.block](layer, spec, rngs=rngs) for layer in spec.layers])
         self.final_norm = RMSNorm(spec.hidden_size, eps=spec.rms_norm_eps, plus_one=spec.norm_plus_one,
                                   axis_name="embed")

@@ -130,7 +130,8 @@ def kv_sources(kinds: tuple[str, ...], shared: int) -> tuple[int | None, ...]:
 
 def decoder_config(tc: dict, placeholder_ids: tuple[int, ...] = ()) -> DecoderSpec:
     """Gemma 4's text decoder from a text config dict (see the module docstring). ``placeholder_ids``: media
-    placeholder ids the per-layer embeddings read as the pad id."""
+    placeholder ids the token embeddings and the per-layer embeddings read as the pad id (the multimodal reference
+    replaces them so before embedding; prompt positions then take the media features)."""
     get = config_getter(tc, TEXT_DEFAULTS)
     bidirectional = tc.get("use_bidirectional_attention")
     if bidirectional == "all":
@@ -165,17 +166,19 @@ def decoder_config(tc: dict, placeholder_ids: tuple[int, ...] = ()) -> DecoderSp
         wide = 2 if get("use_double_wide_mlp") and sources[i] is not None else 1
         ffn = FeedForwardSpec("dense", int(get("intermediate_size")) * wide, act)
         layers.append(LayerSpec(attention, ffn, block="gemma4", options=(("moe", moe), ("layer_input", width))))
+    pad = int(get("pad_token_id") or 0)
     layer_inputs = None
     if width:
         layer_inputs = ("gemma4", (("width", width), ("vocab_size", int(get("vocab_size_per_layer_input"))),
-                                   ("pad_id", int(get("pad_token_id") or 0)),
+                                   ("pad_id", pad),
                                    ("placeholder_ids", tuple(placeholder_ids))))
     cap = get("final_logit_softcapping")
     return DecoderSpec(
         vocab_size=int(get("vocab_size")), hidden_size=hidden, layers=tuple(layers),
         rms_norm_eps=float(get("rms_norm_eps")), norm_plus_one=False,
         embed_scale=float(np.float32(hidden ** 0.5)), final_logit_softcap=None if cap is None else float(cap),
-        tie_embeddings=bool(get("tie_word_embeddings")), layer_inputs=layer_inputs)
+        tie_embeddings=bool(get("tie_word_embeddings")), layer_inputs=layer_inputs,
+        embed_substitutes=tuple((int(t), pad) for t in placeholder_ids))
 
 
 def parse_config(hf: dict) -> ModelConfig:
