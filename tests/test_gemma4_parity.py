@@ -151,28 +151,37 @@ def _close(ours: np.ndarray, ref: np.ndarray, rel: float = 1e-5) -> float:
 
 @pytest.mark.parametrize("kind", ["small", "moe"])
 def test_vision_features_parity(models, prepared, kind):
+    """The images of all the folder's cases in one batch (several sizes and aspect ratios) against the reference."""
     pipe, model, _ = models[kind]
-    ours, ref = prepared[kind, "two_images"]
-    features, valid, extras = (np.asarray(a) if not isinstance(a, tuple) else a
-                               for a in pipe.engine.encode({"image": ours.media["image"]})["image"])
+    cases = [c for c in (SMALL if kind == "small" else MOE) if "pixel_values" in prepared[kind, c][1]]
+    items = [item for c in cases for item in prepared[kind, c][0].media["image"]]
+    assert len(items) >= 4 and len({item.size for item in items}) >= 3
+    features, valid, extras = pipe.engine.encode({"image": items})["image"]
     assert extras == ()
+    expected = []
     with torch.no_grad():
-        out = model.model.get_image_features(ref["pixel_values"], ref["image_position_ids"])
-    _close(features[valid], np.concatenate([t.numpy() for t in out.pooler_output]))
+        for c in cases:
+            ref = prepared[kind, c][1]
+            out = model.model.get_image_features(ref["pixel_values"], ref["image_position_ids"])
+            expected += [t.numpy() for t in out.pooler_output]
+    _close(np.asarray(features)[np.asarray(valid)], np.concatenate(expected))
 
 
 def test_audio_features_parity(models, prepared):
+    """The clips of two cases in one batch against the reference, clip by clip."""
     pipe, model, _ = models["small"]
-    clips = [clip(1, 1.2), clip(3, 0.9)]  # one 128-frame bucket, as in the batched cases
-    messages = user(clips[0], "and", clips[1], "Which is longer?")
-    ours = pipe.prepare(messages)
-    ref = hf_inputs(models["small"][2], messages)
-    features, valid, _ = pipe.engine.encode({"audio": ours.media["audio"]})["audio"]
+    cases = ["audio", "image_audio"]
+    items = [item for c in cases for item in prepared["small", c][0].media["audio"]]
+    features, valid, _ = pipe.engine.encode({"audio": items})["audio"]
+    expected = []
     with torch.no_grad():
-        out = model.model.get_audio_features(ref["input_features"], ref["input_features_mask"])
-    expected = out.pooler_output[out.attention_mask].numpy()
-    _close(np.asarray(features)[np.asarray(valid)], expected)
-    assert len(expected) == int((ours.token_ids == pipe.config.media_token_id("audio")).sum())
+        for c in cases:
+            ref = prepared["small", c][1]
+            out = model.model.get_audio_features(ref["input_features"], ref["input_features_mask"])
+            expected.append(out.pooler_output[out.attention_mask].numpy())
+    _close(np.asarray(features)[np.asarray(valid)], np.concatenate(expected))
+    tokens = sum(int((prepared["small", c][0].token_ids == pipe.config.media_token_id("audio")).sum()) for c in cases)
+    assert tokens == sum(len(e) for e in expected)
 
 
 # ---- decoder -------------------------------------------------------------------------------------------------
@@ -215,35 +224,44 @@ def _through_eos(tokens: list[int], eos) -> list[int]:
 
 
 @pytest.fixture(scope="module")
-def alone():
-    """{(kind, case): our GenerationResult of the prompt generated alone}, filled by the greedy test."""
-    return {}
+def generated(models, prepared):
+    """{kind: (16 greedy tokens per case past any EOS, the API's answers)}: every case of the folder in one batch
+    (text, image, audio, several images, the long prompt side by side), through ``Engine.generate`` and
+    ``Pipeline.generate`` (one compiled program)."""
+    out = {}
+    for kind in ("small", "moe"):
+        pipe = models[kind][0]
+        cases = SMALL if kind == "small" else MOE
+        full = pipe.engine.generate([prepared[kind, c][0] for c in cases], NEW, SamplingParams(), ignore_eos=True)
+        answers = pipe.generate([CASES[c] for c in cases], max_new_tokens=NEW)
+        out[kind] = {c: (row.tolist(), answer) for c, row, answer in zip(cases, full, answers)}
+    return out
 
 
 @pytest.mark.parametrize("kind,case", PARAMS)
-def test_greedy_tokens_equal_transformers(models, prepared, alone, kind, case):
-    """16 greedy tokens past any EOS (both sides keep going), and the API's answer ends at the first EOS."""
+def test_greedy_tokens_equal_transformers(models, prepared, generated, kind, case):
+    """16 greedy tokens past any EOS (both sides keep going), and the API's answer ends at the first EOS; ours come
+    from a batch of mixed prompts, the reference's from the prompt alone."""
     pipe, model, _ = models[kind]
-    ours, inputs = prepared[kind, case]
+    _, inputs = prepared[kind, case]
     ref = _reference_tokens(model, inputs, eos_token_id=None)
     assert len(ref) == NEW
-    full = pipe.engine.generate([ours], NEW, SamplingParams(), ignore_eos=True)[0].tolist()
+    full, answer = generated[kind][case]
     assert full == ref
-    alone[kind, case] = pipe.generate(CASES[case], max_new_tokens=NEW)
-    assert alone[kind, case].token_ids == _through_eos(ref, pipe.config.eos_ids)
+    assert answer.token_ids == _through_eos(ref, pipe.config.eos_ids)
+    assert answer.finish_reason == ("eos" if len(answer.token_ids) < NEW or ref[-1] in pipe.config.eos_ids
+                                    else "length")
 
 
-@pytest.mark.parametrize("kind", ["small", "moe"])
-def test_batch_of_mixed_prompts_equals_each_alone(models, alone, kind):
-    """Every case of the folder in one batch (text, image, audio, several images, the long prompt)."""
+@pytest.mark.parametrize("kind,cases", [("small", ["text", "image_audio"]),
+                                        ("moe", ["image", "long_image"])])
+def test_batch_of_mixed_prompts_equals_each_alone(models, generated, kind, cases):
     pipe = models[kind][0]
-    cases = SMALL if kind == "small" else MOE
     for case in cases:
-        if (kind, case) not in alone:
-            alone[kind, case] = pipe.generate(CASES[case], max_new_tokens=NEW)
-    batch = pipe.generate([CASES[c] for c in cases], max_new_tokens=NEW)
-    assert [r.token_ids for r in batch] == [alone[kind, c].token_ids for c in cases]
-    assert [r.text for r in batch] == [alone[kind, c].text for c in cases]
+        alone = pipe.generate(CASES[case], max_new_tokens=NEW)
+        batched = generated[kind][case][1]
+        assert (alone.token_ids, alone.text, alone.finish_reason) == \
+            (batched.token_ids, batched.text, batched.finish_reason)
 
 
 def test_kv_shared_layers_allocate_no_cache(models, prepared):
