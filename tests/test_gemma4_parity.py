@@ -16,7 +16,6 @@ import pytest
 import torch
 from PIL import Image
 
-import gemma4_checkpoint as g4
 from app.sampling import SamplingParams
 from common.errors import CheckpointError, MediaError, PromptError
 
