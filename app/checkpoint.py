@@ -277,7 +277,7 @@ def load_params(index: TensorSource, params: dict[ParamPath, tuple[tuple, tuple]
                                   f"expected {list(shape)} for parameter {'/'.join(map(str, path))}")
         if not np.issubdtype(array.dtype, np.floating) and array.dtype != ml_dtypes.bfloat16:
             raise CheckpointError(f"tensor {name!r} has non-float dtype {array.dtype}")
-        array = np.ascontiguousarray(array.astype(target, copy=False))
+        array = np.ascontiguousarray(array.astype(target, copy=False)).reshape(shape)  # (0-d stays 0-d)
         sharding = named_sharding(axes, shape, mesh)
         value = jax.make_array_from_callback(shape, sharding, lambda idx, a=array: a[idx])
         del array

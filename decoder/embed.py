@@ -11,15 +11,19 @@ from common.linear import param
 
 class Embedder(nnx.Module):
     def __init__(self, vocab_size: int, hidden: int, *, embed_scale: float = 1.0, tie: bool = True,
-                 rngs: nnx.Rngs):
+                 substitutes: tuple[tuple[int, int], ...] = (), rngs: nnx.Rngs):
         self.vocab_size = vocab_size
         self.embed_scale = embed_scale
+        self.substitutes = tuple(substitutes)  # (token id, id whose row it reads)
         self.embedding = param(rngs, (vocab_size, hidden), ("vocab", "embed"))
         self.lm_head = None if tie else param(rngs, (vocab_size, hidden), ("vocab", "embed"))  # torch layout
 
     def encode(self, tokens_BL: jax.Array) -> jax.Array:
-        """Scaled embeddings [batch, seq, hidden]; ids outside the table (media placeholders) read row 0."""
+        """Scaled embeddings [batch, seq, hidden]; ids outside the table (media placeholders) read row 0, and each
+        ``substitutes`` id reads its substitute's row."""
         table = self.embedding[...]
+        for token, row in self.substitutes:
+            tokens_BL = jnp.where(tokens_BL == token, row, tokens_BL)
         safe = jnp.where((tokens_BL >= 0) & (tokens_BL < self.vocab_size), tokens_BL, 0)
         x = jnp.take(table, safe, axis=0)
         return x * jnp.asarray(self.embed_scale, jnp.float32).astype(table.dtype)

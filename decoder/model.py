@@ -82,14 +82,12 @@ class DecoderModel(nnx.Module):
     def __init__(self, spec: DecoderSpec, *, rngs: nnx.Rngs):
         self.spec = spec
         self.embedder = Embedder(spec.vocab_size, spec.hidden_size, embed_scale=spec.embed_scale,
-                                 tie=spec.tie_embeddings, rngs=rngs)
+                                 tie=spec.tie_embeddings, substitutes=spec.embed_substitutes, rngs=rngs)
         self.layers = nnx.List([BLOCKS[layer.block](layer, spec, rngs=rngs) for layer in spec.layers])
         self.final_norm = RMSNorm(spec.hidden_size, eps=spec.rms_norm_eps, plus_one=spec.norm_plus_one,
                                   axis_name="embed")
-        self.layer_inputs = None
-        if spec.layer_inputs is not None:
-            name, _ = spec.layer_inputs
-            self.layer_inputs = LAYER_INPUTS[name](spec, rngs=rngs)
+        # one assignment: an NNX attribute first set to None would stay static and refuse the module
+        self.layer_inputs = None if spec.layer_inputs is None else LAYER_INPUTS[spec.layer_inputs[0]](spec, rngs=rngs)
 
     # ---- pieces --------------------------------------------------------------------------------------------
     def rope_tables(self, rope_pos_ABL: jax.Array) -> dict:

@@ -208,7 +208,9 @@ class DecoderSpec:
     norm_plus_one: RMSNorm scales by (1 + w) (Gemma 3) instead of w. embed_scale: token embeddings (not media
     features) are multiplied by it. deepstack_layers: extra media feature maps are added after layers
     0..deepstack_layers-1. layer_inputs: a registered per-layer input provider (e.g. per-layer token embeddings)
-    and its settings, or None.
+    and its settings, or None. embed_substitutes: (token id, id whose embedding row it reads) pairs, for token ids
+    the reference embeds as another token (e.g. a media placeholder read as the pad token when the model itself
+    generates it).
     """
 
     vocab_size: int
@@ -221,6 +223,7 @@ class DecoderSpec:
     tie_embeddings: bool = True
     deepstack_layers: int = 0
     layer_inputs: tuple[str, tuple[tuple[str, object], ...]] | None = None
+    embed_substitutes: tuple[tuple[int, int], ...] = ()
 
     def __post_init__(self):
         if not self.layers:

@@ -3,13 +3,14 @@
 
 ``Gemma4AudioEncoder`` is what the model runs: ``collate(items)`` (host side, :mod:`encoders.gemma4_audio_batch`)
 gives ``{"features": [clips, F, mels], "num_frames": [clips]}`` and the module maps that to ``(features [clips *
-F/4, text_hidden], valid [clips * F/4] bool)``; clip c's tokens are rows c*F/4 .. c*F/4 + tokens_c - 1, so the
+F/4, text_hidden], valid [clips * F/4] bool, ())``; clip c's tokens are rows c*F/4 .. c*F/4 + tokens_c - 1, so the
 j-th valid row is the j-th ``<|audio|>`` placeholder's. Lengths are data: every clip count and length inside one
 (clip bucket, frame bucket) pair runs the same compiled program, and the valid rows do not depend on the padding.
 
 Tower: frames valid iff index < num_frames -> ``Subsampling`` (two stride-2 convs, validity ``[::2][::2]``) ->
 ``num_hidden_layers`` x ``ConformerLayer`` (keys limited to valid tokens) -> ``output_proj`` (with bias).
-Embedder: weightless RMSNorm (eps ``rms_norm_eps``) -> ``embedding_projection`` (no bias).
+Embedder (``encoders.gemma4_embedder``, shared with the vision tower): weightless RMSNorm (eps
+``rms_norm_eps``) -> ``embedding_projection`` (no bias).
 
 Parameter tree of ``Gemma4AudioEncoder`` <- checkpoint keys (``model.audio_tower.`` / ``model.embed_audio.``)::
 
@@ -26,12 +27,12 @@ import jax.numpy as jnp
 from flax import nnx
 
 from common.linear import Linear
-from common.norms import rms_norm
 from common.weights import ParamPath, TensorSpec, linear, plain, prefixed
 from encoders.gemma4_audio_attention import relative_position_embeddings
 from encoders.gemma4_audio_batch import collate
 from encoders.gemma4_audio_conformer import ConformerLayer, Subsampling, conformer_layer_map, subsampling_map
 from encoders.gemma4_audio_config import Gemma4AudioEncoderConfig
+from encoders.gemma4_embedder import MultimodalEmbedder, multimodal_embedder_map
 
 
 class Gemma4AudioTower(nnx.Module):
@@ -54,33 +55,24 @@ class Gemma4AudioTower(nnx.Module):
         return self.output_proj(x), valid
 
 
-class Gemma4AudioEmbedder(nnx.Module):
-    """Soft tokens [..., output_proj_dims] -> text embeddings [..., text_hidden_size]."""
-
-    def __init__(self, cfg: Gemma4AudioEncoderConfig, *, rngs: nnx.Rngs):
-        self.eps = cfg.rms_norm_eps
-        self.projection = Linear(cfg.output_proj_dims, cfg.text_hidden_size, axes=(None, "embed"), rngs=rngs)
-
-    def __call__(self, x: jax.Array) -> jax.Array:
-        return self.projection(rms_norm(x, None, eps=self.eps, plus_one=False))
-
-
 class Gemma4AudioEncoder(nnx.Module):
-    """Batched clips from :func:`collate` -> (features [clips * F/4, text_hidden], valid [clips * F/4] bool)."""
+    """Batched clips from :func:`collate` -> (features [clips * F/4, text_hidden], valid [clips * F/4] bool, no
+    extra feature maps)."""
 
     collate = staticmethod(collate)
 
     def __init__(self, cfg: Gemma4AudioEncoderConfig, *, rngs: nnx.Rngs):
         self.tower = Gemma4AudioTower(cfg, rngs=rngs)
-        self.embedder = Gemma4AudioEmbedder(cfg, rngs=rngs)
+        self.embedder = MultimodalEmbedder(cfg.output_proj_dims, cfg.text_hidden_size, eps=cfg.rms_norm_eps,
+                                           axis_in=None, rngs=rngs)
 
-    def __call__(self, inputs: dict) -> tuple[jax.Array, jax.Array]:
+    def __call__(self, inputs: dict) -> tuple[jax.Array, jax.Array, tuple]:
         features_BTM, num_frames_B = inputs["features"], inputs["num_frames"]
         b, t, _ = features_BTM.shape
         valid_BT = jnp.arange(t, dtype=jnp.int32)[None, :] < num_frames_B.astype(jnp.int32)[:, None]
         hidden, valid = self.tower(features_BTM, valid_BT)
         embeds = self.embedder(hidden)
-        return embeds.reshape(b * embeds.shape[1], embeds.shape[2]), valid.reshape(-1)
+        return embeds.reshape(b * embeds.shape[1], embeds.shape[2]), valid.reshape(-1), ()
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -101,8 +93,9 @@ def gemma4_audio_tower_weight_map(cfg: Gemma4AudioEncoderConfig,
 
 def gemma4_audio_embedder_weight_map(cfg: Gemma4AudioEncoderConfig,
                                      key_prefix: str = "model.embed_audio.") -> dict[ParamPath, TensorSpec]:
-    """Every parameter of ``Gemma4AudioEmbedder`` -> its checkpoint tensor under ``key_prefix``."""
-    return {("projection", "kernel"): linear(f"{key_prefix}embedding_projection")}
+    """Every parameter of the audio embedder (a ``MultimodalEmbedder``) -> its checkpoint tensor under
+    ``key_prefix``."""
+    return multimodal_embedder_map((), key_prefix.rstrip("."))
 
 
 def gemma4_audio_weight_map(cfg: Gemma4AudioEncoderConfig, key_prefix: str = "model.") -> dict[ParamPath, TensorSpec]:

@@ -1,8 +1,15 @@
-"""Gemma 4's clippable linear (``Gemma4ClippableLinear``): a bias-free linear whose input and output are clamped to
-bounds stored in the checkpoint (scalars; +-inf when unused) when the config sets ``use_clipped_linears``.
+"""Gemma 4's clippable linear layer (``Gemma4ClippableLinear``), the projections of both the vision and the audio
+towers.
 
-Parameter tree: ``kernel`` [out, in] (torch layout), and with clipping the scalars ``input_min``, ``input_max``,
-``output_min``, ``output_max`` (shape ()). Checkpoint keys: ``{key}.linear.weight`` and ``{key}.input_min`` ...
+y = clamp(clamp(x, input_min, input_max) @ W.T, output_min, output_max), no bias (``torch.clamp``: max with the low
+bound first, then min with the high one). The four bounds are scalar tensors of the checkpoint (``{key}.input_min``
+...), present when the tower's config sets ``use_clipped_linears``; without it the layer is a plain linear
+(``{key}.linear.weight`` only).
+
+Parameter tree (paths relative to the module)::
+
+    ("kernel",)                                          [out, in]   <- {key}.linear.weight
+    ("input_min",) ("input_max",) ("output_min",) ("output_max",)   []   <- {key}.input_min ... (clipped only)
 """
 
 from __future__ import annotations
@@ -17,10 +24,17 @@ from common.weights import ParamPath, TensorSpec, linear, plain
 CLIP_BOUNDS = ("input_min", "input_max", "output_min", "output_max")
 
 
-class ClippableLinear(nnx.Module):
-    """y = clip(clip(x, input_min, input_max) @ kernel.T, output_min, output_max); x [..., in] -> [..., out].
+def _clamp(x: jax.Array, low: jax.Array, high: jax.Array) -> jax.Array:
+    """torch.clamp(x, low, high): max with low first, then min with high."""
+    return jnp.minimum(jnp.maximum(x, low.astype(x.dtype)), high.astype(x.dtype))
 
-    ``axes`` names the (in, out) dimensions, as for ``common.linear.Linear``."""
+
+class ClippableLinear(nnx.Module):
+    """x [..., in] -> [..., out]; kernel [out, in] (torch's layout) with logical axes ``axes`` given as (in, out),
+    as for ``common.linear.Linear``.
+
+    ``clipped``: whether the four scalar bounds exist (they start at -inf / +inf and are loaded from the
+    checkpoint)."""
 
     def __init__(self, in_features: int, out_features: int, *, clipped: bool,
                  axes: tuple[str | None, str | None], rngs: nnx.Rngs):
@@ -34,16 +48,16 @@ class ClippableLinear(nnx.Module):
 
     def __call__(self, x: jax.Array) -> jax.Array:
         if self.clipped:
-            x = jnp.clip(x, self.input_min[...].astype(x.dtype), self.input_max[...].astype(x.dtype))
+            x = _clamp(x, self.input_min[...], self.input_max[...])
         y = matmul_oi(x, self.kernel[...])
         if self.clipped:
-            y = jnp.clip(y, self.output_min[...].astype(y.dtype), self.output_max[...].astype(y.dtype))
+            y = _clamp(y, self.output_min[...], self.output_max[...])
         return y
 
 
 def clippable_linear_map(path: ParamPath, key: str, clipped: bool) -> dict[ParamPath, TensorSpec]:
-    """A ``ClippableLinear`` at ``path`` <- ``{key}.linear.weight`` (and ``{key}.input_min`` ... with clipping)."""
-    m = {path + ("kernel",): linear(f"{key}.linear")}
+    """A ``ClippableLinear`` at ``path`` <- ``{key}.linear.weight`` (and ``{key}.input_min`` ... when clipped)."""
+    m: dict[ParamPath, TensorSpec] = {path + ("kernel",): linear(f"{key}.linear")}
     if clipped:
         m.update({path + (name,): plain(f"{key}.{name}") for name in CLIP_BOUNDS})
     return m

@@ -10,9 +10,13 @@ Encoder contract (what the integrator calls):
   power of two (padding images have no patches and 0 soft tokens). True sizes are data, so new image sizes and
   aspect ratios reuse one compiled program; only a new N bucket compiles again.
 * :class:`Gemma4VisionEncoder` ``(inputs) -> (features [N * max_soft_tokens, text_hidden], valid [N *
-  max_soft_tokens] bool)``: rows image-major, image i's soft tokens in rows ``i * max_soft_tokens + j`` for ``j <
-  num_soft_tokens[i]`` (row-major over its pooled grid); ``valid`` is False (and the row zero) for the rest. The
-  j-th valid row is what the j-th ``<|image|>`` placeholder of the prompt receives.
+  max_soft_tokens] bool, ())``: rows image-major, image i's soft tokens in rows ``i * max_soft_tokens + j`` for
+  ``j < num_soft_tokens[i]`` (row-major over its pooled grid); ``valid`` is False (and the row zero) for the rest.
+  The j-th valid row is what the j-th ``<|image|>`` placeholder of the prompt receives.
+* ``Gemma4VisionEncoder.collate(items)``: :func:`collate` with the patch budget of the smallest supported soft-token
+  budget (:data:`preprocess.gemma4_image.SUPPORTED_SOFT_TOKENS`) that holds the batch's largest image
+  (:func:`budget_for`): a batch of small images runs a small program, and the result does not depend on the
+  budget (padding patches are masked out and pool into nothing).
 
 Per image (the reference's steps):
 
@@ -61,9 +65,9 @@ from common.errors import CheckpointError, MediaError
 from common.linear import Linear, param
 from common.norms import RMSNorm, rms_norm
 from common.weights import ParamPath, TensorSpec, linear, plain
-from encoders.gemma4_clippable import ClippableLinear, clippable_linear_map
+from encoders.gemma4_clippable_linear import ClippableLinear, clippable_linear_map
 from encoders.gemma4_embedder import MultimodalEmbedder, multimodal_embedder_map
-from preprocess.gemma4_image import Gemma4ImageConfig, Gemma4ImagePatches
+from preprocess.gemma4_image import SUPPORTED_SOFT_TOKENS, Gemma4ImageConfig, Gemma4ImagePatches
 
 # Queries are attended in blocks of this many patches when an image has more, so that the scores of one layer take
 # batch x heads x block x max_patches values instead of batch x heads x max_patches**2.
@@ -206,6 +210,19 @@ def collate(items: Sequence[Gemma4ImagePatches], image_cfg: Gemma4ImageConfig) -
         position_ids[i, :rows] = item.position_ids
         num_soft_tokens[i] = item.num_soft_tokens
     return {"pixel_values": pixel_values, "position_ids": position_ids, "num_soft_tokens": num_soft_tokens}
+
+
+def budget_for(items: Sequence[Gemma4ImagePatches], cfg: Gemma4VisionConfig) -> Gemma4ImageConfig:
+    """The image settings whose padded patch budget batches ``items``: the tower's patch and pooling sizes and the
+    smallest supported ``max_soft_tokens`` holding the largest item. Raises ``MediaError`` when an item has more
+    soft tokens than the largest supported budget."""
+    largest = max((int(item.num_soft_tokens) for item in items), default=0)
+    for budget in SUPPORTED_SOFT_TOKENS:
+        if largest <= budget:
+            return Gemma4ImageConfig(patch_size=cfg.patch_size, pooling_kernel_size=cfg.pooling_kernel_size,
+                                     max_soft_tokens=budget)
+    raise MediaError(f"an image of {largest} soft tokens is above the largest supported budget of "
+                     f"{SUPPORTED_SOFT_TOKENS[-1]}")
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -358,9 +375,15 @@ class Gemma4VisionEncoder(nnx.Module):
         self.embedder = MultimodalEmbedder(d, cfg.text_hidden_size, eps=cfg.rms_norm_eps, axis_in="vision_embed",
                                            rngs=rngs)
 
-    def __call__(self, inputs: dict) -> tuple[jax.Array, jax.Array]:
+    def collate(self, items: Sequence[Gemma4ImagePatches]) -> dict[str, np.ndarray]:
+        """The images of a batch (in placeholder order) as this encoder's inputs, at the budget
+        :func:`budget_for` picks (host side; see the module docstring)."""
+        return collate(items, budget_for(items, self.cfg))  # the module-level function
+
+    def __call__(self, inputs: dict) -> tuple[jax.Array, jax.Array, tuple]:
         """inputs: :func:`collate`'s dict (``num_soft_tokens`` is not needed: validity follows from the positions).
-        Returns (features [N * L, text_hidden] in the weights' dtype, valid [N * L] bool), L = max_patches / k**2."""
+        Returns (features [N * L, text_hidden] in the weights' dtype, valid [N * L] bool, no extra feature maps),
+        L = max_patches / k**2."""
         cfg = self.cfg
         pixel_values, positions = inputs["pixel_values"], inputs["position_ids"]
         if pixel_values.ndim != 3 or pixel_values.shape[2] != cfg.patch_dim:
@@ -396,7 +419,7 @@ class Gemma4VisionEncoder(nnx.Module):
             pooled = (pooled - self.std_bias[...].astype(jnp.float32)) * self.std_scale[...].astype(jnp.float32)
         features = self.embedder(pooled.astype(dtype))
         features = jnp.where(valid[..., None], features, 0).astype(dtype)
-        return features.reshape(b * output_length, -1), valid.reshape(b * output_length)
+        return features.reshape(b * output_length, -1), valid.reshape(b * output_length), ()
 
 
 def gemma4_vision_weight_map(cfg: Gemma4VisionConfig, key_prefix: str = "model.") -> dict[ParamPath, TensorSpec]:

@@ -265,3 +265,37 @@ def llama4_reference(tiny_llama4_dir, llama4_image_paths, tmp_path_factory):
 
     return lr.run_reference(lr.reference_requests(tiny_llama4_dir, llama4_image_paths),
                             tmp_path_factory.mktemp("llama4_reference"))
+
+
+@pytest.fixture(scope="session")
+def hf_gemma4_text(tiny_gemma4_text_dir):
+    """The torch reference ``Gemma4ForCausalLM`` for ``tiny_gemma4_text_dir``: float32, eager attention, eval."""
+    import gemma4_checkpoint as g4
+
+    return g4.load_reference(tiny_gemma4_text_dir)[0]
+
+
+def _gemma4_pipeline(folder):
+    """This package's float32 pipeline for ``folder``, with one prompt / cache length bucket (384: every prompt of
+    the Gemma 4 tests, attended by the blocked backend) so that they share a few compiled programs."""
+    from app.pipeline import Pipeline
+
+    pipe = Pipeline.from_pretrained(folder)
+    pipe.engine.buckets = (384, pipe.engine.max_context)
+    return pipe
+
+
+@pytest.fixture(scope="session")
+def gemma4_small_pipeline(tiny_gemma4_small_dir):
+    """Our pipeline for ``tiny_gemma4_small_dir`` (image + audio); see ``_gemma4_pipeline``."""
+    return _gemma4_pipeline(tiny_gemma4_small_dir)
+
+
+@pytest.fixture(scope="session")
+def gemma4_moe_pipeline(tiny_gemma4_moe_dir):
+    return _gemma4_pipeline(tiny_gemma4_moe_dir)
+
+
+@pytest.fixture(scope="session")
+def gemma4_text_pipeline(tiny_gemma4_text_dir):
+    return _gemma4_pipeline(tiny_gemma4_text_dir)

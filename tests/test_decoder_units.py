@@ -299,3 +299,30 @@ def test_interleaved_rotation_rotates_pairs_as_complex_numbers():
     z = (x[0, 0, 0, 0::2] + 1j * x[0, 0, 0, 1::2]) * np.exp(1j * 3 * rope.inverse_frequencies(8))
     np.testing.assert_allclose(got[0::2], z.real, rtol=1e-5, atol=1e-6)
     np.testing.assert_allclose(got[1::2], z.imag, rtol=1e-5, atol=1e-6)
+
+
+def test_embedding_substitutes_read_their_substitute_row_and_out_of_table_ids_row_zero():
+    from flax import nnx
+
+    from decoder.embed import Embedder
+
+    emb = Embedder(6, 3, embed_scale=2.0, substitutes=((4, 1), (5, 1)), rngs=nnx.Rngs(0))
+    table = np.arange(18, dtype=np.float32).reshape(6, 3)
+    emb.embedding[...] = jnp.asarray(table)
+    x = np.asarray(emb.encode(jnp.asarray([[0, 4, 5, 2, 9]])))
+    np.testing.assert_array_equal(x[0], 2.0 * table[[0, 1, 1, 2, 0]])
+
+
+def test_loaded_scalar_parameters_stay_scalars(tmp_path):
+    import safetensors.numpy
+
+    from app.checkpoint import TensorIndex, load_params
+    from common.sharding import make_mesh
+    from common.weights import plain
+
+    safetensors.numpy.save_file({"s": np.asarray(0.5, np.float32), "v": np.ones(3, np.float32)},
+                                str(tmp_path / "model.safetensors"))
+    params = load_params(TensorIndex(tmp_path), {("s",): ((), ()), ("v",): ((3,), (None,))},
+                         {("s",): plain("s"), ("v",): plain("v")}, dtype="float32",
+                         mesh=make_mesh(1, jax.devices()[:1]))
+    assert params["s"].shape == () and float(params["s"]) == 0.5 and params["v"].shape == (3,)

@@ -129,7 +129,8 @@ def _reference_batch(tower, embedder, clips) -> np.ndarray:
 
 def _run(fn, params, clips):
     inputs = collate(clips)
-    feats, valid = fn(params, inputs)
+    feats, valid, extras = fn(params, inputs)
+    assert extras == ()
     return np.asarray(feats), np.asarray(valid), inputs
 
 
@@ -167,7 +168,7 @@ def test_weight_map_of_a_published_size_config():
         assert tuple(abstract[path].shape) == shapes[spec.key], path
     inputs = {"features": jax.ShapeDtypeStruct((2, 3072, 128), jnp.float32),
               "num_frames": jax.ShapeDtypeStruct((2,), jnp.int32)}
-    feats, valid = _abstract_call(dataclasses.replace(cfg, num_hidden_layers=1), inputs)  # same geometry
+    feats, valid, _ = _abstract_call(dataclasses.replace(cfg, num_hidden_layers=1), inputs)  # same geometry
     assert feats.shape == (2 * 768, 1536) and valid.shape == (2 * 768,) and valid.dtype == jnp.bool_
 
 

@@ -4,6 +4,7 @@ RoPE, position pooling, clipped linears) on their own."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 
 import jax
@@ -18,8 +19,8 @@ from transformers.models.gemma4 import modeling_gemma4 as hf
 from transformers.models.gemma4.configuration_gemma4 import Gemma4VisionConfig as HFVisionConfig
 
 from common.errors import CheckpointError, MediaError
-from encoders.gemma4_vision import (Gemma4VisionConfig, Gemma4VisionEncoder, apply_vision_rope, check_image_config,
-                                    collate, gemma4_vision_weight_map, image_attention, padded_image_count,
+from encoders.gemma4_vision import (Gemma4VisionConfig, Gemma4VisionEncoder, apply_vision_rope, budget_for,
+                                    check_image_config, collate, gemma4_vision_weight_map, image_attention, padded_image_count,
                                     pool_by_position, vision_rope_cos_sin)
 from preprocess.gemma4_image import Gemma4ImageConfig, process_image, process_images
 
@@ -56,7 +57,8 @@ class _Loaded:
 
     def __call__(self, images, params=None):
         inputs = collate([process_image(im, self.image_cfg) for im in images], self.image_cfg)
-        features, valid = self.fn(self.params if params is None else params, inputs)
+        features, valid, extras = self.fn(self.params if params is None else params, inputs)
+        assert extras == ()
         return np.asarray(features), np.asarray(valid), inputs
 
 
@@ -221,6 +223,27 @@ def test_collate_pads_to_a_power_of_two(small):
         collate([], small.image_cfg)
     with pytest.raises(MediaError, match="do not fit"):
         collate(items, Gemma4ImageConfig(patch_size=16, max_soft_tokens=70))
+
+
+def test_encoder_collate_picks_the_smallest_budget_and_the_budget_does_not_change_features(small):
+    """``Gemma4VisionEncoder.collate`` pads to the smallest supported soft-token budget that holds the largest image
+    of the batch; a larger budget (more padding patches) gives the same features."""
+    encoder = nnx.merge(small.graphdef, small.params)
+    items = [process_image(_image(50, 80, 1), small.image_cfg), process_image(_image(9, 9, 2), small.image_cfg)]
+    inputs = encoder.collate(items)
+    assert inputs["pixel_values"].shape == (2, 70 * 9, 48)
+    assert budget_for(items, small.cfg).max_soft_tokens == 70
+    big = [dataclasses.replace(items[0], num_soft_tokens=100)]
+    assert budget_for(big, small.cfg).max_soft_tokens == 140
+    with pytest.raises(MediaError, match="largest supported budget"):
+        budget_for([dataclasses.replace(items[0], num_soft_tokens=1121)], small.cfg)
+    features, valid, _ = small.fn(small.params, inputs)
+    wide = collate(items, small.image_cfg.with_max_soft_tokens(140))
+    features_wide, valid_wide, _ = small.fn(small.params, wide)
+    rows = np.asarray(valid).sum()
+    assert rows == np.asarray(valid_wide).sum() == sum(it.num_soft_tokens for it in items)
+    np.testing.assert_allclose(np.asarray(features_wide)[np.asarray(valid_wide)],
+                               np.asarray(features)[np.asarray(valid)], rtol=0, atol=1e-5)
 
 
 def test_config_checks(small):

@@ -13,6 +13,8 @@ from app.families.spec import FamilySpec
 MODEL_TYPES = {
     "gemma3": "gemma3",
     "gemma3_text": "gemma3",
+    "gemma4": "gemma4",
+    "gemma4_text": "gemma4",
     "qwen3_omni_moe": "qwen3_omni",
     "qwen3_omni_moe_thinker": "qwen3_omni",
 }
