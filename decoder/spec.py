@@ -251,6 +251,11 @@ class DecoderSpec:
         """1 for ordinary positions, 3 for (t, h, w) multimodal positions."""
         return 3 if any(l.attention.rope and l.attention.rope.mrope_section for l in self.layers) else 1
 
+    @property
+    def sliding_window(self) -> int | None:
+        """The largest sliding window of any layer (None when no layer slides)."""
+        return max((l.attention.mask.size for l in self.layers if l.attention.mask.kind == "sliding"), default=None)
+
     def owns_kv(self, i: int) -> bool:
         return self.layers[i].attention.kv_source is None
 

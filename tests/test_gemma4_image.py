@@ -17,6 +17,7 @@ from preprocess.gemma4_image import (Gemma4ImageConfig, aspect_ratio_preserving_
 from preprocess.gemma4_prompt import (Gemma4MediaTokens, audio_replacement, expand_placeholders,
                                       image_replacement)
 from preprocess.prompts import normalize_messages, render_chat
+from preprocess.user_text import encode_prompt
 from preprocess.tokenizer import load_tokenizer
 
 
@@ -261,7 +262,7 @@ def _our_ids(folder, messages, image_cfg, audio_counts=()) -> list[int]:
     counts = [process_image(part["image"], image_cfg).num_soft_tokens
               for m in normalized for part in m["content"] if part["type"] == "image"]
     text = expand_placeholders(text, counts, audio_counts, Gemma4MediaTokens.from_tokenizer(tokenizer))
-    return tokenizer(text, add_special_tokens=False)["input_ids"]
+    return encode_prompt(tokenizer, text).tolist()
 
 
 def _reference(processor, messages, **kwargs):

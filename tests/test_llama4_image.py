@@ -19,6 +19,7 @@ from preprocess.llama4_image import (Llama4ImageConfig, best_canvas, image_tiles
 from preprocess.llama4_prompt import (IMAGE_START, PATCH, Llama4PromptConfig, expand_image_placeholders,
                                       image_prompt, num_patch_tokens)
 from preprocess.prompts import normalize_messages, render_chat
+from preprocess.user_text import encode_prompt
 from preprocess.tokenizer import load_tokenizer
 from llama4_tokenizer import SPECIAL_TOKEN_IDS
 
@@ -254,7 +255,7 @@ def _our_prompt_ids(folder, messages, images):
     tiles = process_images([load_image(p) for p in images], image_cfg) if images else []
     text = expand_image_placeholders(text, [(t.rows, t.cols) for t in tiles],
                                      prompt_cfg.tokens_per_tile(image_cfg.tile_size), prompt_cfg.image_token)
-    ids = np.asarray(tokenizer(text, add_special_tokens=False)["input_ids"])
+    ids = encode_prompt(tokenizer, text)
     return ids, tiles
 
 

@@ -5,7 +5,7 @@ names its tensors with the gguf package's ``TensorNameMap``, stores norm weights
 norms multiply by the weight) and writes each tensor in the ggml type ``types`` picks for it: F32, F16 and BF16
 tensors and Q8_0 / Q4_0 / Q5_0 blocks quantized by ``gguf.quants.quantize``; Q4_K and Q6_K blocks (which the
 gguf package cannot quantize) are random blocks with small scales, so the file's weights are whatever those
-blocks dequantize to. The tokenizer metadata is the tiny default tokenizer's vocabulary (app/default_tokenizer.py).
+blocks dequantize to. The tokenizer metadata is the tiny default tokenizer's vocabulary (app/tiny_gemma3_tokenizer.py).
 """
 
 from __future__ import annotations
@@ -14,7 +14,7 @@ import pathlib
 
 import numpy as np
 
-from app import default_tokenizer as dt
+from app import tiny_gemma3_tokenizer as dt
 
 # Hugging Face config of the tiny text model (rows of 256 so that every block type fits every matrix).
 TINY_TEXT_CONFIG = dict(

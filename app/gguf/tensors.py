@@ -56,6 +56,12 @@ class GGUFTensors:
             raise CheckpointError(f"tensor {key!r} is missing from GGUF file {str(self.file.path)!r}")
         return self.file.tensors[name]
 
+    def check_float(self, keys) -> None:
+        """Every tensor type of the file was checked when it was opened (``check_types``: float and quantized
+        types only, which dequantize to floats); kept for the loader's common interface."""
+        for key in keys:
+            self.info(key)
+
     def shape(self, key: str) -> tuple[int, ...]:
         return self.info(key).shape
 
