@@ -51,9 +51,7 @@ from app.shape_scenes import BACKGROUNDS, COLOURS, KINDS, MAX_SHAPES, sample_sce
 from app.shape_model import CONFIG, IMAGE_SIZE, MM_TOKENS, write_folder_files  # noqa: E402
 from app.shape_tokenizer import special_token_ids  # noqa: E402
 from app.tiny_gemma3 import _save_weights, gemma3_weight_shapes  # noqa: E402
-from decoder.embed import merge_media  # noqa: E402
-from decoder.kv_cache import init_cache  # noqa: E402
-from decoder.masks import block_ids  # noqa: E402
+from decoder.model import Media, Prompt  # noqa: E402
 
 IDS = special_token_ids()
 
@@ -197,20 +195,19 @@ def prefetch(batcher: Batcher, start: int, stop: int, depth: int = 3):
 def forward_logits(model: MultimodalModel, tokens_BL: jax.Array, seq_pos_BL: jax.Array,
                    pixels_NCHW: jax.Array) -> tuple[jax.Array, jax.Array]:
     """(logits [B, L, V] at every position of right-padded token rows (seq_pos -1 at padding), image features
-    [images * soft tokens, D]), the way the generation engine's prefill computes them: token embeddings, image
-    features merged at the image soft tokens (the j-th row of features at the j-th soft token, row-major over the
-    batch), the decoder over the whole sequence (each image's soft tokens attend to each other both ways), then
-    the logits."""
-    dec = model.decoder
+    [images * soft tokens, D]) through the model's own forward (``DecoderModel.prefill`` with every position's
+    logits, as ``Engine.score`` runs it): token embeddings, image features merged at the image soft tokens (the
+    j-th row of features at the j-th soft token, row-major over the batch), each image's soft tokens attending to
+    each other both ways."""
     image_token = CONFIG["image_token_index"]
-    x = dec.embedder.encode(tokens_BL)
-    feats, _ = model.encoders["image"](pixels_NCHW)
+    feats = model.encoders["image"]({"pixels": pixels_NCHW,
+                                     "image_valid": jnp.ones((pixels_NCHW.shape[0],), bool)}).features
     is_image = tokens_BL == image_token
-    x = merge_media(x, is_image, feats)
-    cache = init_cache(dec.cfg, tokens_BL.shape[0], tokens_BL.shape[1], x.dtype)
-    h, _ = dec(x, seq_pos_BL=seq_pos_BL, block_BL=block_ids(is_image), cache=cache, write_index=jnp.int32(0),
-               attend_cache=False)
-    return dec.logits(h), feats
+    lengths = jnp.sum(seq_pos_BL >= 0, axis=1).astype(jnp.int32)
+    prompt = Prompt(tokens_BL, lengths, jnp.maximum(seq_pos_BL, 0)[None], is_image, {image_token: Media(feats)})
+    logits, _ = model.decoder.prefill(prompt, cache_len=tokens_BL.shape[1], cache_dtype=feats.dtype,
+                                      all_logits=True)
+    return logits, feats
 
 
 def _heads_loss(logits: jax.Array, labels: jax.Array, heads, valid: jax.Array) -> jax.Array:
@@ -264,7 +261,7 @@ def initial_params(cfg, seed: int):
     have RMS ~1 like the post-normed layer outputs added to them) and the projector's matrix (std
     1/sqrt(vision hidden), so that soft tokens have RMS ~1 too). Returns (graphdef, {"model": the model's parameters
     as a nested dict, "aux": the attribute head of ``attribute_loss``, zeros})."""
-    model = MultimodalModel(cfg, gemma3.SPEC, rngs=nnx.Rngs(seed))
+    model = MultimodalModel(cfg, gemma3.SPEC, {}, rngs=nnx.Rngs(seed))
     graphdef, state = nnx.split(model)
     params = nnx.to_pure_dict(state)
     k_embed, k_proj = jax.random.split(jax.random.key(seed + 1))
