@@ -261,3 +261,19 @@ def llama4_reference(tiny_llama4_dir, llama4_image_paths, tmp_path_factory):
 
     return lr.run_reference(lr.reference_requests(tiny_llama4_dir, llama4_image_paths),
                             tmp_path_factory.mktemp("llama4_reference"))
+
+
+@pytest.fixture(scope="session")
+def llama4_pipeline(tiny_llama4_dir):
+    """This package's float32 pipeline loaded from ``tiny_llama4_dir``."""
+    from app.pipeline import Pipeline
+
+    return Pipeline.from_pretrained(tiny_llama4_dir)
+
+
+@pytest.fixture(scope="session")
+def llama4_text_pipeline(tiny_llama4_text_dir):
+    """This package's float32 pipeline loaded from ``tiny_llama4_text_dir``."""
+    from app.pipeline import Pipeline
+
+    return Pipeline.from_pretrained(tiny_llama4_text_dir)

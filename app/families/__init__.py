@@ -12,6 +12,8 @@ MODEL_TYPES = {
     "gemma3": "gemma3",
     "qwen3_omni_moe": "qwen3_omni",
     "qwen3_omni_moe_thinker": "qwen3_omni",
+    "llama4": "llama4",
+    "llama4_text": "llama4",
 }
 
 
