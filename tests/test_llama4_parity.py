@@ -20,7 +20,6 @@ import torch
 import llama4_checkpoint as lc
 import llama4_reference as lr
 from app.families import llama4 as fam
-from app.pipeline import Pipeline
 from common.errors import CheckpointError, PromptError
 from llama4_tokenizer import SPECIAL_TOKEN_IDS
 
