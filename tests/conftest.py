@@ -299,3 +299,19 @@ def gemma4_moe_pipeline(tiny_gemma4_moe_dir):
 @pytest.fixture(scope="session")
 def gemma4_text_pipeline(tiny_gemma4_text_dir):
     return _gemma4_pipeline(tiny_gemma4_text_dir)
+
+
+@pytest.fixture(scope="session")
+def llama4_pipeline(tiny_llama4_dir):
+    """This package's float32 pipeline loaded from ``tiny_llama4_dir``."""
+    from app.pipeline import Pipeline
+
+    return Pipeline.from_pretrained(tiny_llama4_dir)
+
+
+@pytest.fixture(scope="session")
+def llama4_text_pipeline(tiny_llama4_text_dir):
+    """This package's float32 pipeline loaded from ``tiny_llama4_text_dir``."""
+    from app.pipeline import Pipeline
+
+    return Pipeline.from_pretrained(tiny_llama4_text_dir)

@@ -186,11 +186,12 @@ def _dump_json(path: pathlib.Path, obj) -> None:
     path.write_text(json.dumps(obj, indent=2, ensure_ascii=False, sort_keys=True) + "\n", encoding="utf-8")
 
 
-def write_tokenizer_files(folder, *, image_processor: dict | None = None, with_processor: bool = True
-                          ) -> pathlib.Path:
+def write_tokenizer_files(folder, *, image_processor: dict | None = None, with_processor: bool = True,
+                          patch_size: int = TINY_LLAMA4_VISION_CONFIG["patch_size"]) -> pathlib.Path:
     """Write ``tokenizer.json``, ``tokenizer_config.json``, ``chat_template.jinja``, ``generation_config.json`` and
     (with ``with_processor``) ``processor_config.json`` into ``folder``; ``image_processor`` replaces the image
-    processor settings (default: tests/llama4_tokenizer.py's ``IMAGE_PROCESSOR_CONFIG``)."""
+    processor settings (default: tests/llama4_tokenizer.py's ``IMAGE_PROCESSOR_CONFIG``), ``patch_size`` is the
+    processor's (the vision tower's patch side)."""
     folder = pathlib.Path(folder)
     folder.mkdir(parents=True, exist_ok=True)
     build_tokenizer().save(str(folder / "tokenizer.json"))
@@ -199,7 +200,7 @@ def write_tokenizer_files(folder, *, image_processor: dict | None = None, with_p
     _dump_json(folder / "generation_config.json", TINY_LLAMA4_GENERATION_CONFIG)
     if with_processor:
         _dump_json(folder / "processor_config.json",
-                   processor_config(image_processor, patch_size=TINY_LLAMA4_VISION_CONFIG["patch_size"]))
+                   processor_config(image_processor, patch_size=patch_size))
     return folder
 
 
@@ -209,17 +210,19 @@ def build_tiny_llama4(folder, *, seed: int = TORCH_SEED, image_processor: dict |
     chat template, processor and generation files, and return its path.
 
     ``overrides`` go to :func:`tiny_llama4_config`; ``image_processor`` replaces the image processor settings. The
-    processor's ``patch_size`` stays the vision patch size of the default config (override both together)."""
+    processor's ``patch_size`` is the vision config's."""
     import torch
     from transformers import Llama4Config, Llama4ForConditionalGeneration
 
     folder = pathlib.Path(folder)
     torch.manual_seed(seed)
-    config = Llama4Config(**tiny_llama4_config(**overrides))
+    settings = tiny_llama4_config(**overrides)
+    config = Llama4Config(**settings)
     model = Llama4ForConditionalGeneration(config).eval()  # float32 (.to() would drop the complex RoPE buffer)
     randomise_(model, seed)
     model.save_pretrained(folder)
-    write_tokenizer_files(folder, image_processor=image_processor)
+    write_tokenizer_files(folder, image_processor=image_processor,
+                          patch_size=settings["vision_config"]["patch_size"])
     return folder
 
 

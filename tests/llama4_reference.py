@@ -155,6 +155,10 @@ SWEEP_SIZES: list[tuple[int, int]] = sorted(
     {(h, w) for h in (1, 3, 7, 8, 9, 15, 16, 17, 23, 25, 40, 41) for w in (1, 5, 8, 12, 16, 24, 31, 33, 47)}
     | {(2, 60), (60, 2), (77, 13)} | {(41, 41), (41, 82), (47, 94), (49, 49), (55, 110)})
 
+LONG_TEXT = ("The mountain village sits above the lake, where the road ends and a path climbs into the pine forest. "
+             "In the morning the fishermen row out on the still water, and the baker opens the shutters of the small "
+             "shop by the church.")
+
 # Chat cases: (name, messages with image parts {"type": "image"}, names of the images in order).
 CHAT_CASES: list[tuple[str, list[dict], list[str]]] = [
     ("text_only", [
@@ -179,6 +183,14 @@ CHAT_CASES: list[tuple[str, list[dict], list[str]]] = [
             {"type": "image"}, {"type": "text", "text": "Here are three pictures."}, {"type": "image"},
             {"type": "image"}, {"type": "text", "text": "What do they show?"}]},
     ], ["small", "odd", "large"]),
+    # Several attention chunks (32 tokens) of text around an image whose placeholder run straddles chunk
+    # boundaries; over 256 tokens, so the prompt's attention runs in blocks.
+    ("long_chunks", [
+        {"role": "system", "content": "You are a helpful assistant. Answer in one short sentence."},
+        {"role": "user", "content": [
+            {"type": "text", "text": LONG_TEXT}, {"type": "image"},
+            {"type": "text", "text": "Compare the picture with the story. " + LONG_TEXT}]},
+    ], ["odd"]),
 ]
 
 TINY_IMAGES = ["small", "exact", "odd", "large", "wide", "tall", "tiny"]

@@ -17,6 +17,8 @@ MODEL_TYPES = {
     "gemma4_text": "gemma4",
     "qwen3_omni_moe": "qwen3_omni",
     "qwen3_omni_moe_thinker": "qwen3_omni",
+    "llama4": "llama4",
+    "llama4_text": "llama4",
 }
 
 # GGUF "general.architecture" -> the module in app/families whose GGUF (an app.gguf.arch.GGUFArch) reads it
