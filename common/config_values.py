@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
-from typing import Any, Callable
+import contextlib
+from typing import Any, Callable, Iterator
+
+from common.errors import CheckpointError
 
 
 def uniform_int(value, name: str) -> int:
@@ -38,3 +41,45 @@ def as_float(value: Any, key: str) -> float:
     if isinstance(value, bool) or not isinstance(value, (int, float)):
         raise ValueError(f"'{key}' must be a number, got {value!r}")
     return float(value)
+
+
+def channel_floats(value: Any, key: str) -> tuple[float, ...]:
+    """Per-channel constants (``image_mean``, ``image_std``): one number, repeated for the 3 channels, or a list of
+    numbers, as a tuple of floats. How many values a list holds is left to the caller to check."""
+    if isinstance(value, (int, float)) and not isinstance(value, bool):
+        value = (value,) * 3
+    if not isinstance(value, (list, tuple)):
+        raise ValueError(f"'{key}' must be a list of 3 numbers, got {value!r}")
+    return tuple(as_float(v, key) for v in value)
+
+
+def boolean(value: Any, key: str) -> bool:
+    """``value`` when it is a JSON boolean; anything else (0, 1, "true", None) is refused."""
+    if not isinstance(value, bool):
+        raise ValueError(f"'{key}' must be true or false, got {value!r}")
+    return value
+
+
+def height_width(size: Any, default: tuple[int, int], expected: str) -> tuple[int, int]:
+    """(height, width) from an HF ``"size"`` setting: ``{"height": H, "width": W}``, an int for a square, or None
+    for ``default``. ``expected`` describes the accepted form in the error for anything else (e.g.
+    ``"{'height': H, 'width': W} for Gemma 3"``)."""
+    if size is None:
+        height, width = default
+    elif isinstance(size, int) and not isinstance(size, bool):
+        height = width = size
+    elif isinstance(size, dict) and "height" in size and "width" in size:
+        height, width = size["height"], size["width"]
+    else:
+        raise ValueError(f"'size' must be {expected}, got {size!r}")
+    return as_int(height, "size.height"), as_int(width, "size.width")
+
+
+@contextlib.contextmanager
+def as_checkpoint_error(source: str) -> Iterator[None]:
+    """Turns a ``TypeError`` or ``ValueError`` raised in the block (a bad config value) into
+    ``CheckpointError(f"{source}: {exc}")``; other errors pass unchanged."""
+    try:
+        yield
+    except (TypeError, ValueError) as exc:
+        raise CheckpointError(f"{source}: {exc}") from exc

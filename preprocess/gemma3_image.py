@@ -24,11 +24,12 @@ from typing import Any
 import numpy as np
 import PIL.Image
 
-from common.config_values import as_float, as_int, config_getter
+from common.config_values import (as_checkpoint_error, as_float, as_int, boolean, channel_floats, config_getter,
+                                  height_width)
 from preprocess.media_limits import PROCESSOR_MAX_CROPS, PROCESSOR_MAX_PIXELS, PROCESSOR_MAX_SIDE
 from preprocess.processor_config import processor_section
 from common.errors import CheckpointError, MediaError
-from preprocess.pixels import rescale_normalize, resize, to_chw_uint8
+from preprocess.pixels import normalization_constants, rescale_normalize, resize, to_chw_uint8
 
 
 # transformers' IMAGENET_STANDARD_MEAN / IMAGENET_STANDARD_STD, the Gemma3ImageProcessorPil class defaults.
@@ -69,12 +70,7 @@ class Gemma3ImageConfig:
     pan_and_scan_min_ratio_to_activate: float = 1.2
 
     def __post_init__(self):
-        mean = tuple(float(v) for v in self.image_mean)
-        std = tuple(float(v) for v in self.image_std)
-        if len(mean) != 3 or len(std) != 3:
-            raise ValueError(f"image_mean and image_std need 3 values each, got {mean} and {std}")
-        if any(v == 0.0 for v in std):
-            raise ValueError(f"image_std must not contain 0, got {std}")
+        mean, std = normalization_constants(self.image_mean, self.image_std)
         if int(self.height) <= 0 or int(self.width) <= 0:
             raise ValueError(f"height and width must be positive, got {self.height} x {self.width}")
         if max(int(self.height), int(self.width)) > PROCESSOR_MAX_SIDE \
@@ -122,44 +118,22 @@ class Gemma3ImageConfig:
 
         get = config_getter(d, defaults)
 
-        try:
-            size = d.get("size")
-            if size is None:
-                height, width = defaults.height, defaults.width
-            elif isinstance(size, int) and not isinstance(size, bool):
-                height = width = size
-            elif isinstance(size, dict) and "height" in size and "width" in size:
-                height, width = size["height"], size["width"]
-            else:
-                raise CheckpointError(
-                    f"{source}: 'size' must be {{'height': H, 'width': W}} for Gemma 3, got {size!r}"
-                )
-            kwargs["height"] = as_int(height, "size.height")
-            kwargs["width"] = as_int(width, "size.width")
+        with as_checkpoint_error(source):
+            kwargs["height"], kwargs["width"] = height_width(
+                d.get("size"), (defaults.height, defaults.width), "{'height': H, 'width': W} for Gemma 3"
+            )
             kwargs["resample"] = as_int(get("resample"), "resample")
             kwargs["rescale_factor"] = as_float(get("rescale_factor"), "rescale_factor")
             for key in ("image_mean", "image_std"):
-                value = get(key)
-                if isinstance(value, (int, float)) and not isinstance(value, bool):
-                    value = (value,) * 3
-                if not isinstance(value, (list, tuple)):
-                    raise ValueError(f"'{key}' must be a list of 3 numbers, got {value!r}")
-                kwargs[key] = tuple(as_float(v, key) for v in value)
+                kwargs[key] = channel_floats(get(key), key)
             for key in ("do_resize", "do_rescale", "do_normalize", "do_convert_rgb", "do_pan_and_scan"):
-                value = get(key)
-                if not isinstance(value, bool):
-                    raise ValueError(f"'{key}' must be true or false, got {value!r}")
-                kwargs[key] = value
+                kwargs[key] = boolean(get(key), key)
             for key in ("pan_and_scan_min_crop_size", "pan_and_scan_max_num_crops"):
                 kwargs[key] = as_int(get(key), key)
             kwargs["pan_and_scan_min_ratio_to_activate"] = as_float(
                 get("pan_and_scan_min_ratio_to_activate"), "pan_and_scan_min_ratio_to_activate"
             )
             return cls(**kwargs)
-        except CheckpointError:
-            raise
-        except (TypeError, ValueError) as exc:
-            raise CheckpointError(f"{source}: {exc}") from exc
 
     @classmethod
     def from_folder(cls, path: str | os.PathLike) -> "Gemma3ImageConfig":

@@ -28,9 +28,9 @@ from typing import Any
 import numpy as np
 import PIL.Image
 
-from common.config_values import as_float, as_int, config_getter
+from common.config_values import as_checkpoint_error, as_float, as_int, boolean, channel_floats, config_getter
 from common.errors import CheckpointError, MediaError
-from preprocess.pixels import rescale_normalize, resize, to_chw_uint8
+from preprocess.pixels import normalization_constants, rescale_normalize, resize, to_chw_uint8
 from preprocess.processor_config import processor_section
 
 # The soft-token budgets Gemma 4 supports (``_SUPPORTED_SOFT_TOKENS`` of the reference).
@@ -69,12 +69,7 @@ class Gemma4ImageConfig:
     do_convert_rgb: bool = True
 
     def __post_init__(self):
-        mean = tuple(float(v) for v in self.image_mean)
-        std = tuple(float(v) for v in self.image_std)
-        if len(mean) != 3 or len(std) != 3:
-            raise ValueError(f"image_mean and image_std need 3 values each, got {mean} and {std}")
-        if any(v == 0.0 for v in std):
-            raise ValueError(f"image_std must not contain 0, got {std}")
+        mean, std = normalization_constants(self.image_mean, self.image_std)
         for key in ("patch_size", "max_soft_tokens", "pooling_kernel_size"):
             value = getattr(self, key)
             if isinstance(value, bool) or int(value) != value or int(value) <= 0:
@@ -134,7 +129,7 @@ class Gemma4ImageConfig:
         if not isinstance(d, dict):
             raise CheckpointError(f"{source}: expected a JSON object, got {type(d).__name__}")
         get = config_getter(d, cls())
-        try:
+        with as_checkpoint_error(source):
             kwargs: dict[str, Any] = {
                 "patch_size": as_int(get("patch_size"), "patch_size"),
                 "max_soft_tokens": as_int(get("max_soft_tokens"), "max_soft_tokens"),
@@ -143,20 +138,10 @@ class Gemma4ImageConfig:
                 "rescale_factor": as_float(get("rescale_factor"), "rescale_factor"),
             }
             for key in ("image_mean", "image_std"):
-                value = get(key)
-                if isinstance(value, (int, float)) and not isinstance(value, bool):
-                    value = (value,) * 3
-                if not isinstance(value, (list, tuple)):
-                    raise ValueError(f"'{key}' must be a list of 3 numbers, got {value!r}")
-                kwargs[key] = tuple(as_float(v, key) for v in value)
+                kwargs[key] = channel_floats(get(key), key)
             for key in ("do_resize", "do_rescale", "do_normalize", "do_convert_rgb"):
-                value = get(key)
-                if not isinstance(value, bool):
-                    raise ValueError(f"'{key}' must be true or false, got {value!r}")
-                kwargs[key] = value
+                kwargs[key] = boolean(get(key), key)
             return cls(**kwargs)
-        except (TypeError, ValueError) as exc:
-            raise CheckpointError(f"{source}: {exc}") from exc
 
     @classmethod
     def from_folder(cls, path: str | os.PathLike) -> "Gemma4ImageConfig":

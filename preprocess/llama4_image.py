@@ -34,9 +34,10 @@ from typing import Any
 import numpy as np
 import PIL.Image
 
-from common.config_values import as_float, as_int, config_getter
+from common.config_values import (as_checkpoint_error, as_float, as_int, boolean, channel_floats, config_getter,
+                                  height_width)
 from common.errors import CheckpointError, MediaError
-from preprocess.pixels import to_chw_uint8
+from preprocess.pixels import normalization_constants, to_chw_uint8
 from preprocess.processor_config import processor_section
 
 _STANDARD_MEAN = (0.5, 0.5, 0.5)
@@ -80,12 +81,7 @@ class Llama4ImageConfig:
     do_convert_rgb: bool = True
 
     def __post_init__(self):
-        mean = tuple(float(v) for v in self.image_mean)
-        std = tuple(float(v) for v in self.image_std)
-        if len(mean) != 3 or len(std) != 3:
-            raise ValueError(f"image_mean and image_std need 3 values each, got {mean} and {std}")
-        if any(v == 0.0 for v in std):
-            raise ValueError(f"image_std must not contain 0, got {std}")
+        mean, std = normalization_constants(self.image_mean, self.image_std)
         for key, low, high in (("tile_size", 1, MAX_TILE_SIZE), ("max_patches", 1, MAX_PATCHES_LIMIT)):
             value = getattr(self, key)
             if isinstance(value, bool) or int(value) != value or not low <= int(value) <= high:
@@ -118,17 +114,10 @@ class Llama4ImageConfig:
         defaults = cls()
         get = config_getter(d, defaults)
         kwargs: dict[str, Any] = {}
-        try:
-            size = d.get("size")
-            if size is None:
-                height = width = defaults.tile_size
-            elif isinstance(size, int) and not isinstance(size, bool):
-                height = width = size
-            elif isinstance(size, dict) and "height" in size and "width" in size:
-                height, width = size["height"], size["width"]
-            else:
-                raise ValueError(f"'size' must be {{'height': T, 'width': T}} for Llama 4, got {size!r}")
-            height, width = as_int(height, "size.height"), as_int(width, "size.width")
+        with as_checkpoint_error(source):
+            height, width = height_width(
+                d.get("size"), (defaults.tile_size, defaults.tile_size), "{'height': T, 'width': T} for Llama 4"
+            )
             if height != width:
                 raise ValueError(f"Llama 4 tiles must be square, got size {height}x{width}")
             kwargs["tile_size"] = height
@@ -138,22 +127,10 @@ class Llama4ImageConfig:
             kwargs["resample"] = as_int(get("resample"), "resample")
             kwargs["rescale_factor"] = as_float(get("rescale_factor"), "rescale_factor")
             for key in ("image_mean", "image_std"):
-                value = get(key)
-                if isinstance(value, (int, float)) and not isinstance(value, bool):
-                    value = (value,) * 3
-                if not isinstance(value, (list, tuple)):
-                    raise ValueError(f"'{key}' must be a list of 3 numbers, got {value!r}")
-                kwargs[key] = tuple(as_float(v, key) for v in value)
+                kwargs[key] = channel_floats(get(key), key)
             for key in ("resize_to_max_canvas", "do_rescale", "do_normalize", "do_convert_rgb"):
-                value = get(key)
-                if not isinstance(value, bool):
-                    raise ValueError(f"'{key}' must be true or false, got {value!r}")
-                kwargs[key] = value
+                kwargs[key] = boolean(get(key), key)
             return cls(**kwargs)
-        except CheckpointError:
-            raise
-        except (TypeError, ValueError) as exc:
-            raise CheckpointError(f"{source}: {exc}") from exc
 
     @classmethod
     def from_folder(cls, path: str | os.PathLike) -> "Llama4ImageConfig":

@@ -42,6 +42,18 @@ def resize(
     return np.moveaxis(np.asarray(resized, dtype=np.uint8), -1, 0)
 
 
+def normalization_constants(image_mean, image_std) -> tuple[tuple[float, ...], tuple[float, ...]]:
+    """(mean, std) of an image-processor config as float tuples; ``ValueError`` unless each has 3 values and no std
+    is 0 (a config's ``__post_init__`` check)."""
+    mean = tuple(float(v) for v in image_mean)
+    std = tuple(float(v) for v in image_std)
+    if len(mean) != 3 or len(std) != 3:
+        raise ValueError(f"image_mean and image_std need 3 values each, got {mean} and {std}")
+    if any(v == 0.0 for v in std):
+        raise ValueError(f"image_std must not contain 0, got {std}")
+    return mean, std
+
+
 def rescale_normalize(image: np.ndarray, cfg) -> np.ndarray:
     """float32 [3, H, W] from ``image`` [3, H, W] (uint8 or float) with the reference's dtypes.
 

@@ -25,11 +25,11 @@ from typing import Any
 import numpy as np
 import PIL.Image
 
-from common.config_values import as_float, as_int, config_getter
+from common.config_values import as_checkpoint_error, as_float, as_int, boolean, channel_floats, config_getter
 from preprocess.media_limits import PROCESSOR_MAX_MERGE, PROCESSOR_MAX_PATCH, PROCESSOR_MAX_PIXELS
 from preprocess.processor_config import processor_section
 from common.errors import CheckpointError, MediaError
-from preprocess.pixels import rescale_normalize, resize, to_chw_uint8
+from preprocess.pixels import normalization_constants, rescale_normalize, resize, to_chw_uint8
 
 
 # transformers' OPENAI_CLIP_MEAN / OPENAI_CLIP_STD: the Qwen2VLImageProcessorPil class defaults. Qwen3-Omni
@@ -69,12 +69,7 @@ class QwenImageConfig:
     do_convert_rgb: bool = True
 
     def __post_init__(self):
-        mean = tuple(float(v) for v in self.image_mean)
-        std = tuple(float(v) for v in self.image_std)
-        if len(mean) != 3 or len(std) != 3:
-            raise ValueError(f"image_mean and image_std need 3 values each, got {mean} and {std}")
-        if any(v == 0.0 for v in std):
-            raise ValueError(f"image_std must not contain 0, got {std}")
+        mean, std = normalization_constants(self.image_mean, self.image_std)
         for key in ("patch_size", "temporal_patch_size", "merge_size", "min_pixels", "max_pixels"):
             value = getattr(self, key)
             if isinstance(value, bool) or int(value) != value or int(value) <= 0:
@@ -123,7 +118,7 @@ class QwenImageConfig:
 
         get = config_getter(d, defaults)
 
-        try:
+        with as_checkpoint_error(source):
             size = d.get("size")
             if size is None:
                 size = {"shortest_edge": defaults.min_pixels, "longest_edge": defaults.max_pixels}
@@ -143,22 +138,10 @@ class QwenImageConfig:
                 kwargs[key] = as_int(get(key), key)
             kwargs["rescale_factor"] = as_float(get("rescale_factor"), "rescale_factor")
             for key in ("image_mean", "image_std"):
-                value = get(key)
-                if isinstance(value, (int, float)) and not isinstance(value, bool):
-                    value = (value,) * 3
-                if not isinstance(value, (list, tuple)):
-                    raise ValueError(f"'{key}' must be a list of 3 numbers, got {value!r}")
-                kwargs[key] = tuple(as_float(v, key) for v in value)
+                kwargs[key] = channel_floats(get(key), key)
             for key in ("do_resize", "do_rescale", "do_normalize", "do_convert_rgb"):
-                value = get(key)
-                if not isinstance(value, bool):
-                    raise ValueError(f"'{key}' must be true or false, got {value!r}")
-                kwargs[key] = value
+                kwargs[key] = boolean(get(key), key)
             return cls(**kwargs)
-        except CheckpointError:
-            raise
-        except (TypeError, ValueError) as exc:
-            raise CheckpointError(f"{source}: {exc}") from exc
 
     @classmethod
     def from_folder(cls, path: str | os.PathLike) -> "QwenImageConfig":
