@@ -47,11 +47,13 @@ from app.checkpoint_export import checkpoint_tensors  # noqa: E402
 from app.families import gemma3  # noqa: E402
 from app.model import MultimodalModel  # noqa: E402
 from app.shape_dialogues import sample_conversation  # noqa: E402
-from app.shape_scenes import BACKGROUNDS, COLOURS, KINDS, MAX_SHAPES, sample_scene, shape_map  # noqa: E402
+from app.shape_scenes import (BACKGROUNDS, COLOURS, KINDS, MAX_SHAPES, render_file_like, sample_scene,  # noqa: E402
+                              shape_map)
 from app.shape_model import CONFIG, IMAGE_SIZE, MM_TOKENS, write_folder_files  # noqa: E402
 from app.shape_tokenizer import special_token_ids  # noqa: E402
 from app.tiny_gemma3 import _save_weights, gemma3_weight_shapes  # noqa: E402
 from decoder.model import Media, Prompt  # noqa: E402
+from preprocess.gemma3_image import process_images  # noqa: E402
 
 IDS = special_token_ids()
 
@@ -173,14 +175,30 @@ class Batcher:
                 "labels": labels, "cells": cells}
 
 
-def prefetch(batcher: Batcher, start: int, stop: int, depth: int = 3):
+VISION_BATCH = 64  # pictures per step of the vision phase
+
+
+def vision_batch(processor, seed: int, step: int) -> dict:
+    """A step of the vision phase: VISION_BATCH new scenes (rendered as files are, ``render_file_like``), their
+    pixels as the processor makes them, attribute and cell labels. Draws from ``default_rng([seed, 2, step])``,
+    a stream apart from the conversation steps' ``[seed, step]``."""
+    rng = np.random.default_rng([seed, 2, step])
+    scenes = [sample_scene(rng) for _ in range(VISION_BATCH)]
+    pixels, _ = process_images([render_file_like(s, rng) for s in scenes], processor.image_cfg)
+    return {"pixels": pixels, "labels": np.stack([scene_attributes(s) for s in scenes]),
+            "cells": np.stack([cell_labels(s) for s in scenes])}
+
+
+def prefetch(batcher: Batcher, start: int, stop: int, depth: int = 3, make=None):
     """Batches for steps start..stop-1, drawn in a background thread (the data of a step depends only on its
     index, so the thread changes nothing but the wall time)."""
     q: queue.Queue = queue.Queue(maxsize=depth)
 
+    make = make or batcher.batch
+
     def work():
         for step in range(start, stop):
-            q.put(batcher.batch(step))
+            q.put(make(step))
         q.put(None)
 
     threading.Thread(target=work, daemon=True).start()
@@ -210,27 +228,45 @@ def forward_logits(model: MultimodalModel, tokens_BL: jax.Array, seq_pos_BL: jax
     return logits, feats
 
 
-def _heads_loss(logits: jax.Array, labels: jax.Array, heads, valid: jax.Array) -> jax.Array:
-    """Mean cross-entropy of consecutive softmax heads (classes, count) over the valid rows."""
-    total, start, column = 0.0, 0, 0
+def _column_losses(logits: jax.Array, labels: jax.Array, heads) -> jax.Array:
+    """Cross-entropy of each label column [..., columns] under consecutive softmax heads (classes, count)."""
+    out, start, column = [], 0, 0
     for classes, count in heads:
         for _ in range(count):
-            ce = optax.softmax_cross_entropy_with_integer_labels(logits[..., start:start + classes],
-                                                                 jnp.maximum(labels[..., column], 0))
-            total = total + jnp.sum(ce * valid)
+            out.append(optax.softmax_cross_entropy_with_integer_labels(logits[..., start:start + classes],
+                                                                       jnp.maximum(labels[..., column], 0)))
             start, column = start + classes, column + 1
-    return total / jnp.maximum(jnp.sum(valid), 1.0) / column
+    return jnp.stack(out, axis=-1)
+
+
+def _heads_loss(logits: jax.Array, labels: jax.Array, heads, valid: jax.Array) -> jax.Array:
+    """Mean cross-entropy of consecutive softmax heads (classes, count) over the valid rows."""
+    ce = _column_losses(logits, labels, heads).mean(axis=-1)
+    return jnp.sum(ce * valid) / jnp.maximum(jnp.sum(valid), 1.0)
+
+
+# The pooled attribute columns in groups (background, number of shapes, per-kind counts, per-colour counts,
+# per-(colour, kind) counts): each group weighs the same, so the three kind columns are not drowned by the rest.
+ATTRIBUTE_GROUPS = [(0, 1), (1, 2), (2, 2 + len(KINDS)), (2 + len(KINDS), 2 + len(KINDS) + len(COLOURS)),
+                    (2 + len(KINDS) + len(COLOURS), 2 + len(KINDS) + len(COLOURS) + NUM_PAIRS)]
+
+
+def _grouped_loss(logits: jax.Array, labels: jax.Array, valid: jax.Array) -> jax.Array:
+    ce = _column_losses(logits, labels, ATTRIBUTE_HEADS)
+    per_row = sum(ce[..., a:b].mean(axis=-1) for a, b in ATTRIBUTE_GROUPS) / len(ATTRIBUTE_GROUPS)
+    return jnp.sum(per_row * valid) / jnp.maximum(jnp.sum(valid), 1.0)
 
 
 def attribute_loss(aux: dict, feats_MD: jax.Array, labels_NA: jax.Array, cells_NT2: jax.Array) -> jax.Array:
     """Auxiliary losses that speed up the vision tower's start, through linear heads dropped after training: each
-    image's soft tokens, averaged, predict its scene's attributes (``scene_attributes``), and each soft token
+    image's soft tokens, averaged, predict its scene's attributes (``scene_attributes``, in equally weighted
+    groups: ``ATTRIBUTE_GROUPS``), and each soft token
     predicts the kind and colour of the shape in its cell (``cell_labels``). labels_NA [images, attributes] and
     cells_NT2 [images, tokens, 2] are -1 for an empty image slot."""
     n = labels_NA.shape[0]
     tokens = feats_MD.reshape(n, -1, feats_MD.shape[-1])
     valid = (labels_NA[:, 0] >= 0).astype(jnp.float32)
-    pooled = _heads_loss(tokens.mean(axis=1) @ aux["kernel"] + aux["bias"], labels_NA, ATTRIBUTE_HEADS, valid)
+    pooled = _grouped_loss(tokens.mean(axis=1) @ aux["kernel"] + aux["bias"], labels_NA, valid)
     per_token = tokens @ aux["cell_kernel"] + aux["cell_bias"]
     cells = _heads_loss(per_token, cells_NT2, [(c, 1) for c in CELL_CLASSES],
                         jnp.broadcast_to(valid[:, None], cells_NT2.shape[:2]))
@@ -255,11 +291,71 @@ def loss_and_metrics(params, graphdef, batch, aux_weight):
     return loss + aux_weight * aux_loss, {"loss": loss, "aux": aux_loss, "token_acc": token_acc, "exact": exact}
 
 
+def siglip_init(tower: dict, key: jax.Array) -> dict:
+    """Draw the vision tower's matrices again the way SigLIP is initialised for training (in place; returns
+    ``tower``): the patch embedding and position table normal with std 1/sqrt(fan in) and 1/sqrt(width), the
+    attention and MLP matrices Glorot-uniform. With the small uniform draws of the inference modules the tower
+    learns colours at once but tells circles, squares and triangles apart only slowly."""
+    keys = iter(jax.random.split(key, 2 + 6 * len(tower["layers"])))
+    kernel = tower["patch_embed"]["kernel"]  # [D, C*p*p]
+    tower["patch_embed"]["kernel"] = jax.random.normal(next(keys), kernel.shape) * kernel.shape[1] ** -0.5
+    table = tower["pos_embed"]  # [patches, D]
+    tower["pos_embed"] = jax.random.normal(next(keys), table.shape) * table.shape[1] ** -0.5
+    for layer in tower["layers"].values():
+        for group, names in (("attn", ("q_proj", "k_proj", "v_proj", "out_proj")), ("mlp", ("fc1", "fc2"))):
+            for name in names:
+                w = layer[group][name]["kernel"]  # [out, in]
+                limit = (6.0 / (w.shape[0] + w.shape[1])) ** 0.5
+                layer[group][name]["kernel"] = jax.random.uniform(next(keys), w.shape, minval=-limit, maxval=limit)
+    return tower
+
+
+def vision_loss(trained, graphdef, frozen, batch):
+    """The vision phase's loss: ``attribute_loss`` on the image features alone (``trained`` holds the encoders
+    and the attribute heads; the decoder's parameters ``frozen`` are not used)."""
+    model = nnx.merge(graphdef, {**frozen, "encoders": trained["encoders"]})
+    n = batch["pixels"].shape[0]
+    feats = model.encoders["image"]({"pixels": batch["pixels"], "image_valid": jnp.ones((n,), bool)}).features
+    loss = attribute_loss(trained["aux"], feats, batch["labels"], batch["cells"])
+    return loss, {"aux": loss}
+
+
+def make_vision_step(graphdef, optimizer):
+    @jax.jit
+    def vision_step(trained, frozen, opt_state, batch):
+        (_, metrics), grads = jax.value_and_grad(vision_loss, has_aux=True)(trained, graphdef, frozen, batch)
+        updates, opt_state = optimizer.update(grads, opt_state, trained)
+        return optax.apply_updates(trained, updates), opt_state, metrics
+
+    return vision_step
+
+
+def train_vision(params, graphdef, processor, args) -> dict:
+    """The first ``--vision-steps`` steps: the vision tower, projector and attribute heads learn what the
+    pictures hold (kinds, colours, counts, which shape each soft token shows) before any conversation; shapes'
+    kinds are what a tower learns slowest, and a step here costs a fraction of a conversation step."""
+    trained = {"encoders": params["model"]["encoders"], "aux": params["aux"]}
+    frozen = {k: v for k, v in params["model"].items() if k != "encoders"}
+    optimizer = make_optimizer(args.vision_steps, args.vision_lr, args.warmup)
+    opt_state = optimizer.init(trained)
+    step_fn = make_vision_step(graphdef, optimizer)
+    start, losses = time.perf_counter(), []
+    make = lambda step: vision_batch(processor, args.seed, step)  # noqa: E731
+    for step, batch in enumerate(prefetch(None, 0, args.vision_steps, make=make)):
+        trained, opt_state, metrics = step_fn(trained, frozen, opt_state, batch)
+        losses.append(float(metrics["aux"]))
+        if (step + 1) % args.log_every == 0 or step + 1 == args.vision_steps:
+            print(f"[vision] step {step + 1}/{args.vision_steps} {time.perf_counter() - start:.0f}s "
+                  f"aux {np.mean(losses):.4f}", flush=True)
+            losses = []
+    return {"model": {**params["model"], "encoders": trained["encoders"]}, "aux": trained["aux"]}
+
+
 def initial_params(cfg, seed: int):
     """The model's own random initialisation (``MultimodalModel`` with ``nnx.Rngs(seed)``), with two tables drawn
     again at unit scale: the token embeddings (std 1/sqrt(hidden), so that embeddings times Gemma's sqrt(hidden)
     have RMS ~1 like the post-normed layer outputs added to them) and the projector's matrix (std
-    1/sqrt(vision hidden), so that soft tokens have RMS ~1 too). Returns (graphdef, {"model": the model's parameters
+    1/sqrt(vision hidden), so that soft tokens have RMS ~1 too), and the vision tower drawn as SigLIP is (``siglip_init``). Returns (graphdef, {"model": the model's parameters
     as a nested dict, "aux": the attribute head of ``attribute_loss``, zeros})."""
     model = MultimodalModel(cfg, gemma3.SPEC, {}, rngs=nnx.Rngs(seed))
     graphdef, state = nnx.split(model)
@@ -270,6 +366,7 @@ def initial_params(cfg, seed: int):
     proj = params["encoders"]["image"]["projector"]
     w = proj["mm_input_projection_weight"]
     proj["mm_input_projection_weight"] = jax.random.normal(k_proj, w.shape) * w.shape[0] ** -0.5
+    siglip_init(params["encoders"]["image"]["tower"], jax.random.key(seed + 2))
     width = cfg.decoder.hidden_size
     outputs = sum(classes * count for classes, count in ATTRIBUTE_HEADS)
     aux = {"kernel": jnp.zeros((width, outputs), jnp.float32), "bias": jnp.zeros((outputs,), jnp.float32),
@@ -279,7 +376,9 @@ def initial_params(cfg, seed: int):
 
 
 def make_optimizer(steps: int, peak_lr: float, warmup: int) -> optax.GradientTransformation:
-    schedule = optax.warmup_cosine_decay_schedule(0.0, peak_lr, warmup, steps, end_value=peak_lr * 0.05)
+    warmup = min(warmup, steps // 2)
+    schedule = optax.warmup_cosine_decay_schedule(0.0, peak_lr, warmup, max(steps, warmup + 1),
+                                                  end_value=peak_lr * 0.05)
     decay_mask = lambda params: jax.tree.map(lambda p: p.ndim >= 2, params)  # noqa: E731 (no decay on norms, biases)
     return optax.chain(optax.clip_by_global_norm(1.0),
                        optax.adamw(schedule, b1=0.9, b2=0.98, weight_decay=0.01, mask=decay_mask))
@@ -325,7 +424,9 @@ def export(params, folder: pathlib.Path) -> pathlib.Path:
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--out", default=str(ROOT / "app" / "checkpoints" / "shapes-gemma3"))
-    p.add_argument("--steps", type=int, default=1800)
+    p.add_argument("--vision-steps", type=int, default=5000, help="steps of the vision phase (before the rest)")
+    p.add_argument("--vision-lr", type=float, default=1e-3)
+    p.add_argument("--steps", type=int, default=3200, help="steps of conversations")
     p.add_argument("--lr", type=float, default=2e-3)
     p.add_argument("--warmup", type=int, default=100)
     p.add_argument("--seed", type=int, default=0)
@@ -342,12 +443,13 @@ def main(argv=None) -> int:
     graphdef, params = initial_params(cfg, args.seed)
     n_params = sum(np.asarray(v).size for _, v in _flatten(params["model"]))
     print(f"[train] {n_params / 1e6:.2f}M parameters, {args.steps} steps, seed {args.seed}", flush=True)
+    start = time.perf_counter()
+    if args.vision_steps:
+        params = train_vision(params, graphdef, processor, args)
     optimizer = make_optimizer(args.steps, args.lr, args.warmup)
     opt_state = optimizer.init(params)
     train_step = make_train_step(graphdef, optimizer, args.aux_weight)
     batcher = Batcher(processor, args.seed, args.curriculum)
-
-    start = time.perf_counter()
     sums: dict[str, list[float]] = {}
     for step, batch in enumerate(prefetch(batcher, 0, args.steps)):
         kind = batch.pop("kind")
@@ -363,7 +465,7 @@ def main(argv=None) -> int:
             export(params, out)
     seconds = time.perf_counter() - start
     export(params, out)
-    print(json.dumps({"steps": args.steps, "seed": args.seed, "seconds": round(seconds, 1),
+    print(json.dumps({"vision_steps": args.vision_steps, "steps": args.steps, "seed": args.seed, "seconds": round(seconds, 1),
                       "parameters": int(n_params), "out": str(out)}), flush=True)
     return 0
 
