@@ -432,6 +432,8 @@ def main(argv=None) -> int:
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--curriculum", type=int, default=300, help="steps whose scenes have mostly one shape")
     p.add_argument("--aux-weight", type=float, default=1.0, help="weight of the image attribute loss")
+    p.add_argument("--init", help="start from the weights of this checkpoint folder instead of random ones (a "
+                                  "run continued; the attribute heads start again from zero)")
     p.add_argument("--log-every", type=int, default=50)
     p.add_argument("--export-every", type=int, default=0, help="also write the folder every this many steps")
     args = p.parse_args(argv)
@@ -441,6 +443,12 @@ def main(argv=None) -> int:
     with tempfile.TemporaryDirectory() as tmp:  # the processor reads the tokenizer and processor files
         processor = gemma3.Gemma3Processor(write_folder_files(pathlib.Path(tmp)), cfg)
     graphdef, params = initial_params(cfg, args.seed)
+    if args.init:
+        from app.pipeline import Pipeline
+
+        loaded = Pipeline.from_pretrained(args.init).engine.params
+        params["model"] = jax.tree.map(lambda ours, theirs: jnp.asarray(theirs, ours.dtype), params["model"], loaded)
+        print(f"[train] starting from {args.init}", flush=True)
     n_params = sum(np.asarray(v).size for _, v in _flatten(params["model"]))
     print(f"[train] {n_params / 1e6:.2f}M parameters, {args.steps} steps, seed {args.seed}", flush=True)
     start = time.perf_counter()
