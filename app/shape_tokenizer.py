@@ -14,8 +14,7 @@ import functools
 
 from app import shape_dialogues as sd
 from app.shape_scenes import BACKGROUNDS, COLOURS, KINDS
-from app.tiny_gemma3_tokenizer import (_BASE_CHARS, _HEAD_SPECIALS, _TAIL_SPECIALS, gemma_bpe_tokenizer,
-                                       learn_merges)
+from app.tiny_gemma3_tokenizer import _HEAD_SPECIALS, _TAIL_SPECIALS, byte_fallback_vocab, gemma_bpe_tokenizer
 
 NUM_MERGES = 433  # every pair the corpus can still merge: each template word is one token
 
@@ -48,18 +47,7 @@ def corpus() -> str:
 @functools.lru_cache(maxsize=1)
 def shape_vocab() -> tuple[tuple[tuple[str, int], ...], tuple[tuple[str, str], ...]]:
     """((token, id) pairs for every token, special ones included), (merges)) of the default model's tokenizer."""
-    vocab: dict[str, int] = {}
-    for tok in _HEAD_SPECIALS:
-        vocab[tok] = len(vocab)
-    for b in range(256):
-        vocab[f"<0x{b:02X}>"] = len(vocab)
-    for ch in _BASE_CHARS:
-        vocab[ch] = len(vocab)
-    merges = learn_merges(corpus(), NUM_MERGES)
-    for a, b in merges:
-        vocab[a + b] = len(vocab)
-    for tok in _TAIL_SPECIALS:
-        vocab[tok] = len(vocab)
+    vocab, merges = byte_fallback_vocab(corpus(), NUM_MERGES)
     return tuple(vocab.items()), tuple(merges)
 
 

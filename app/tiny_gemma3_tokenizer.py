@@ -5,7 +5,7 @@ A byte-fallback BPE whose merges are learned from an embedded English text, with
 processor and chat template need (ids: see app/tiny_gemma3.py), the Gemma 3 chat template, and the processor /
 image-processor settings laid out the way transformers 5.23 saves them. No torch needed.
 
-:func:`gemma_bpe_tokenizer` and :func:`learn_merges` build the same kind of tokenizer for another vocabulary (the
+:func:`gemma_bpe_tokenizer` and :func:`byte_fallback_vocab` build the same kind of tokenizer for another vocabulary (the
 embedded default model's, app/shape_tokenizer.py).
 """
 
@@ -108,6 +108,24 @@ def learn_merges(text: str, num_merges: int) -> list[tuple[str, str]]:
     return merges
 
 
+def byte_fallback_vocab(text: str, num_merges: int) -> tuple[dict[str, int], list[tuple[str, str]]]:
+    """``(vocab, merges)`` of a Gemma-style byte-fallback BPE: ids 0-6 the head special tokens, then the 256 byte
+    tokens, the base characters, one token per merge learned from ``text``, and last the image special tokens."""
+    vocab: dict[str, int] = {}
+    for tok in _HEAD_SPECIALS:
+        vocab[tok] = len(vocab)
+    for b in range(256):
+        vocab[f"<0x{b:02X}>"] = len(vocab)
+    for ch in _BASE_CHARS:
+        vocab[ch] = len(vocab)
+    merges = learn_merges(text, num_merges)
+    for a, b in merges:
+        vocab[a + b] = len(vocab)
+    for tok in _TAIL_SPECIALS:
+        vocab[tok] = len(vocab)
+    return vocab, merges
+
+
 _VOCAB_CACHE: tuple[dict[str, int], list[tuple[str, str]]] | None = None
 
 
@@ -115,18 +133,7 @@ def tokenizer_vocab() -> tuple[dict[str, int], list[tuple[str, str]]]:
     """The tokenizer's ``(vocab, merges)``: token -> id for every token (special ones included), and the merges."""
     global _VOCAB_CACHE
     if _VOCAB_CACHE is None:
-        vocab: dict[str, int] = {}
-        for tok in _HEAD_SPECIALS:
-            vocab[tok] = len(vocab)
-        for b in range(256):
-            vocab[f"<0x{b:02X}>"] = len(vocab)
-        for ch in _BASE_CHARS:
-            vocab[ch] = len(vocab)
-        merges = learn_merges(_CORPUS, _NUM_MERGES)
-        for a, b in merges:
-            vocab[a + b] = len(vocab)
-        for tok in _TAIL_SPECIALS:
-            vocab[tok] = len(vocab)
+        vocab, merges = byte_fallback_vocab(_CORPUS, _NUM_MERGES)
         for tok, idx in SPECIAL_TOKEN_IDS.items():
             assert vocab[tok] == idx, (tok, vocab[tok], idx)
         _VOCAB_CACHE = (vocab, merges)

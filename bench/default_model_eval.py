@@ -8,7 +8,9 @@ For each scene (half of them read back from JPEG, half lossless) the model is as
   (``describe_pairs``); ``describe_exact`` also needs every count and the background right;
 * "How many shapes are there?": right when the number is;
 * "What colour is the <kind>?" (a kind in the scene), "Is there a <kind>?" (a random kind) and "What colour is
-  the background?": right when the answer is the template's answer word for word.
+  the background?": right when the answer is the template's answer word for word;
+* "Which image has more shapes?" on consecutive pairs of the pictures (``compare``): right when the answer is the
+  template's answer word for word.
 
 Training draws its scenes from ``numpy.random.default_rng([seed, step])``; these come from
 ``numpy.random.default_rng(seed)`` with a different seed, so they are new pictures.
@@ -46,12 +48,15 @@ def eval_items(n: int = 200, seed: int = EVAL_SEED) -> list[EvalItem]:
     return items
 
 
-def _ask(pipe, items: list[EvalItem], questions: list[str], batch: int, **sampling) -> list[str]:
+def _ask(pipe, items: list[EvalItem] | list[list[EvalItem]], questions: list[str], batch: int,
+         **sampling) -> list[str]:
+    """Greedy (or sampled) answers to ``questions[i]`` about the picture ``items[i]`` (or the pictures, a list)."""
     answers: list[str] = []
     for start in range(0, len(items), batch):
         chunk = list(zip(items[start:start + batch], questions[start:start + batch]))
-        conversations = [[{"role": "user", "content": [{"type": "image", "image": it.image},
-                                                       {"type": "text", "text": q}]}] for it, q in chunk]
+        conversations = [[{"role": "user", "content": [{"type": "image", "image": it.image}
+                                                       for it in (group if isinstance(group, list) else [group])]
+                           + [{"type": "text", "text": q}]}] for group, q in chunk]
         results = pipe.generate(conversations, max_new_tokens=40, **sampling)
         answers += [r.text for r in results]
     return answers
@@ -100,6 +105,10 @@ def evaluate(pipe, items: list[EvalItem], *, batch: int = 200, extended: bool = 
                                             for it, k, a in zip(items, asked, presence)]))
         scores["background"] = float(np.mean([a == sd.background_answer(it.scene)
                                               for it, a in zip(items, background)]))
+        pairs = [items[i:i + 2] for i in range(0, n - 1, 2)]
+        compare = _ask(pipe, pairs, ["Which image has more shapes?"] * len(pairs), batch, **sampling)
+        scores["compare"] = float(np.mean([a == sd.compare_answer([p.scene for p in pair])
+                                           for pair, a in zip(pairs, compare)]))
     return {"scores": scores, "examples": examples}
 
 
