@@ -2,7 +2,8 @@
 
 Every folder holds the same random weights (drawn with a fixed torch seed, nothing left at its zero / one
 initialisation), the tokenizer, chat template and processor files of :mod:`app.tiny_gemma3`, and the
-instruction-tuned generation config (eos = ``[<eos>, <end_of_turn>]``).
+instruction-tuned generation config (eos = ``[<eos>, <end_of_turn>]``). Also the pipelines on them, and the
+other families' tiny folders and references, and two small media files of the web demo's tests.
 """
 
 from __future__ import annotations
@@ -12,7 +13,9 @@ import pathlib
 import shutil
 import sys
 
+import numpy as np
 import pytest
+from PIL import Image
 
 # The suite runs on CPU (parity with transformers on CPU float32), also on machines with an accelerator.
 os.environ.setdefault("JAX_PLATFORMS", "cpu")
@@ -315,3 +318,20 @@ def llama4_text_pipeline(tiny_llama4_text_dir):
     from app.pipeline import Pipeline
 
     return Pipeline.from_pretrained(tiny_llama4_text_dir)
+
+
+# ---- media files for the web demo's tests
+
+@pytest.fixture(scope="module")
+def image_file(tmp_path_factory) -> str:
+    rng = np.random.default_rng(0)
+    path = tmp_path_factory.mktemp("web_media") / "photo.png"
+    Image.fromarray(rng.integers(0, 256, (40, 56, 3), dtype=np.uint8)).save(path)
+    return str(path)
+
+
+@pytest.fixture(scope="module")
+def broken_image(tmp_path_factory) -> str:
+    path = tmp_path_factory.mktemp("web_broken") / "broken.png"
+    path.write_bytes(b"\x89PNG\r\n\x1a\n this is not really a png")
+    return str(path)
