@@ -268,7 +268,7 @@ def single_image_conversation(rng: np.random.Generator, new_scene=sample_scene) 
 
 def multi_image_conversation(rng: np.random.Generator, new_scene=sample_scene) -> Conversation:
     """Two or three pictures in one message: describe each, or (two pictures) which has more shapes."""
-    if rng.uniform() < 0.35:
+    if rng.uniform() < 0.5:
         scenes = [new_scene(rng) for _ in range(2)]
         question, answer = _vary(_pick(COMPARE_PROMPTS, rng), rng), compare_answer(scenes)
     else:

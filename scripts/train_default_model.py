@@ -424,9 +424,9 @@ def export(params, folder: pathlib.Path) -> pathlib.Path:
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--out", default=str(ROOT / "app" / "checkpoints" / "shapes-gemma3"))
-    p.add_argument("--vision-steps", type=int, default=5000, help="steps of the vision phase (before the rest)")
+    p.add_argument("--vision-steps", type=int, default=8000, help="steps of the vision phase (before the rest)")
     p.add_argument("--vision-lr", type=float, default=1e-3)
-    p.add_argument("--steps", type=int, default=3200, help="steps of conversations")
+    p.add_argument("--steps", type=int, default=4000, help="steps of conversations")
     p.add_argument("--lr", type=float, default=2e-3)
     p.add_argument("--warmup", type=int, default=100)
     p.add_argument("--seed", type=int, default=0)

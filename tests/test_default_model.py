@@ -87,9 +87,6 @@ def test_counts_200_held_out_scenes(held_out_report):
     assert held_out_report["scores"]["count"] >= 0.95, held_out_report
 
 
-@pytest.mark.xfail(strict=True, reason="the shipped checkpoint names the right pairs in 92.5% of these scenes "
-                                       "(README: 'Evaluation'), under the 95% bar; once a checkpoint reaches it "
-                                       "this test passes and strict mode asks for the mark to go")
 def test_describes_200_held_out_scenes(held_out_report):
     """The bar: on 200 new scenes "Describe this image." names exactly the right set of (colour, shape) pairs in
     >= 95% of the answers."""
