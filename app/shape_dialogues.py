@@ -10,7 +10,9 @@ The default model answers:
   triangle."
 * "What colour is the background?": "The background is white."
 * Several images with "Describe these images.": "Image 1: .... Image 2: ...."; "Which image has more shapes?":
-  "The first image has more shapes." / "Both images have the same number of shapes."
+  "The first image has 3 shapes and the second has 2, so the first image has more shapes." / "... so both have the
+  same number of shapes." (each count first: a small model compares two numbers it has written far more reliably
+  than two pictures at once)
 * Text without an image: :data:`TEXT_ONLY_ANSWER`.
 
 :func:`sample_conversation` draws a conversation (messages with images, and the answers the model is taught) for
@@ -140,10 +142,13 @@ def describe_many(scenes: list[Scene]) -> str:
 
 
 def compare_answer(scenes: list[Scene]) -> str:
+    """Each picture's count first, then the comparison: "The first image has 1 shape and the second has 3, so the
+    second image has more shapes." """
     a, b = (len(s.shapes) for s in scenes)
+    counts = f"The first image has {a} shape{'s' if a > 1 else ''} and the second has {b}, so "
     if a == b:
-        return "Both images have the same number of shapes."
-    return f"The {'first' if a > b else 'second'} image has more shapes."
+        return counts + "both have the same number of shapes."
+    return counts + f"the {'first' if a > b else 'second'} image has more shapes."
 
 
 # ---------------------------------------------------------------------------------------------------------------

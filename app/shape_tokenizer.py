@@ -16,7 +16,14 @@ from app import shape_dialogues as sd
 from app.shape_scenes import BACKGROUNDS, COLOURS, KINDS
 from app.tiny_gemma3_tokenizer import _HEAD_SPECIALS, _TAIL_SPECIALS, byte_fallback_vocab, gemma_bpe_tokenizer
 
-NUM_MERGES = 433  # every pair the corpus can still merge: each template word is one token
+NUM_MERGES = 436  # every pair the corpus can still merge: each template word is one token
+
+
+class _Counted:
+    """A stand-in scene with ``n`` shapes (what :func:`app.shape_dialogues.compare_answer` reads)."""
+
+    def __init__(self, n: int):
+        self.shapes = [None] * n
 
 
 def corpus() -> str:
@@ -38,9 +45,9 @@ def corpus() -> str:
     for background in BACKGROUNDS:
         lines += [f"A shape on a {background} background.", f"The background is {background}."]
     lines += ["There is 1 shape.", "There are 2 shapes.", "There are 3 shapes.",
-              "Image 1: A shape. Image 2: A shape. Image 3: Two shapes.", "The first image has more shapes.",
-              "The second image has more shapes.",
-              "Both images have the same number of shapes.", sd.TEXT_ONLY_ANSWER]
+              "Image 1: A shape. Image 2: A shape. Image 3: Two shapes."]
+    lines += [sd.compare_answer([_Counted(a), _Counted(b)]) for a in (1, 2, 3) for b in (1, 2, 3)]
+    lines += [sd.TEXT_ONLY_ANSWER]
     return "\n".join(lines) + "\n"
 
 

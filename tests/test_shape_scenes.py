@@ -133,9 +133,13 @@ def test_answer_templates():
     assert sd.describe(mixed) == "A purple circle, a green triangle and a yellow triangle on a navy background."
     assert sd.colour_answer(mixed, "triangle") == "The triangles are green and yellow."
     assert sd.describe_many([one, s]) == f"Image 1: {sd.describe(one)} Image 2: {sd.describe(s)}"
-    assert sd.compare_answer([one, s]) == "The second image has more shapes."
-    assert sd.compare_answer([s, one]) == "The first image has more shapes."
-    assert sd.compare_answer([one, one]) == "Both images have the same number of shapes."
+    assert len(s.shapes) > 1
+    assert sd.compare_answer([one, s]) == (f"The first image has 1 shape and the second has {len(s.shapes)}, "
+                                           "so the second image has more shapes.")
+    assert sd.compare_answer([s, one]) == (f"The first image has {len(s.shapes)} shapes and the second has 1, "
+                                           "so the first image has more shapes.")
+    assert sd.compare_answer([one, one]) == ("The first image has 1 shape and the second has 1, "
+                                             "so both have the same number of shapes.")
 
 
 def test_descriptions_parse_back_to_the_scene():
