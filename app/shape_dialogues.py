@@ -142,9 +142,14 @@ def describe_many(scenes: list[Scene]) -> str:
 
 
 def compare_answer(scenes: list[Scene]) -> str:
+    """The answer to "Which image has more shapes?" about two scenes (:func:`compare_counts`)."""
+    a, b = (len(s.shapes) for s in scenes)
+    return compare_counts(a, b)
+
+
+def compare_counts(a: int, b: int) -> str:
     """Each picture's count first, then the comparison: "The first image has 1 shape and the second has 3, so the
     second image has more shapes." """
-    a, b = (len(s.shapes) for s in scenes)
     counts = f"The first image has {a} shape{'s' if a > 1 else ''} and the second has {b}, so "
     if a == b:
         return counts + "both have the same number of shapes."

@@ -19,13 +19,6 @@ from app.tiny_gemma3_tokenizer import _HEAD_SPECIALS, _TAIL_SPECIALS, byte_fallb
 NUM_MERGES = 436  # every pair the corpus can still merge: each template word is one token
 
 
-class _Counted:
-    """A stand-in scene with ``n`` shapes (what :func:`app.shape_dialogues.compare_answer` reads)."""
-
-    def __init__(self, n: int):
-        self.shapes = [None] * n
-
-
 def corpus() -> str:
     """Every question and answer template of app/shape_dialogues.py with every colour, kind, number and
     background filled in, one per line, in a fixed order."""
@@ -46,7 +39,7 @@ def corpus() -> str:
         lines += [f"A shape on a {background} background.", f"The background is {background}."]
     lines += ["There is 1 shape.", "There are 2 shapes.", "There are 3 shapes.",
               "Image 1: A shape. Image 2: A shape. Image 3: Two shapes."]
-    lines += [sd.compare_answer([_Counted(a), _Counted(b)]) for a in (1, 2, 3) for b in (1, 2, 3)]
+    lines += [sd.compare_counts(a, b) for a in (1, 2, 3) for b in (1, 2, 3)]
     lines += [sd.TEXT_ONLY_ANSWER]
     return "\n".join(lines) + "\n"
 

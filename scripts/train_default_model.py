@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import argparse
 import collections
+import functools
 import json
 import math
 import pathlib
@@ -189,12 +190,10 @@ def vision_batch(processor, seed: int, step: int) -> dict:
             "cells": np.stack([cell_labels(s) for s in scenes])}
 
 
-def prefetch(batcher: Batcher, start: int, stop: int, depth: int = 3, make=None):
-    """Batches for steps start..stop-1, drawn in a background thread (the data of a step depends only on its
-    index, so the thread changes nothing but the wall time)."""
+def prefetch(make, start: int, stop: int, depth: int = 3):
+    """Batches ``make(step)`` for steps start..stop-1, drawn in a background thread (the data of a step depends
+    only on its index, so the thread changes nothing but the wall time)."""
     q: queue.Queue = queue.Queue(maxsize=depth)
-
-    make = make or batcher.batch
 
     def work():
         for step in range(start, stop):
@@ -260,8 +259,8 @@ def _grouped_loss(logits: jax.Array, labels: jax.Array, valid: jax.Array) -> jax
 def attribute_loss(aux: dict, feats_MD: jax.Array, labels_NA: jax.Array, cells_NT2: jax.Array) -> jax.Array:
     """Auxiliary losses that speed up the vision tower's start, through linear heads dropped after training: each
     image's soft tokens, averaged, predict its scene's attributes (``scene_attributes``, in equally weighted
-    groups: ``ATTRIBUTE_GROUPS``), and each soft token
-    predicts the kind and colour of the shape in its cell (``cell_labels``). labels_NA [images, attributes] and
+    groups: ``ATTRIBUTE_GROUPS``), and each soft token predicts the kind and colour of the shape in its cell
+    (``cell_labels``). labels_NA [images, attributes] and
     cells_NT2 [images, tokens, 2] are -1 for an empty image slot."""
     n = labels_NA.shape[0]
     tokens = feats_MD.reshape(n, -1, feats_MD.shape[-1])
@@ -340,8 +339,8 @@ def train_vision(params, graphdef, processor, args) -> dict:
     opt_state = optimizer.init(trained)
     step_fn = make_vision_step(graphdef, optimizer)
     start, losses = time.perf_counter(), []
-    make = lambda step: vision_batch(processor, args.seed, step)  # noqa: E731
-    for step, batch in enumerate(prefetch(None, 0, args.vision_steps, make=make)):
+    make = functools.partial(vision_batch, processor, args.seed)
+    for step, batch in enumerate(prefetch(make, 0, args.vision_steps)):
         trained, opt_state, metrics = step_fn(trained, frozen, opt_state, batch)
         losses.append(float(metrics["aux"]))
         if (step + 1) % args.log_every == 0 or step + 1 == args.vision_steps:
@@ -355,8 +354,9 @@ def initial_params(cfg, seed: int):
     """The model's own random initialisation (``MultimodalModel`` with ``nnx.Rngs(seed)``), with two tables drawn
     again at unit scale: the token embeddings (std 1/sqrt(hidden), so that embeddings times Gemma's sqrt(hidden)
     have RMS ~1 like the post-normed layer outputs added to them) and the projector's matrix (std
-    1/sqrt(vision hidden), so that soft tokens have RMS ~1 too), and the vision tower drawn as SigLIP is (``siglip_init``). Returns (graphdef, {"model": the model's parameters
-    as a nested dict, "aux": the attribute head of ``attribute_loss``, zeros})."""
+    1/sqrt(vision hidden), so that soft tokens have RMS ~1 too), and the vision tower drawn as SigLIP is
+    (``siglip_init``). Returns (graphdef, {"model": the model's parameters as a nested dict, "aux": the attribute
+    head of ``attribute_loss``, zeros})."""
     model = MultimodalModel(cfg, gemma3.SPEC, {}, rngs=nnx.Rngs(seed))
     graphdef, state = nnx.split(model)
     params = nnx.to_pure_dict(state)
@@ -459,7 +459,7 @@ def main(argv=None) -> int:
     train_step = make_train_step(graphdef, optimizer, args.aux_weight)
     batcher = Batcher(processor, args.seed, args.curriculum)
     sums: dict[str, list[float]] = {}
-    for step, batch in enumerate(prefetch(batcher, 0, args.steps)):
+    for step, batch in enumerate(prefetch(batcher.batch, 0, args.steps)):
         kind = batch.pop("kind")
         params, opt_state, metrics = train_step(params, opt_state, batch)
         for name, value in metrics.items():
@@ -473,8 +473,8 @@ def main(argv=None) -> int:
             export(params, out)
     seconds = time.perf_counter() - start
     export(params, out)
-    print(json.dumps({"vision_steps": args.vision_steps, "steps": args.steps, "seed": args.seed, "seconds": round(seconds, 1),
-                      "parameters": int(n_params), "out": str(out)}), flush=True)
+    print(json.dumps({"vision_steps": args.vision_steps, "steps": args.steps, "seed": args.seed,
+                      "seconds": round(seconds, 1), "parameters": int(n_params), "out": str(out)}), flush=True)
     return 0
 
 
