@@ -1,0 +1,26 @@
+#!/usr/bin/env bash
+# Install omnijax into a virtual environment on exactly the versions of requirements-lock.txt, then check it.
+#
+#   bash scripts/setup.sh              the package alone: what the `omnijax` program needs
+#   bash scripts/setup.sh test,train   with extras (scripts/test.sh): PyTorch, Playwright, the real checkpoint, optax
+#
+# The environment is .venv beside this folder (or $OMNIJAX_VENV); it is created when missing and brought to the
+# lock when present (a newer package already there is moved to the locked version). PyTorch, which only the test
+# extra needs, comes from PyTorch's CPU-only index (about 200 MB instead of the several-GB CUDA build some default
+# indexes serve); TORCH_INDEX_URL names another index, TORCH_INDEX_URL= (empty) the default one alone.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+venv=${OMNIJAX_VENV:-.venv}
+extras=${1:-}
+lock=requirements-lock.txt
+[ -x "$venv/bin/python" ] || python3 -m venv "$venv"
+py="$venv/bin/python"
+install=("$py" -m pip install -q --disable-pip-version-check -c "$lock")
+complete=()
+if [[ ",$extras," == *",test,"* ]]; then
+  complete=(--complete)
+  index=${TORCH_INDEX_URL-https://download.pytorch.org/whl/cpu}
+  "${install[@]}" ${index:+--extra-index-url "$index"} "$(grep -E '^torch==' "$lock")"
+fi
+"${install[@]}" -e ".${extras:+[$extras]}"
+"$py" scripts/check_lock.py "${complete[@]}"
