@@ -10,8 +10,8 @@ from __future__ import annotations
 
 from typing import Callable, Iterable, Sequence
 
-from app.detokenize import IncrementalDetokenizer
-from app.stops import StopChecker
+from omnijax.app.detokenize import IncrementalDetokenizer
+from omnijax.app.stops import StopChecker
 
 
 class AnswerText:

@@ -21,9 +21,9 @@ import numpy as np
 from flax import nnx
 from safetensors import safe_open
 
-from common.errors import CheckpointError
-from common.weights import ParamPath, TensorSpec
-from common.sharding import named_sharding
+from omnijax.common.errors import CheckpointError
+from omnijax.common.weights import ParamPath, TensorSpec
+from omnijax.common.sharding import named_sharding
 
 log = logging.getLogger(__name__)
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from common.weights import ParamPath, TensorSpec
+from omnijax.common.weights import ParamPath, TensorSpec
 
 
 def checkpoint_tensors(params: dict[ParamPath, np.ndarray], weight_map: dict[ParamPath, TensorSpec],

@@ -14,8 +14,8 @@ import logging
 import pathlib
 from typing import Any, Callable
 
-from app.checkpoint import TensorIndex, check_folder_files, numpy_dtype, read_json
-from common.errors import CheckpointError
+from omnijax.app.checkpoint import TensorIndex, check_folder_files, numpy_dtype, read_json
+from omnijax.common.errors import CheckpointError
 
 log = logging.getLogger(__name__)
 
@@ -94,12 +94,12 @@ def open_gguf(file: pathlib.Path) -> Checkpoint:
     """A GGUF file: its architecture's ``GGUFArch`` turns the metadata into a Hugging Face config; the tokenizer
     is built from the metadata. Unsupported architectures and tensor types fail here, before any tensor is
     read."""
-    from app.families import gguf_arch_for
-    from app.gguf.arch import GGUFMetadata
-    from app.gguf.dequant import check_types
-    from app.gguf.file import GGUFFile
-    from app.gguf.tensors import GGUFTensors
-    from preprocess.tokenizer import load_gguf_tokenizer
+    from omnijax.app.families import gguf_arch_for
+    from omnijax.app.gguf.arch import GGUFMetadata
+    from omnijax.app.gguf.dequant import check_types
+    from omnijax.app.gguf.file import GGUFFile
+    from omnijax.app.gguf.tensors import GGUFTensors
+    from omnijax.preprocess.tokenizer import load_gguf_tokenizer
 
     gguf = GGUFFile(file)
     try:

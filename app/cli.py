@@ -11,7 +11,7 @@ import os
 import sys
 import time
 
-from common.errors import OmnijaxError, PromptError
+from omnijax.common.errors import OmnijaxError, PromptError
 
 
 def add_sampling_flags(p: argparse.ArgumentParser) -> None:
@@ -59,14 +59,14 @@ def parser(commands: dict | None = None) -> argparse.ArgumentParser:
 
 
 def load_pipeline(args):
-    from app.pipeline import Pipeline
+    from omnijax.app.pipeline import Pipeline
 
     if getattr(args, "no_compilation_cache", False):
         os.environ["OMNIJAX_COMPILATION_CACHE"] = "0"
 
     folder = args.model
     if folder is None:
-        from app.default_model import default_model_dir
+        from omnijax.app.default_model import default_model_dir
 
         folder = default_model_dir()
         print(f"[omnijax] no --model given: using the embedded default model at {folder} (a small model "
@@ -91,7 +91,7 @@ def messages_from(args) -> list[dict] | str:
 
 
 def run_generate(args) -> int:
-    from app.sampling import check_settings
+    from omnijax.app.sampling import check_settings
 
     sampling = dict(max_new_tokens=args.max_new_tokens, temperature=args.temperature, top_k=args.top_k,
                     top_p=args.top_p, seed=args.seed, stop=args.stop)

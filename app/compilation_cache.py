@@ -12,7 +12,7 @@ import pathlib
 
 import jax
 
-from common.paths import omnijax_home
+from omnijax.common.paths import omnijax_home
 
 log = logging.getLogger(__name__)
 ENV = "OMNIJAX_COMPILATION_CACHE"

@@ -15,7 +15,7 @@ import math
 import numbers
 from typing import Any
 
-from common.errors import CheckpointError
+from omnijax.common.errors import CheckpointError
 
 # key -> (smallest, largest) for integer settings
 INT_LIMITS: dict[str, tuple[int, int]] = {

@@ -2,18 +2,18 @@
 
 ``app/checkpoints/shapes-gemma3`` is an ordinary Hugging Face checkpoint folder (config.json,
 generation_config.json, model.safetensors, tokenizer, Gemma 3 chat template, processor settings) that
-scripts/train_default_model.py trained from scratch on pictures of simple shapes (app/shape_scenes.py): it
-describes such pictures, counts their shapes and names their colours (app/shape_dialogues.py lists its answers).
+training/train_default_model.py trained from scratch on pictures of simple shapes (training/scenes.py): it
+describes such pictures, counts their shapes and names their colours (training/dialogues.py lists its answers).
 Nothing is built at first use.
 
-The tiny random Gemma 3 checkpoints of the test suite and the benchmarks are built by app/tiny_gemma3.py.
+The tiny random Gemma 3 checkpoints of the test suite and the benchmarks are built by tests/fixtures/tiny_gemma3.py.
 """
 
 from __future__ import annotations
 
 import pathlib
 
-from common.errors import CheckpointError
+from omnijax.common.errors import CheckpointError
 
 DEFAULT_MODEL_NAME = "shapes-gemma3"
 _FOLDER = pathlib.Path(__file__).resolve().parent / "checkpoints" / DEFAULT_MODEL_NAME

@@ -41,7 +41,7 @@ class IncrementalDetokenizer:
     @classmethod
     def for_tokenizer(cls, tokenizer, decode: Callable[[list[int]], str]) -> "IncrementalDetokenizer":
         """The detokenizer for a transformers tokenizer whose ``decode`` (skipping special tokens) is ``decode``."""
-        from preprocess.tokenizer import byte_fallback_ids, special_tokens
+        from omnijax.preprocess.tokenizer import byte_fallback_ids, special_tokens
 
         if tokenizer is None:
             return cls(decode)

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from flax import nnx
 
-from app.families.spec import FamilySpec, ModelConfig
-from decoder.model import DecoderModel
+from omnijax.app.families.spec import FamilySpec, ModelConfig
+from omnijax.decoder.model import DecoderModel
 
 
 class MultimodalModel(nnx.Module):

@@ -12,19 +12,19 @@ from typing import Any, Generator, Sequence
 import jax.numpy as jnp
 import numpy as np
 
-from app.answer_text import answer_for
-from app.checkpoint import abstract_params, load_params
-from app.checkpoint_source import open_checkpoint
-from app.compilation_cache import enable_compilation_cache
-from app.config_limits import check_config_limits
-from common.errors import PromptError
-from app.families import family_for_config
-from app.families.spec import PreparedPrompt
-from app.generation import Engine
-from app.model import abstract_model
-from app.sampling import check_settings
-from common.sharding import make_mesh
-from preprocess.raw_prompt import raw_prompt_ids
+from omnijax.app.answer_text import answer_for
+from omnijax.app.checkpoint import abstract_params, load_params
+from omnijax.app.checkpoint_source import open_checkpoint
+from omnijax.app.compilation_cache import enable_compilation_cache
+from omnijax.app.config_limits import check_config_limits
+from omnijax.common.errors import PromptError
+from omnijax.app.families import family_for_config
+from omnijax.app.families.spec import PreparedPrompt
+from omnijax.app.generation import Engine
+from omnijax.app.model import abstract_model
+from omnijax.app.sampling import check_settings
+from omnijax.common.sharding import make_mesh
+from omnijax.preprocess.raw_prompt import raw_prompt_ids
 
 log = logging.getLogger(__name__)
 
@@ -85,7 +85,7 @@ class Pipeline:
             raise ValueError(f"unsupported dtype {dtype!r}; use one of {sorted(_JAX_DTYPES)}")
         enable_compilation_cache()
         if path is None:
-            from app.default_model import default_model_dir
+            from omnijax.app.default_model import default_model_dir
 
             path = default_model_dir()
         ckpt = open_checkpoint(path)

@@ -17,7 +17,7 @@ from typing import Sequence
 import jax
 import jax.numpy as jnp
 
-from common.errors import SamplingError
+from omnijax.common.errors import SamplingError
 
 MAX_TOP_K = 2**31 - 1  # top_k is an int32 on device; values at or above the vocabulary size keep every token
 SEED_RANGE = (-(2**63), 2**63)  # what jax.random.key takes

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from typing import Sequence
 
-from app.sampling import check_stops
+from omnijax.app.sampling import check_stops
 
 
 class StopChecker:

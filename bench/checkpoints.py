@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 import pathlib
 
-from app.tiny_gemma3 import build_tiny_gemma3
+from fixtures.tiny_gemma3 import build_tiny_gemma3
 
 # Gemma-3-shaped, about 128M parameters: hidden 768, 12 layers, 12 heads, head_dim 64, MLP 3072, vocab 32k,
 # sliding window 512, and a small SigLIP tower (224 px, patch 14 -> 256 patches pooled to 64 soft tokens).
@@ -67,14 +67,9 @@ CONFIGS = {("gemma3", False): GEMMA3_BENCH, ("gemma3", True): GEMMA3_SMOKE,
 
 def _build_llama4(folder: pathlib.Path, overrides: dict) -> None:
     """A random Llama4ForConditionalGeneration (transformers' save_pretrained) with the Llama 4 tokenizer, chat
-    template and processor files of the test checkpoints (tests/llama4_checkpoint.py)."""
-    import sys
-
-    tests = str(pathlib.Path(__file__).resolve().parents[1] / "tests")
-    if tests not in sys.path:
-        sys.path.insert(0, tests)
-    import llama4_checkpoint
-    from llama4_tokenizer import IMAGE_PROCESSOR_CONFIG
+    template and processor files of the test checkpoints (tests/fixtures/llama4_checkpoint.py)."""
+    from fixtures import llama4_checkpoint
+    from fixtures.llama4_tokenizer import IMAGE_PROCESSOR_CONFIG
 
     image_processor = {**IMAGE_PROCESSOR_CONFIG, **overrides["image_processor"]}
     llama4_checkpoint.build_tiny_llama4(folder, seed=0, image_processor=image_processor,

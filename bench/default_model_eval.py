@@ -26,8 +26,8 @@ import time
 
 import numpy as np
 
-from app import shape_dialogues as sd
-from app.shape_scenes import KINDS, Scene, render_file_like, sample_scene
+from training import dialogues as sd
+from training.scenes import KINDS, Scene, render_file_like, sample_scene
 
 EVAL_SEED = 20250101
 
@@ -121,8 +121,8 @@ def main(argv=None) -> int:
     p.add_argument("--temperature", type=float, default=0.0, help="> 0: sample (top-k 64, top-p 0.95)")
     args = p.parse_args(argv)
 
-    from app.default_model import default_model_dir
-    from app.pipeline import Pipeline
+    from omnijax.app.default_model import default_model_dir
+    from omnijax.app.pipeline import Pipeline
 
     start = time.perf_counter()
     pipe = Pipeline.from_pretrained(args.model or default_model_dir())

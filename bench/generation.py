@@ -122,8 +122,8 @@ class ProcessorOnly:
     """omnijax's prompt preparation without loading any weights (for measuring the other system alone)."""
 
     def __init__(self, folder):
-        from app.checkpoint import read_json
-        from app.families import family_for_config
+        from omnijax.app.checkpoint import read_json
+        from omnijax.app.families import family_for_config
 
         hf = read_json(pathlib.Path(folder), "config.json")
         spec = family_for_config(hf)
@@ -154,7 +154,7 @@ class OmnijaxRunner:
     name = "omnijax"
 
     def __init__(self, folder):
-        from app.pipeline import Pipeline
+        from omnijax.app.pipeline import Pipeline
 
         start = time.perf_counter()
         self.pipe = Pipeline.from_pretrained(folder, dtype="float32")
@@ -167,7 +167,7 @@ class OmnijaxRunner:
         self.matrices = [x for x in leaves if x.ndim == 2]  # every [out, in] kernel and the (tied) embedding
 
     def generate(self, prompts, new_tokens):
-        from app.sampling import SamplingParams
+        from omnijax.app.sampling import SamplingParams
 
         out = self.engine.generate(prompts, new_tokens, SamplingParams(), ignore_eos=True)
         assert out.shape == (len(prompts), new_tokens), out.shape

@@ -43,7 +43,7 @@ def probe(path: str, dtype: str) -> dict:
     start = time.perf_counter()
     import jax
 
-    import app.pipeline as pipeline_module
+    import omnijax.app.pipeline as pipeline_module
 
     jax.devices()
     imports_s = time.perf_counter() - start

@@ -15,13 +15,13 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from decoder.kv_cache import init_cache
+from omnijax.decoder.kv_cache import init_cache
 
 
 def _prefill_args(engine, length: int):
     """Abstract-free concrete inputs for one text prompt of ``length`` tokens (bucketed as the engine would)."""
-    from app.families.spec import PreparedPrompt
-    from app.generation import make_batch
+    from omnijax.app.families.spec import PreparedPrompt
+    from omnijax.app.generation import make_batch
 
     tokens = np.full(length, 1, np.int32)
     prompt = PreparedPrompt(tokens, {}, np.zeros(length, bool))

@@ -5,7 +5,7 @@ from __future__ import annotations
 import contextlib
 from typing import Any, Callable, Iterator
 
-from common.errors import CheckpointError
+from omnijax.common.errors import CheckpointError
 
 
 def uniform_int(value, name: str) -> int:

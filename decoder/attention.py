@@ -15,13 +15,13 @@ import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
-from common.linear import Linear, matmul_oi, param
-from common.norms import RMSNorm, rms_norm
-from common.sharding import constrain
-from decoder.attention_op import PromptMeta, cache_attention, prompt_attention
-from decoder.kv_cache import after
-from decoder.rope import apply_rotary, rope_key
-from decoder.spec import AttentionSpec
+from omnijax.common.linear import Linear, matmul_oi, param
+from omnijax.common.norms import RMSNorm, rms_norm
+from omnijax.common.sharding import constrain
+from omnijax.decoder.attention_op import PromptMeta, cache_attention, prompt_attention
+from omnijax.decoder.kv_cache import after
+from omnijax.decoder.rope import apply_rotary, rope_key
+from omnijax.decoder.spec import AttentionSpec
 
 
 class PromptContext(NamedTuple):

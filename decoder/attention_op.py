@@ -27,7 +27,7 @@ from typing import NamedTuple
 import jax
 import jax.numpy as jnp
 
-from decoder.spec import MaskSpec
+from omnijax.decoder.spec import MaskSpec
 
 DENSE_LIMIT = 256  # prompts up to this many tokens attend in one block
 Q_BLOCK = 128

@@ -11,12 +11,12 @@ from typing import Callable, NamedTuple
 import jax
 from flax import nnx
 
-from common.norms import RMSNorm
-from common.sharding import constrain
-from decoder.attention import KV, Attention
-from decoder.mlp import GatedMLP
-from decoder.moe import MoEMLP
-from decoder.spec import DecoderSpec, FeedForwardSpec, LayerSpec
+from omnijax.common.norms import RMSNorm
+from omnijax.common.sharding import constrain
+from omnijax.decoder.attention import KV, Attention
+from omnijax.decoder.mlp import GatedMLP
+from omnijax.decoder.moe import MoEMLP
+from omnijax.decoder.spec import DecoderSpec, FeedForwardSpec, LayerSpec
 
 BLOCKS: dict[str, type] = {}
 

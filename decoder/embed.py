@@ -6,7 +6,7 @@ import jax
 import jax.numpy as jnp
 from flax import nnx
 
-from common.linear import param
+from omnijax.common.linear import param
 
 
 class Embedder(nnx.Module):

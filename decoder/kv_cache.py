@@ -16,8 +16,8 @@ from __future__ import annotations
 import jax
 import jax.numpy as jnp
 
-from common.sharding import constrain
-from decoder.spec import DecoderSpec
+from omnijax.common.sharding import constrain
+from omnijax.decoder.spec import DecoderSpec
 
 KEY_AXES = ("batch", "kv_heads", "head_dim", "cache_len")
 VALUE_AXES = ("batch", "kv_heads", "cache_len", "head_dim")

@@ -5,8 +5,8 @@ from __future__ import annotations
 import jax
 from flax import nnx
 
-from common.activations import activation
-from common.linear import Linear, matmul_oi, param
+from omnijax.common.activations import activation
+from omnijax.common.linear import Linear, matmul_oi, param
 
 
 ROW_CHUNK = 1024  # rows of a long prompt per MLP pass

@@ -15,16 +15,16 @@ import jax
 import jax.numpy as jnp
 from flax import nnx
 
-from common.norms import RMSNorm
-from common.sharding import constrain
-from decoder.attention import KV, PromptContext, StepContext
-from decoder.attention_op import PromptMeta
-from decoder.blocks import BLOCKS, LayerCall
-from decoder.embed import Embedder, add_at_placeholders, merge_media
-from decoder.kv_cache import cache_index, cache_slots, fill_from_prompt, slot_positions, write_token
-from decoder.layer_inputs import LAYER_INPUTS
-from decoder.rope import rope_tables
-from decoder.spec import DecoderSpec
+from omnijax.common.norms import RMSNorm
+from omnijax.common.sharding import constrain
+from omnijax.decoder.attention import KV, PromptContext, StepContext
+from omnijax.decoder.attention_op import PromptMeta
+from omnijax.decoder.blocks import BLOCKS, LayerCall
+from omnijax.decoder.embed import Embedder, add_at_placeholders, merge_media
+from omnijax.decoder.kv_cache import cache_index, cache_slots, fill_from_prompt, slot_positions, write_token
+from omnijax.decoder.layer_inputs import LAYER_INPUTS
+from omnijax.decoder.rope import rope_tables
+from omnijax.decoder.spec import DecoderSpec
 
 
 class Media(NamedTuple):

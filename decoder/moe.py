@@ -13,10 +13,10 @@ import jax
 import jax.numpy as jnp
 from flax import nnx
 
-from common.activations import activation
-from common.linear import matmul_oi, param
-from decoder.mlp import GatedMLP
-from decoder.spec import FeedForwardSpec
+from omnijax.common.activations import activation
+from omnijax.common.linear import matmul_oi, param
+from omnijax.decoder.mlp import GatedMLP
+from omnijax.decoder.spec import FeedForwardSpec
 
 GATHER_LIMIT = 64  # assignments (tokens x k) up to which weights are gathered per assignment
 

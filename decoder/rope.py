@@ -6,7 +6,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from decoder.spec import RopeSpec
+from omnijax.decoder.spec import RopeSpec
 
 
 def mrope_axis_of_frequency(num_freqs: int, section: tuple[int, int, int]) -> np.ndarray:

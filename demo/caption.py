@@ -24,13 +24,13 @@ from typing import Sequence, TextIO
 import grain
 import jax
 
-from common.distributed import broadcast_from_first
-from common.errors import OmnijaxError
-from app.sampling import SamplingParams
-from demo.caption_items import (DEFAULT_PROMPTS, CaptionInputError, CaptionItem, check_parts, dedup_rows,
+from omnijax.common.distributed import broadcast_from_first
+from omnijax.common.errors import OmnijaxError
+from omnijax.app.sampling import SamplingParams
+from omnijax.demo.caption_items import (DEFAULT_PROMPTS, CaptionInputError, CaptionItem, check_parts, dedup_rows,
                                 finished_paths, part_path, part_pattern, remaining, row_status, shard_items)
-from demo.caption_output import OutputLock, check_not_an_input, read_output, replace_file, row_bytes
-from demo.interrupts import CtrlC
+from omnijax.demo.caption_output import OutputLock, check_not_an_input, read_output, replace_file, row_bytes
+from omnijax.demo.interrupts import CtrlC
 
 
 @dataclasses.dataclass(frozen=True)

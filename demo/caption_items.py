@@ -20,7 +20,7 @@ import pathlib
 import re
 from typing import Iterable, Sequence
 
-from common.errors import OmnijaxError
+from omnijax.common.errors import OmnijaxError
 
 IMAGE_EXTENSIONS = frozenset({".jpg", ".jpeg", ".jfif", ".png", ".gif", ".bmp", ".webp", ".tif", ".tiff", ".ppm",
                               ".pgm", ".pbm", ".pnm", ".ico", ".tga"})

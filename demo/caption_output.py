@@ -22,7 +22,7 @@ import pathlib
 import stat
 from typing import Sequence
 
-from demo.caption_items import STATUSES, CaptionInputError, parse_rows
+from omnijax.demo.caption_items import STATUSES, CaptionInputError, parse_rows
 
 MAX_OUTPUT_BYTES = 2 * 2**30
 ROW_START = b'{"path": '

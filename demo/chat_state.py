@@ -13,7 +13,7 @@ import os
 import pathlib
 from typing import Any, Iterable, Sequence
 
-from common.errors import MediaError, PromptError
+from omnijax.common.errors import MediaError, PromptError
 
 IMAGE_EXTENSIONS = frozenset({".png", ".jpg", ".jpeg", ".webp", ".gif", ".bmp", ".tif", ".tiff"})
 AUDIO_EXTENSIONS = frozenset({".wav", ".mp3", ".flac", ".ogg", ".oga", ".opus", ".m4a", ".aac"})

@@ -2,10 +2,10 @@
 
 from __future__ import annotations
 
-from app.cli import COMMANDS as APP_COMMANDS
-from app.cli import main as app_main
-from demo.cli_caption import add_caption_parser, run_caption
-from demo.cli_web import add_demo_parser, run_demo
+from omnijax.app.cli import COMMANDS as APP_COMMANDS
+from omnijax.app.cli import main as app_main
+from omnijax.demo.cli_caption import add_caption_parser, run_caption
+from omnijax.demo.cli_web import add_demo_parser, run_demo
 
 COMMANDS = dict(APP_COMMANDS, caption=(add_caption_parser, run_caption), demo=(add_demo_parser, run_demo))
 

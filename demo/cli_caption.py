@@ -11,8 +11,8 @@ import logging
 import os
 import sys
 
-from app.cli import add_model_flags, add_sampling_flags, load_pipeline
-from common.errors import OmnijaxError
+from omnijax.app.cli import add_model_flags, add_sampling_flags, load_pipeline
+from omnijax.common.errors import OmnijaxError
 
 
 def add_caption_parser(subparsers) -> argparse.ArgumentParser:
@@ -54,7 +54,7 @@ def add_caption_parser(subparsers) -> argparse.ArgumentParser:
 
 
 def _shard_of(args) -> tuple[int, int]:
-    from demo.caption_items import CaptionInputError
+    from omnijax.demo.caption_items import CaptionInputError
 
     if (args.process_index is None) != (args.process_count is None):
         raise CaptionInputError("give --process-index and --process-count together")
@@ -70,9 +70,9 @@ def _shard_of(args) -> tuple[int, int]:
 
 def run_caption(args) -> int:
     """0 when the run finished (failed items are rows, not a failure of the run), 130 when interrupted."""
-    from app.sampling import SamplingParams
-    from demo.caption import CaptionOptions, merge_parts, run_captions
-    from demo.caption_items import CaptionInputError, discover
+    from omnijax.app.sampling import SamplingParams
+    from omnijax.demo.caption import CaptionOptions, merge_parts, run_captions
+    from omnijax.demo.caption_items import CaptionInputError, discover
 
     if args.merge:
         if args.input:
@@ -83,7 +83,7 @@ def run_caption(args) -> int:
         raise CaptionInputError("caption needs --input (a folder, glob or manifest), or --merge")
     shard_index, shard_count = _shard_of(args)
     if args.distributed:
-        from common.distributed import init_distributed
+        from omnijax.common.distributed import init_distributed
 
         init_distributed(args.coordinator, args.num_processes, args.process_id)
     try:

@@ -9,9 +9,9 @@ import ipaddress
 import socket
 import sys
 
-from app.cli import add_model_flags
-from common.errors import OmnijaxError
-from demo.chat_state import DEFAULT_MAX_UPLOAD_MB
+from omnijax.app.cli import add_model_flags
+from omnijax.common.errors import OmnijaxError
+from omnijax.demo.chat_state import DEFAULT_MAX_UPLOAD_MB
 
 DEFAULT_HOST = "127.0.0.1"
 DEFAULT_PORT = 7860
@@ -97,7 +97,7 @@ def run_demo(args) -> int:
     if not is_loopback(args.host):
         print(f"[omnijax] serving on {args.host}: anyone who can reach this address can use the model",
               file=sys.stderr)
-    from demo.web import serve
+    from omnijax.demo.web import serve
 
     serve(args)
     return 0

@@ -27,8 +27,8 @@ from typing import Any, Callable, Iterator
 
 import gradio as gr
 
-from common.errors import OmnijaxError, PromptError
-from demo.chat_state import (
+from omnijax.common.errors import OmnijaxError, PromptError
+from omnijax.demo.chat_state import (
     AUDIO_EXTENSIONS,
     DEFAULT_MAX_UPLOAD_MB,
     IMAGE_EXTENSIONS,
@@ -206,7 +206,7 @@ def launch(demo: gr.Blocks, *, host: str = "127.0.0.1", port: int = 7860,
     block=False returns once the server is up (call ``demo.close()`` to stop it). A port in use or an address
     that cannot be listened on raises ServeError naming the --port / --host flag.
     """
-    from demo.cli_web import listen_problem
+    from omnijax.demo.cli_web import listen_problem
 
     demo.queue(default_concurrency_limit=1, max_size=64)
     try:
@@ -255,7 +255,7 @@ def serve(args, *, block: bool = True) -> gr.Blocks:
 
     Uploads are kept in a folder of this run (GRADIO_TEMP_DIR, set for this process), removed when it stops.
     """
-    from app.cli import load_pipeline
+    from omnijax.app.cli import load_pipeline
 
     pipe = load_pipeline(args)
     upload_dir = tempfile.mkdtemp(prefix="omnijax-demo-uploads-")

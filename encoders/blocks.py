@@ -18,10 +18,10 @@ import jax
 import jax.numpy as jnp
 from flax import nnx
 
-from common.weights import ParamPath, TensorSpec, linear, plain
-from common.linear import Linear
-from common.activations import activation
-from common.norms import LayerNorm
+from omnijax.common.weights import ParamPath, TensorSpec, linear, plain
+from omnijax.common.linear import Linear
+from omnijax.common.activations import activation
+from omnijax.common.norms import LayerNorm
 
 
 class FeedForward(nnx.Module):

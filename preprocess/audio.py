@@ -23,9 +23,9 @@ import warnings
 
 import numpy as np
 
-from common.errors import MediaError
-from preprocess.media_limits import MAX_AUDIO_CHANNELS
-from preprocess.sources import local_path
+from omnijax.common.errors import MediaError
+from omnijax.preprocess.media_limits import MAX_AUDIO_CHANNELS
+from omnijax.preprocess.sources import local_path
 
 # Scale of integer PCM arrays, as libsndfile reads them into floats: x / 2**(bits - 1).
 _INT_SCALE = {np.dtype(np.int16): 2.0**15, np.dtype(np.int32): 2.0**31}

@@ -26,9 +26,9 @@ import numpy as np
 import PIL.Image
 import PIL.ImageOps
 
-from common.errors import MediaError
-from preprocess.media_limits import MAX_IMAGE_PIXELS, check_image_pixels, reduce_factor
-from preprocess.sources import local_path
+from omnijax.common.errors import MediaError
+from omnijax.preprocess.media_limits import MAX_IMAGE_PIXELS, check_image_pixels, reduce_factor
+from omnijax.preprocess.sources import local_path
 
 
 def convert_rgb(image: PIL.Image.Image) -> PIL.Image.Image:

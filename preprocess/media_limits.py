@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import math
 
-from common.errors import MediaError
+from omnijax.common.errors import MediaError
 
 MAX_IMAGE_PIXELS = 50_000_000
 WORKING_IMAGE_PIXELS = 4096 * 4096

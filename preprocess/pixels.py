@@ -9,8 +9,8 @@ from __future__ import annotations
 import numpy as np
 import PIL.Image
 
-from common.errors import MediaError
-from preprocess.images import load_image
+from omnijax.common.errors import MediaError
+from omnijax.preprocess.images import load_image
 
 
 def to_chw_uint8(image, do_convert_rgb: bool = True) -> np.ndarray:

@@ -7,7 +7,7 @@ import os
 import pathlib
 from typing import Any
 
-from common.errors import CheckpointError
+from omnijax.common.errors import CheckpointError
 
 PROCESSOR_CONFIG_NAME = "processor_config.json"
 PREPROCESSOR_CONFIG_NAME = "preprocessor_config.json"

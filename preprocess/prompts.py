@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from common.errors import PromptError
-from preprocess.user_text import mark, protected_pattern, spells_special_token, unmark
+from omnijax.common.errors import PromptError
+from omnijax.preprocess.user_text import mark, protected_pattern, spells_special_token, unmark
 
 MEDIA_TYPES = ("image", "audio")
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from common.errors import PromptError
+from omnijax.common.errors import PromptError
 
 
 def raw_prompt_ids(tokenizer, text) -> np.ndarray:

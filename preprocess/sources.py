@@ -5,7 +5,7 @@ from __future__ import annotations
 import os
 import pathlib
 
-from common.errors import MediaError
+from omnijax.common.errors import MediaError
 
 
 def local_path(source: str | os.PathLike, what: str) -> pathlib.Path:

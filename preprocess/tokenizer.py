@@ -7,7 +7,7 @@ import os
 import pathlib
 import re
 
-from common.errors import CheckpointError
+from omnijax.common.errors import CheckpointError
 
 
 def load_tokenizer(folder: pathlib.Path):

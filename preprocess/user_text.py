@@ -20,8 +20,8 @@ import re
 
 import numpy as np
 
-from common.errors import PromptError
-from preprocess.tokenizer import special_tokens
+from omnijax.common.errors import PromptError
+from omnijax.preprocess.tokenizer import special_tokens
 
 OPEN, CLOSE, ESCAPE, ESCAPE_END = "\ue000", "\ue001", "\ue002", "\ue003"
 _MARK_CHARS = OPEN + CLOSE + ESCAPE + ESCAPE_END

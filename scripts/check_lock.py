@@ -8,7 +8,7 @@ section must also be installed (the test command's environment). The lock's sect
 
     (no marker)            the main section: the package with its test and train extras
     # [optional: NAME]     an extra the test command does not install (may be absent; if present, locked)
-    # [outside]            installed apart by the tests, never into the environment (e.g. tests/llama4_reference.py)
+    # [outside]            installed apart by the tests, never into the environment (e.g. tests/fixtures/llama4_reference.py)
 
 Exit status 0 when the environment matches, 1 (with one line per difference) when it does not.
 Standard library only: it runs before anything is known about the environment.

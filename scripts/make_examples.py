@@ -4,7 +4,7 @@
 
 examples/shapes.png is the README's first command's picture; the web demo offers every entry of the manifest
 (pictures plus a prompt) as a clickable example. Each entry records the scenes it shows and the answer the
-default model's templates give (app/shape_dialogues.py), so tests can check the pictures and the answers.
+default model's templates give (training/dialogues.py), so tests can check the pictures and the answers.
 """
 
 from __future__ import annotations
@@ -18,8 +18,8 @@ ROOT = pathlib.Path(__file__).resolve().parents[1]
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
-from app import shape_dialogues as sd  # noqa: E402
-from app.shape_scenes import BACKGROUNDS, COLOURS, Scene, Shape, encode, render  # noqa: E402
+from training import dialogues as sd  # noqa: E402
+from training.scenes import BACKGROUNDS, COLOURS, Scene, Shape, encode, render  # noqa: E402
 
 
 def scene(width: int, height: int, background: str, *shapes: tuple[str, str, int, int, int]) -> Scene:

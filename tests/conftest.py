@@ -1,7 +1,7 @@
 """Shared session fixtures: tiny Gemma 3 checkpoint folders written by Hugging Face ``save_pretrained``.
 
 Every folder holds the same random weights (drawn with a fixed torch seed, nothing left at its zero / one
-initialisation), the tokenizer, chat template and processor files of :mod:`app.tiny_gemma3`, and the
+initialisation), the tokenizer, chat template and processor files of :mod:`fixtures.tiny_gemma3`, and the
 instruction-tuned generation config (eos = ``[<eos>, <end_of_turn>]``). Also the pipelines on them, and the
 other families' tiny folders and references, and two small media files of the web demo's tests.
 """
@@ -24,7 +24,7 @@ _ROOT = str(pathlib.Path(__file__).resolve().parents[1])
 if _ROOT not in sys.path:  # plain `pytest` (not `python -m pytest`) does not put the repository root on the path
     sys.path.insert(0, _ROOT)
 
-from app import tiny_gemma3 as dm  # noqa: E402
+from fixtures import tiny_gemma3 as dm  # noqa: E402
 
 TORCH_SEED = 1234
 
@@ -118,12 +118,12 @@ def hf_gemma3_model(tiny_gemma3_dir):
 @pytest.fixture(scope="session")
 def gemma3_pipeline(tiny_gemma3_dir):
     """This package's float32 pipeline loaded from ``tiny_gemma3_dir``."""
-    from app.pipeline import Pipeline
+    from omnijax.app.pipeline import Pipeline
 
     return Pipeline.from_pretrained(tiny_gemma3_dir, dtype="float32")
 
 
-# Qwen3-Omni: tiny folders built by tests/qwen3_omni_checkpoint.py (imported inside the fixtures, so sessions
+# Qwen3-Omni: tiny folders built by tests/fixtures/qwen3_omni_checkpoint.py (imported inside the fixtures, so sessions
 # without Qwen tests do not import it).
 
 
@@ -131,7 +131,7 @@ def gemma3_pipeline(tiny_gemma3_dir):
 def tiny_qwen_dir(tmp_path_factory):
     """A tiny Qwen3-Omni thinker folder (HF save_pretrained, float32, every parameter random) with its tokenizer,
     chat template, processor and generation files."""
-    import qwen3_omni_checkpoint as qc
+    import fixtures.qwen3_omni_checkpoint as qc
 
     return qc.build_tiny_thinker(tmp_path_factory.mktemp("tiny_qwen3_omni_thinker"))
 
@@ -139,7 +139,7 @@ def tiny_qwen_dir(tmp_path_factory):
 @pytest.fixture(scope="session")
 def tiny_qwen_full_dir(tmp_path_factory):
     """A tiny full Qwen3-Omni folder (thinker + talker + code2wav); its thinker tensors equal ``tiny_qwen_dir``'s."""
-    import qwen3_omni_checkpoint as qc
+    import fixtures.qwen3_omni_checkpoint as qc
 
     return qc.build_tiny_full_model(tmp_path_factory.mktemp("tiny_qwen3_omni_full"))
 
@@ -147,7 +147,7 @@ def tiny_qwen_full_dir(tmp_path_factory):
 @pytest.fixture(scope="session")
 def hf_qwen_thinker(tiny_qwen_dir):
     """The torch reference thinker loaded from ``tiny_qwen_dir``: float32, eager attention, eval mode."""
-    import qwen3_omni_checkpoint as qc
+    import fixtures.qwen3_omni_checkpoint as qc
 
     return qc.load_reference(tiny_qwen_dir)[0]
 
@@ -155,20 +155,20 @@ def hf_qwen_thinker(tiny_qwen_dir):
 @pytest.fixture(scope="session")
 def hf_qwen_processor(tiny_qwen_dir):
     """The HF processor for ``tiny_qwen_dir`` (a Qwen3OmniMoeProcessor, without video when torchvision is missing)."""
-    import qwen3_omni_checkpoint as qc
+    import fixtures.qwen3_omni_checkpoint as qc
 
     return qc.load_processor(tiny_qwen_dir)
 
 
 @pytest.fixture(scope="session")
 def qwen_pipeline(tiny_qwen_dir):
-    from app.pipeline import Pipeline
+    from omnijax.app.pipeline import Pipeline
 
     return Pipeline.from_pretrained(tiny_qwen_dir)
 
 
 # ---------------------------------------------------------------------------------------------------------------
-# Gemma 4: tiny folders built by tests/gemma4_checkpoint.py (imported inside the fixtures, so sessions without
+# Gemma 4: tiny folders built by tests/fixtures/gemma4_checkpoint.py (imported inside the fixtures, so sessions without
 # Gemma 4 tests do not import it).
 
 
@@ -176,7 +176,7 @@ def qwen_pipeline(tiny_qwen_dir):
 def tiny_gemma4_small_dir(tmp_path_factory):
     """A tiny Gemma 4 folder in the small-model (E2B / E4B) layout: PLE, KV sharing, global head dim, vision with
     clipped linears, audio; tokenizer, chat template, processor and generation files."""
-    import gemma4_checkpoint as g4
+    import fixtures.gemma4_checkpoint as g4
 
     return g4.build_tiny_small(tmp_path_factory.mktemp("tiny_gemma4_small"))
 
@@ -185,7 +185,7 @@ def tiny_gemma4_small_dir(tmp_path_factory):
 def tiny_gemma4_moe_dir(tmp_path_factory):
     """A tiny Gemma 4 folder in the mixture-of-experts (26B-A4B) layout: k_eq_v full layers with their own kv heads,
     bidirectional image blocks, standardized vision, no audio."""
-    import gemma4_checkpoint as g4
+    import fixtures.gemma4_checkpoint as g4
 
     return g4.build_tiny_moe(tmp_path_factory.mktemp("tiny_gemma4_moe"))
 
@@ -193,7 +193,7 @@ def tiny_gemma4_moe_dir(tmp_path_factory):
 @pytest.fixture(scope="session")
 def tiny_gemma4_text_dir(tmp_path_factory):
     """A tiny text-only Gemma 4 folder (Gemma4ForCausalLM, model_type gemma4_text), the small layout's text model."""
-    import gemma4_checkpoint as g4
+    import fixtures.gemma4_checkpoint as g4
 
     return g4.build_tiny_text_only(tmp_path_factory.mktemp("tiny_gemma4_text"))
 
@@ -201,7 +201,7 @@ def tiny_gemma4_text_dir(tmp_path_factory):
 @pytest.fixture(scope="session")
 def hf_gemma4_small(tiny_gemma4_small_dir):
     """(torch model, processor) for ``tiny_gemma4_small_dir``: float32, eager attention, eval mode."""
-    import gemma4_checkpoint as g4
+    import fixtures.gemma4_checkpoint as g4
 
     return g4.load_reference(tiny_gemma4_small_dir)
 
@@ -209,19 +209,19 @@ def hf_gemma4_small(tiny_gemma4_small_dir):
 @pytest.fixture(scope="session")
 def hf_gemma4_moe(tiny_gemma4_moe_dir):
     """(torch model, processor) for ``tiny_gemma4_moe_dir``: float32, eager attention, eval mode."""
-    import gemma4_checkpoint as g4
+    import fixtures.gemma4_checkpoint as g4
 
     return g4.load_reference(tiny_gemma4_moe_dir)
 
-# Llama 4: tiny folders built by tests/llama4_checkpoint.py, and transformers' Llama 4 processors run once per
-# session in a subprocess (tests/llama4_reference.py: they need a torchvision this session must not see).
+# Llama 4: tiny folders built by tests/fixtures/llama4_checkpoint.py, and transformers' Llama 4 processors run once per
+# session in a subprocess (tests/fixtures/llama4_reference.py: they need a torchvision this session must not see).
 
 
 @pytest.fixture(scope="session")
 def tiny_llama4_dir(tmp_path_factory):
     """A tiny Llama4ForConditionalGeneration folder (HF save_pretrained, float32, every parameter random) with its
     tokenizer, chat template, processor and generation files."""
-    import llama4_checkpoint as lc
+    import fixtures.llama4_checkpoint as lc
 
     return lc.build_tiny_llama4(tmp_path_factory.mktemp("tiny_llama4"))
 
@@ -230,7 +230,7 @@ def tiny_llama4_dir(tmp_path_factory):
 def tiny_llama4_text_dir(tmp_path_factory):
     """A tiny text-only Llama4ForCausalLM folder (``model.*`` keys) with its tokenizer, chat template and generation
     files."""
-    import llama4_checkpoint as lc
+    import fixtures.llama4_checkpoint as lc
 
     return lc.build_tiny_llama4_text(tmp_path_factory.mktemp("tiny_llama4_text"))
 
@@ -238,7 +238,7 @@ def tiny_llama4_text_dir(tmp_path_factory):
 @pytest.fixture(scope="session")
 def hf_llama4_model(tiny_llama4_dir):
     """The torch reference model of ``tiny_llama4_dir``: float32, eager attention, eval mode."""
-    import llama4_checkpoint as lc
+    import fixtures.llama4_checkpoint as lc
 
     return lc.load_reference(tiny_llama4_dir)
 
@@ -246,7 +246,7 @@ def hf_llama4_model(tiny_llama4_dir):
 @pytest.fixture(scope="session")
 def hf_llama4_text_model(tiny_llama4_text_dir):
     """The torch reference model of ``tiny_llama4_text_dir``: float32, eager attention, eval mode."""
-    import llama4_checkpoint as lc
+    import fixtures.llama4_checkpoint as lc
 
     return lc.load_reference(tiny_llama4_text_dir)
 
@@ -254,7 +254,7 @@ def hf_llama4_text_model(tiny_llama4_text_dir):
 @pytest.fixture(scope="session")
 def llama4_image_paths(tmp_path_factory):
     """name -> PNG path for the images of ``llama4_reference.IMAGE_SPECS`` and its size sweep."""
-    import llama4_reference as lr
+    import fixtures.llama4_reference as lr
 
     return lr.write_images(tmp_path_factory.mktemp("llama4_images"),
                            {**lr.IMAGE_SPECS, **lr.sweep_image_specs()})
@@ -263,8 +263,8 @@ def llama4_image_paths(tmp_path_factory):
 @pytest.fixture(scope="session")
 def llama4_reference(tiny_llama4_dir, llama4_image_paths, tmp_path_factory):
     """Outputs of transformers' Llama 4 image processor and processor for ``llama4_reference.reference_requests``
-    (key -> numpy array, see tests/llama4_reference_worker.py)."""
-    import llama4_reference as lr
+    (key -> numpy array, see tests/fixtures/llama4_reference_worker.py)."""
+    import fixtures.llama4_reference as lr
 
     return lr.run_reference(lr.reference_requests(tiny_llama4_dir, llama4_image_paths),
                             tmp_path_factory.mktemp("llama4_reference"))
@@ -273,7 +273,7 @@ def llama4_reference(tiny_llama4_dir, llama4_image_paths, tmp_path_factory):
 @pytest.fixture(scope="session")
 def hf_gemma4_text(tiny_gemma4_text_dir):
     """The torch reference ``Gemma4ForCausalLM`` for ``tiny_gemma4_text_dir``: float32, eager attention, eval."""
-    import gemma4_checkpoint as g4
+    import fixtures.gemma4_checkpoint as g4
 
     return g4.load_reference(tiny_gemma4_text_dir)[0]
 
@@ -281,7 +281,7 @@ def hf_gemma4_text(tiny_gemma4_text_dir):
 def _gemma4_pipeline(folder):
     """This package's float32 pipeline for ``folder``, with one prompt / cache length bucket (384: every prompt of
     the Gemma 4 tests, attended by the blocked backend) so that they share a few compiled programs."""
-    from app.pipeline import Pipeline
+    from omnijax.app.pipeline import Pipeline
 
     pipe = Pipeline.from_pretrained(folder)
     pipe.engine.buckets = (384, pipe.engine.max_context)
@@ -307,7 +307,7 @@ def gemma4_text_pipeline(tiny_gemma4_text_dir):
 @pytest.fixture(scope="session")
 def llama4_pipeline(tiny_llama4_dir):
     """This package's float32 pipeline loaded from ``tiny_llama4_dir``."""
-    from app.pipeline import Pipeline
+    from omnijax.app.pipeline import Pipeline
 
     return Pipeline.from_pretrained(tiny_llama4_dir)
 
@@ -315,7 +315,7 @@ def llama4_pipeline(tiny_llama4_dir):
 @pytest.fixture(scope="session")
 def llama4_text_pipeline(tiny_llama4_text_dir):
     """This package's float32 pipeline loaded from ``tiny_llama4_text_dir``."""
-    from app.pipeline import Pipeline
+    from omnijax.app.pipeline import Pipeline
 
     return Pipeline.from_pretrained(tiny_llama4_text_dir)
 

@@ -13,9 +13,9 @@ from transformers.audio_utils import mel_filter_bank
 from transformers.models.qwen3_omni_moe import modeling_qwen3_omni_moe, processing_qwen3_omni_moe
 from transformers.models.qwen3_omni_moe.processing_qwen3_omni_moe import Qwen3OmniMoeProcessor
 
-from common.errors import CheckpointError, MediaError
-from preprocess.audio import load_audio
-from preprocess.whisper_features import (
+from omnijax.common.errors import CheckpointError, MediaError
+from omnijax.preprocess.audio import load_audio
+from omnijax.preprocess.qwen3_omni.audio_features import (
     WhisperFeatureConfig,
     audio_token_count,
     batch_features,
@@ -24,7 +24,7 @@ from preprocess.whisper_features import (
     mel_filters,
 )
 
-from qwen3_omni_tokenizer import FEATURE_EXTRACTOR_CONFIG
+from fixtures.qwen3_omni_tokenizer import FEATURE_EXTRACTOR_CONFIG
 
 # Against the reference's torch.stft (float32) path, the one Qwen3OmniMoeProcessor runs when torch is installed.
 TOL = 1e-4

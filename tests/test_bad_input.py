@@ -7,9 +7,9 @@ import numpy as np
 import pytest
 from safetensors.numpy import load_file, save_file
 
-from app.tiny_gemma3 import build_tiny_gemma3
-from common.errors import CheckpointError, MediaError, PromptError, UnsupportedModelError
-from app.pipeline import Pipeline
+from fixtures.tiny_gemma3 import build_tiny_gemma3
+from omnijax.common.errors import CheckpointError, MediaError, PromptError, UnsupportedModelError
+from omnijax.app.pipeline import Pipeline
 
 
 @pytest.fixture(scope="module")

@@ -16,9 +16,9 @@ import numpy as np
 import PIL.Image
 import pytest
 
-from demo.cli_caption import main as caption_main
-from demo.caption import CaptionOptions, merge_parts, messages_for, read_rows, run_captions
-from demo.caption_items import (CaptionInputError, CaptionItem, check_parts, dedup_rows, discover,
+from omnijax.demo.cli_caption import main as caption_main
+from omnijax.demo.caption import CaptionOptions, merge_parts, messages_for, read_rows, run_captions
+from omnijax.demo.caption_items import (CaptionInputError, CaptionItem, check_parts, dedup_rows, discover,
                                 finished_paths, parse_jsonl_manifest, parse_rows, part_path, shard_items)
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
@@ -237,15 +237,15 @@ def test_simulated_processes_write_parts_that_merge(mixed_folder, tmp_path, gemm
 
 def caption_command() -> list[str]:
     """The ``omnijax caption`` command as ``python -m demo caption``."""
-    return ["-m", "demo", "caption"]
+    return ["-m", "omnijax", "caption"]
 
 
 # ``omnijax caption`` whose third batch waits until a signal ends the run: the first two batches (four rows) are
 # written, then the run holds still, so a signal sent once four rows are there always lands mid-run.
 PAUSED_CAPTION = """
 import sys, threading
-import demo.caption as caption
-from demo.cli import main
+import omnijax.demo.caption as caption
+from omnijax.demo.cli import main
 generate = caption.caption_batch
 calls = []
 def caption_batch(pipe, batch, options):

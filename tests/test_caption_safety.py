@@ -15,10 +15,10 @@ import numpy as np
 import PIL.Image
 import pytest
 
-from demo.caption import CaptionOptions, merge_parts, run_captions
-from demo.caption_items import CaptionInputError, discover, parse_rows, part_path
-from demo.caption_output import MAX_OUTPUT_BYTES, OutputLock, lock_path
-from demo.cli_caption import main as caption_main
+from omnijax.demo.caption import CaptionOptions, merge_parts, run_captions
+from omnijax.demo.caption_items import CaptionInputError, discover, parse_rows, part_path
+from omnijax.demo.caption_output import MAX_OUTPUT_BYTES, OutputLock, lock_path
+from omnijax.demo.cli_caption import main as caption_main
 
 OPTIONS = CaptionOptions(max_new_tokens=8, batch_size=2, workers=2, progress=False)
 

@@ -6,10 +6,10 @@ import numpy as np
 import pytest
 from safetensors.numpy import load_file
 
-from app.checkpoint_export import checkpoint_tensors
-from app.families import gemma3
-from app.tiny_gemma3 import build_tiny_gemma3, gemma3_weight_shapes
-from common.weights import TensorSpec, fused_linear, stacked_linear
+from omnijax.app.checkpoint_export import checkpoint_tensors
+from omnijax.app.families.gemma3 import spec as gemma3
+from fixtures.tiny_gemma3 import build_tiny_gemma3, gemma3_weight_shapes
+from omnijax.common.weights import TensorSpec, fused_linear, stacked_linear
 
 
 def test_unapply_inverts_apply_for_every_kind_of_spec():

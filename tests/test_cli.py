@@ -7,9 +7,9 @@ import re
 import subprocess
 import sys
 
-from app.cli import main
-from app.shape_dialogues import describe
-from app.shape_scenes import scene_from_dict
+from omnijax.app.cli import main
+from training.dialogues import describe
+from training.scenes import scene_from_dict
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 IMAGE = ROOT / "examples" / "shapes.png"
@@ -17,7 +17,7 @@ IMAGE = ROOT / "examples" / "shapes.png"
 
 def run(args, tmp_path):
     env = dict(os.environ, OMNIJAX_HOME=str(tmp_path / "home"), PYTHONPATH=str(ROOT))
-    return subprocess.run([sys.executable, "-m", "app", *args], env=env, capture_output=True, text=True,
+    return subprocess.run([sys.executable, "-m", "omnijax", *args], env=env, capture_output=True, text=True,
                           timeout=600, cwd=tmp_path)
 
 

@@ -10,7 +10,7 @@ import sys
 
 import pytest
 
-from demo.cli import main
+from omnijax.demo.cli import main
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 
@@ -25,7 +25,7 @@ def test_demo_on_a_port_in_use_names_the_port_flag(capsys, monkeypatch):
     def no_model(*args, **kwargs):
         raise AssertionError("the model was loaded before the port was checked")
 
-    monkeypatch.setattr("app.cli.load_pipeline", no_model)
+    monkeypatch.setattr("omnijax.app.cli.load_pipeline", no_model)
     with socket.socket() as taken:
         taken.bind(("127.0.0.1", 0))
         taken.listen()
@@ -48,8 +48,8 @@ def test_bad_sampling_flags_are_one_line_and_exit_2(capsys, monkeypatch, flag, v
     def no_model(*args, **kwargs):
         raise AssertionError("the model was loaded before the settings were checked")
 
-    monkeypatch.setattr("app.cli.load_pipeline", no_model)
-    monkeypatch.setattr("demo.cli_caption.load_pipeline", no_model)
+    monkeypatch.setattr("omnijax.app.cli.load_pipeline", no_model)
+    monkeypatch.setattr("omnijax.demo.cli_caption.load_pipeline", no_model)
     assert main(["generate", "--prompt", "Hello", flag, value]) == 2
     assert name in one_error_line(capsys)
 
@@ -70,7 +70,7 @@ def run_without_torch(code: str) -> subprocess.CompletedProcess:
 
 
 def test_no_pytorch_notice_when_loading_a_tokenizer(tiny_gemma3_dir):
-    proc = run_without_torch(f"from preprocess.tokenizer import load_tokenizer\n"
+    proc = run_without_torch(f"from omnijax.preprocess.tokenizer import load_tokenizer\n"
                              f"import pathlib\nload_tokenizer(pathlib.Path({str(tiny_gemma3_dir)!r}))\n"
                              f"import transformers\nprint(transformers.is_torch_available())")
     assert proc.returncode == 0, proc.stderr[-2000:]

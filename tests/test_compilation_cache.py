@@ -16,7 +16,7 @@ import collections, json, sys
 import jax.monitoring
 events = collections.Counter()
 jax.monitoring.register_event_listener(lambda name, **kw: events.update([name]))
-from app.cli import main
+from omnijax.app.cli import main
 code = main(sys.argv[1:])
 print("EVENTS" + json.dumps({"code": code, **events}), flush=True)
 """

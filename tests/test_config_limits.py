@@ -14,10 +14,10 @@ import numpy as np
 import pytest
 from safetensors.numpy import load_file, save_file
 
-from app.config_limits import check_config_limits
-from app.tiny_gemma3 import build_tiny_gemma3
-from app.pipeline import Pipeline
-from common.errors import CheckpointError
+from omnijax.app.config_limits import check_config_limits
+from fixtures.tiny_gemma3 import build_tiny_gemma3
+from omnijax.app.pipeline import Pipeline
+from omnijax.common.errors import CheckpointError
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 
@@ -44,7 +44,7 @@ def nothing_built(monkeypatch):
     def built(*args, **kwargs):
         raise AssertionError("the model was built before the problem was found")
 
-    monkeypatch.setattr("app.pipeline.abstract_model", built)
+    monkeypatch.setattr("omnijax.app.pipeline.abstract_model", built)
 
 
 def fails_fast(folder, match):
@@ -100,7 +100,7 @@ def sharded(checkpoint, tmp_path, rename=None):
 @pytest.mark.parametrize("name", ["/etc/passwd", "../outside.safetensors", "sub/../../x.safetensors",
                                   "pytorch_model.bin", "C:\\weights.safetensors"])
 def test_index_naming_files_outside_the_folder_or_not_safetensors(checkpoint, tmp_path, name, monkeypatch):
-    from app.checkpoint import TensorIndex
+    from omnijax.app.checkpoint import TensorIndex
 
     def no_reads(self, key):
         raise AssertionError(f"{key} was read before the index was checked")
@@ -117,7 +117,7 @@ def test_integer_tensor_in_a_fused_projection(checkpoint, tmp_path, monkeypatch)
     key = "language_model.model.layers.1.self_attn.k_proj.weight"  # fused with q and v, which stay float
     tensors[key] = np.round(tensors[key] * 100).astype(np.int32)
     save_file(tensors, str(dst / "model.safetensors"))
-    from app.checkpoint import TensorIndex
+    from omnijax.app.checkpoint import TensorIndex
 
     def no_reads(self, key):
         raise AssertionError(f"{key} was read before the dtypes were checked")
@@ -133,7 +133,7 @@ def test_a_fifo_in_the_folder_is_refused_without_blocking(checkpoint, tmp_path):
         (dst / name).unlink()
         os.mkfifo(dst / name)
         folders[name] = str(dst)
-    code = ("import json, sys\nfrom app.pipeline import Pipeline\nfrom common.errors import CheckpointError\n"
+    code = ("import json, sys\nfrom omnijax.app.pipeline import Pipeline\nfrom omnijax.common.errors import CheckpointError\n"
             "for folder in json.loads(sys.argv[1]):\n"
             "    try:\n        Pipeline.from_pretrained(folder)\n    except CheckpointError as e:\n        print(e)\n")
     proc = subprocess.run([sys.executable, "-c", code, json.dumps(list(folders.values()))], capture_output=True,
@@ -145,7 +145,7 @@ def test_a_fifo_in_the_folder_is_refused_without_blocking(checkpoint, tmp_path):
 
 
 def test_the_default_model_loads_without_a_path(monkeypatch, tmp_path):
-    from app import default_model
+    from omnijax.app import default_model
 
     built = build_tiny_gemma3(tmp_path / "default", seed=0)
     monkeypatch.setattr(default_model, "default_model_dir", lambda: built)

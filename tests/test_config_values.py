@@ -5,9 +5,9 @@ from __future__ import annotations
 
 import pytest
 
-from common.config_values import as_checkpoint_error, boolean, channel_floats, height_width
-from common.errors import CheckpointError, MediaError
-from preprocess.pixels import normalization_constants
+from omnijax.common.config_values import as_checkpoint_error, boolean, channel_floats, height_width
+from omnijax.common.errors import CheckpointError, MediaError
+from omnijax.preprocess.pixels import normalization_constants
 
 
 def test_channel_floats_repeats_one_number_and_converts_lists():

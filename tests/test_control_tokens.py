@@ -12,11 +12,11 @@ from collections import Counter
 import numpy as np
 import pytest
 
-from app.families import family_for_config
-from common.errors import PromptError
-from preprocess.prompts import normalize_messages, render_chat
-from preprocess.tokenizer import special_tokens
-from preprocess.user_text import encode_prompt, unmark
+from omnijax.app.families import family_for_config
+from omnijax.common.errors import PromptError
+from omnijax.preprocess.prompts import normalize_messages, render_chat
+from omnijax.preprocess.tokenizer import special_tokens
+from omnijax.preprocess.user_text import encode_prompt, unmark
 
 
 @pytest.fixture(scope="module", params=["gemma3", "qwen3_omni"])

@@ -9,7 +9,7 @@ import re
 import jax
 import jax.numpy as jnp
 
-from app.sampling import SamplingParams
+from omnijax.app.sampling import SamplingParams
 
 
 def _computation(hlo: str, name: str) -> str:

@@ -14,9 +14,9 @@ import numpy as np
 import pytest
 from flax import nnx
 
-from decoder.kv_cache import cache_slots
-from decoder.model import DecoderModel, Prompt
-from decoder.spec import AttentionSpec, DecoderSpec, FeedForwardSpec, LayerSpec, MaskSpec, RopeSpec
+from omnijax.decoder.kv_cache import cache_slots
+from omnijax.decoder.model import DecoderModel, Prompt
+from omnijax.decoder.spec import AttentionSpec, DecoderSpec, FeedForwardSpec, LayerSpec, MaskSpec, RopeSpec
 
 HIDDEN, VOCAB = 32, 50
 DENSE = FeedForwardSpec("dense", 48, "gelu_tanh")

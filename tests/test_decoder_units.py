@@ -5,15 +5,15 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from app.generation import bucket_for, make_batch
-from app.families.spec import PreparedPrompt
-from app.sampling import SamplingParams, choose
-from app.stops import StopChecker
-from decoder.attention_op import visible
-from decoder.embed import merge_media
-from decoder.model import block_ids
-from decoder.rope import apply_rotary, cos_sin
-from decoder.spec import MaskSpec, RopeSpec
+from omnijax.app.generation import bucket_for, make_batch
+from omnijax.app.families.spec import PreparedPrompt
+from omnijax.app.sampling import SamplingParams, choose
+from omnijax.app.stops import StopChecker
+from omnijax.decoder.attention_op import visible
+from omnijax.decoder.embed import merge_media
+from omnijax.decoder.model import block_ids
+from omnijax.decoder.rope import apply_rotary, cos_sin
+from omnijax.decoder.spec import MaskSpec, RopeSpec
 
 
 def attention_mask(q_pos, k_pos, q_block, k_block, *, window, bidirectional):
@@ -161,7 +161,7 @@ def test_stop_checker_holds_back_possible_stop_prefixes():
 
 
 def test_attention_over_two_key_segments_equals_one_concatenated_segment():
-    from decoder.attention_op import dot_attention
+    from omnijax.decoder.attention_op import dot_attention
 
     rng = np.random.default_rng(0)
     b, l, n, kv, h, s1, s2 = 2, 3, 4, 2, 8, 5, 3
@@ -188,7 +188,7 @@ def test_attention_over_two_key_segments_equals_one_concatenated_segment():
 
 
 def test_after_keeps_the_value():
-    from decoder.kv_cache import after
+    from omnijax.decoder.kv_cache import after
 
     x = jnp.arange(12.0).reshape(3, 4)
     for dep in (jnp.float32(-7.5), jnp.float32(np.inf), jnp.float32(0.0), jnp.full((3, 1), 2.0)):
@@ -214,8 +214,8 @@ def reference_attention(q, k, v, vis, scale):
 def test_blocked_prompt_attention_equals_the_reference(mask, monkeypatch):
     """The looped block backend (query blocks x the key blocks any query can see) and the single-block backend
     both equal plain masked softmax attention, with media blocks crossing block boundaries and padded rows."""
-    from decoder.attention_op import prompt_attention
-    from decoder.model import prompt_meta
+    from omnijax.decoder.attention_op import prompt_attention
+    from omnijax.decoder.model import prompt_meta
 
     rng = np.random.default_rng(0)
     b, l, n, kv, h = 2, 300, 4, 2, 8
@@ -242,7 +242,7 @@ def test_blocked_prompt_attention_equals_the_reference(mask, monkeypatch):
 
 
 def test_ring_cache_keeps_each_rows_last_positions():
-    from decoder.kv_cache import fill_from_prompt, slot_positions, write_token
+    from omnijax.decoder.kv_cache import fill_from_prompt, slot_positions, write_token
 
     np.testing.assert_array_equal(np.asarray(slot_positions(jnp.asarray([0, 3, 5, 9]), 4)),
                                   [[-1, -1, -1, -1], [0, 1, 2, -1], [4, 1, 2, 3], [8, 5, 6, 7]])
@@ -264,7 +264,7 @@ def test_ring_cache_keeps_each_rows_last_positions():
 
 
 def test_prompt_meta_reach_is_the_end_of_each_media_block():
-    from decoder.model import prompt_meta
+    from omnijax.decoder.model import prompt_meta
 
     media = jnp.asarray([[0, 1, 1, 1, 0, 1, 1, 0, 0]], bool)
     meta = prompt_meta(jnp.asarray([8]), media)
@@ -304,7 +304,7 @@ def test_interleaved_rotation_rotates_pairs_as_complex_numbers():
 def test_embedding_substitutes_read_their_substitute_row_and_out_of_table_ids_row_zero():
     from flax import nnx
 
-    from decoder.embed import Embedder
+    from omnijax.decoder.embed import Embedder
 
     emb = Embedder(6, 3, embed_scale=2.0, substitutes=((4, 1), (5, 1)), rngs=nnx.Rngs(0))
     table = np.arange(18, dtype=np.float32).reshape(6, 3)
@@ -316,9 +316,9 @@ def test_embedding_substitutes_read_their_substitute_row_and_out_of_table_ids_ro
 def test_loaded_scalar_parameters_stay_scalars(tmp_path):
     import safetensors.numpy
 
-    from app.checkpoint import TensorIndex, load_params
-    from common.sharding import make_mesh
-    from common.weights import plain
+    from omnijax.app.checkpoint import TensorIndex, load_params
+    from omnijax.common.sharding import make_mesh
+    from omnijax.common.weights import plain
 
     safetensors.numpy.save_file({"s": np.asarray(0.5, np.float32), "v": np.ones(3, np.float32)},
                                 str(tmp_path / "model.safetensors"))

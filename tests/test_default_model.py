@@ -14,11 +14,11 @@ import PIL.Image
 import pytest
 from safetensors import safe_open
 
-from app import shape_dialogues as sd
-from app.default_model import DEFAULT_MODEL_NAME, default_model_dir
-from app.shape_model import CONFIG, write_folder_files
-from app.shape_scenes import render, sample_scene, scene_from_dict
-from app.tiny_gemma3 import gemma3_weight_shapes
+from training import dialogues as sd
+from omnijax.app.default_model import DEFAULT_MODEL_NAME, default_model_dir
+from training.model import CONFIG, write_folder_files
+from training.scenes import render, sample_scene, scene_from_dict
+from fixtures.tiny_gemma3 import gemma3_weight_shapes
 from bench.default_model_eval import eval_items, evaluate
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
@@ -27,7 +27,7 @@ EXAMPLES = ROOT / "examples"
 
 @pytest.fixture(scope="module")
 def pipe():
-    from app.pipeline import Pipeline
+    from omnijax.app.pipeline import Pipeline
 
     return Pipeline.from_pretrained(default_model_dir())
 
@@ -41,7 +41,7 @@ def _user(images, text):
 
 
 def test_default_model_dir_is_the_shipped_folder_and_builds_nothing(tmp_path):
-    code = ("import os, sys; from app.default_model import default_model_dir; d = default_model_dir(); "
+    code = ("import os, sys; from omnijax.app.default_model import default_model_dir; d = default_model_dir(); "
             "print(d); assert 'torch' not in sys.modules, 'torch imported'")
     env = dict(os.environ, HOME=str(tmp_path / "home"), OMNIJAX_HOME=str(tmp_path / "omnijax"),
                PYTHONPATH=str(ROOT))
@@ -52,7 +52,7 @@ def test_default_model_dir_is_the_shipped_folder_and_builds_nothing(tmp_path):
 
 
 def test_shipped_files_are_the_deterministic_build(tmp_path):
-    """Every file but the weights is exactly what app/shape_model.py writes today."""
+    """Every file but the weights is exactly what training/model.py writes today."""
     shipped = default_model_dir()
     built = write_folder_files(tmp_path / "built")
     names = sorted(p.name for p in built.iterdir())

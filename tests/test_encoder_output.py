@@ -3,8 +3,8 @@
 import jax
 import numpy as np
 
-from encoders.buckets import length_bucket, length_buckets, pow2_at_least
-from encoders.output import EncoderOutput
+from omnijax.encoders.buckets import length_bucket, length_buckets, pow2_at_least
+from omnijax.encoders.output import EncoderOutput
 
 
 def test_buckets():

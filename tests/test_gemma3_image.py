@@ -10,15 +10,15 @@ from transformers.image_utils import SizeDict
 from transformers.image_utils import load_image as hf_load_image
 from transformers.models.gemma3.image_processing_pil_gemma3 import Gemma3ImageProcessorPil
 
-from common.errors import CheckpointError, MediaError
-from preprocess.gemma3_image import (
+from omnijax.common.errors import CheckpointError, MediaError
+from omnijax.preprocess.gemma3.image import (
     Gemma3ImageConfig,
     pan_and_scan_boxes,
     pan_and_scan_crops,
     process_images,
 )
-from preprocess.pixels import rescale_normalize, resize, to_chw_uint8
-from preprocess.images import convert_rgb, load_image
+from omnijax.preprocess.pixels import rescale_normalize, resize, to_chw_uint8
+from omnijax.preprocess.images import convert_rgb, load_image
 
 TOL = 1e-5
 

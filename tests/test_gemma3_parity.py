@@ -6,7 +6,7 @@ import torch
 from PIL import Image
 from transformers import AutoProcessor
 
-from app.pipeline import Pipeline
+from omnijax.app.pipeline import Pipeline
 
 MAX_NEW = 20
 
@@ -103,7 +103,7 @@ def test_long_case_exercises_the_sliding_window(gemma3_pipeline):
 
 
 def test_very_long_case_splits_the_attention_across_an_image_block(gemma3_pipeline):
-    from decoder.attention_op import DENSE_LIMIT, Q_BLOCK, backend_for
+    from omnijax.decoder.attention_op import DENSE_LIMIT, Q_BLOCK, backend_for
 
     prompt = gemma3_pipeline.prepare(CASES["very_long_shifted"])
     length, _ = gemma3_pipeline.engine.plan([prompt], 1)
@@ -152,7 +152,7 @@ def test_stream_yields_the_generated_answer(gemma3_pipeline, case):
 
 
 def test_incremental_detokenizer_never_changes_text_already_returned():
-    from app.detokenize import IncrementalDetokenizer
+    from omnijax.app.detokenize import IncrementalDetokenizer
 
     table = {1: b"ab", 2: b"\xe2", 3: b"\x82", 4: b"\xac", 5: b" c"}
     decode = lambda ids: b"".join(table[i] for i in ids).decode("utf-8", errors="replace")

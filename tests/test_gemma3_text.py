@@ -12,9 +12,9 @@ import pytest
 import torch
 from safetensors.numpy import load_file, save_file
 
-from app import tiny_gemma3 as dm
-from app.pipeline import Pipeline
-from common.errors import PromptError
+from fixtures import tiny_gemma3 as dm
+from omnijax.app.pipeline import Pipeline
+from omnijax.common.errors import PromptError
 from conftest import _randomise_
 
 MAX_NEW = 16
@@ -148,7 +148,7 @@ def test_a_folder_without_a_chat_template_takes_raw_text(text_dir, text_pipe, tm
 
 
 def test_the_demo_offers_no_attachments_and_names_the_inputs(text_pipe):
-    from demo.web import build_demo, make_responder
+    from omnijax.demo.web import build_demo, make_responder
 
     demo = build_demo(text_pipe)
     config = demo.get_config_file()

@@ -12,8 +12,8 @@ from transformers import Gemma4AudioFeatureExtractor, Gemma4Processor
 from transformers.audio_utils import load_audio as hf_load_audio
 from transformers.audio_utils import mel_filter_bank
 
-from common.errors import CheckpointError, MediaError
-from preprocess.gemma4_audio_features import (
+from omnijax.common.errors import CheckpointError, MediaError
+from omnijax.preprocess.gemma4.audio_features import (
     REFERENCE_MAX_SAMPLES,
     REFERENCE_PAD_TO_MULTIPLE_OF,
     Gemma4AudioFeatureConfig,

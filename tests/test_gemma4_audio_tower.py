@@ -18,13 +18,13 @@ from flax import nnx
 from transformers import Gemma4AudioConfig, Gemma4Config, Gemma4ForConditionalGeneration, Gemma4TextConfig
 from transformers.models.gemma4 import modeling_gemma4 as hf
 
-from encoders.gemma4_audio import (Gemma4AudioEncoder, gemma4_audio_embedder_weight_map,
+from omnijax.encoders.gemma4.audio import (Gemma4AudioEncoder, gemma4_audio_embedder_weight_map,
                                    gemma4_audio_tower_weight_map, gemma4_audio_weight_map)
-from encoders.gemma4_audio_attention import relative_position_embeddings
-from encoders.gemma4_audio_batch import clip_bucket, collate, frame_bucket, token_rows_per_clip
-from encoders.gemma4_audio_config import Gemma4AudioEncoderConfig
-from module_parity import assert_close, flat_paths, load_module
-from preprocess.gemma4_audio_features import tokens_from_frames
+from omnijax.encoders.gemma4.audio_attention import relative_position_embeddings
+from omnijax.encoders.gemma4.audio_batch import clip_bucket, collate, frame_bucket, token_rows_per_clip
+from omnijax.encoders.gemma4.audio_config import Gemma4AudioEncoderConfig
+from fixtures.module_parity import assert_close, flat_paths, load_module
+from omnijax.preprocess.gemma4.audio_features import tokens_from_frames
 
 # 16 mel bins -> 4 after two stride-2 convs == subsampling_conv_channels[0] // 4, as the projection assumes.
 MELS = 16

@@ -14,8 +14,8 @@ from transformers import AutoTokenizer
 from transformers.models.gemma4.feature_extraction_gemma4 import Gemma4AudioFeatureExtractor
 from transformers.models.gemma4.image_processing_pil_gemma4 import Gemma4ImageProcessorPil
 
-import gemma4_checkpoint as g4
-import gemma4_tokenizer as gt
+import fixtures.gemma4_checkpoint as g4
+import fixtures.gemma4_tokenizer as gt
 
 
 def _tensors(folder) -> dict[str, np.ndarray]:

@@ -14,14 +14,14 @@ from flax import nnx
 from transformers import Gemma4TextConfig
 from transformers.models.gemma4 import modeling_gemma4 as hf
 
-import gemma4_checkpoint as g4
-from app.families.gemma4 import (decoder_config, expert_gate_up, kv_sources, layer_overrides, layer_types,
+import fixtures.gemma4_checkpoint as g4
+from omnijax.app.families.gemma4.spec import (decoder_config, expert_gate_up, kv_sources, layer_overrides, layer_types,
                                  parse_config, unused_keys, weight_map)
-from common.weights import TensorSpec, linear, plain
-from decoder.gemma4_layer_inputs import Gemma4LayerInputs, table_ids
-from decoder.gemma4_moe import ExpertsBeside, Gemma4Router
-from decoder.spec import FeedForwardSpec
-from module_parity import assert_close, load_module
+from omnijax.common.weights import TensorSpec, linear, plain
+from omnijax.decoder.gemma4.layer_inputs import Gemma4LayerInputs, table_ids
+from omnijax.decoder.gemma4.moe import ExpertsBeside, Gemma4Router
+from omnijax.decoder.spec import FeedForwardSpec
+from fixtures.module_parity import assert_close, load_module
 
 HIDDEN, EXPERTS, TOP_K, WIDTH = 32, 6, 2, 12
 TEXT = dict(vocab_size=50, hidden_size=HIDDEN, intermediate_size=24, num_hidden_layers=3, num_attention_heads=2,
@@ -142,10 +142,10 @@ def test_weight_map_reads_every_tensor_and_skips_what_exports_add(tiny_gemma4_sm
                                                                   tiny_gemma4_text_dir):
     """Every tensor of the three folders is read; the KV-sharing layers' k/v projections and norms (which the
     published checkpoints keep) and a tied head's copy are skipped, and nothing else is."""
-    from app.checkpoint import TensorIndex, abstract_params, check_weight_map
-    from app.families.gemma4 import SPEC
-    from app.model import abstract_model
-    from common.errors import CheckpointError
+    from omnijax.app.checkpoint import TensorIndex, abstract_params, check_weight_map
+    from omnijax.app.families.gemma4.spec import SPEC
+    from omnijax.app.model import abstract_model
+    from omnijax.common.errors import CheckpointError
 
     for folder in (tiny_gemma4_small_dir, tiny_gemma4_moe_dir, tiny_gemma4_text_dir):
         hf_config = json.loads((folder / "config.json").read_text())

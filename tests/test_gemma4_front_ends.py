@@ -8,8 +8,8 @@ import pathlib
 import numpy as np
 import PIL.Image
 
-from demo.caption import CaptionOptions, messages_for, read_rows, run_captions
-from demo.caption_items import CaptionItem, discover
+from omnijax.demo.caption import CaptionOptions, messages_for, read_rows, run_captions
+from omnijax.demo.caption_items import CaptionItem, discover
 
 MAX_NEW = 16
 
@@ -36,7 +36,7 @@ def test_captioner_captions_audio_and_images(tmp_path, gemma4_small_pipeline):
 
 
 def test_web_demo_offers_the_microphone_for_audio_models(gemma4_small_pipeline, gemma4_moe_pipeline):
-    from demo.web import build_demo
+    from omnijax.demo.web import build_demo
 
     def sources(pipe):
         config = build_demo(pipe).get_config_file()

@@ -11,14 +11,14 @@ import PIL.Image
 import pytest
 from transformers.models.gemma4.image_processing_pil_gemma4 import Gemma4ImageProcessorPil
 
-from common.errors import CheckpointError, MediaError, PromptError
-from preprocess.gemma4_image import (Gemma4ImageConfig, aspect_ratio_preserving_size, num_soft_tokens, pad_patches,
+from omnijax.common.errors import CheckpointError, MediaError, PromptError
+from omnijax.preprocess.gemma4.image import (Gemma4ImageConfig, aspect_ratio_preserving_size, num_soft_tokens, pad_patches,
                                      patch_positions, patchify, process_image, process_images)
-from preprocess.gemma4_prompt import (Gemma4MediaTokens, audio_replacement, expand_placeholders,
+from omnijax.preprocess.gemma4.prompt import (Gemma4MediaTokens, audio_replacement, expand_placeholders,
                                       image_replacement)
-from preprocess.prompts import normalize_messages, render_chat
-from preprocess.user_text import encode_prompt
-from preprocess.tokenizer import load_tokenizer
+from omnijax.preprocess.prompts import normalize_messages, render_chat
+from omnijax.preprocess.user_text import encode_prompt
+from omnijax.preprocess.tokenizer import load_tokenizer
 
 
 def _image(height: int, width: int, seed: int = 0, mode: str = "RGB") -> PIL.Image.Image:

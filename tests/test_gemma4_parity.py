@@ -1,4 +1,4 @@
-"""Gemma 4 end to end against transformers (float32) on the tiny random checkpoints of tests/gemma4_checkpoint.py:
+"""Gemma 4 end to end against transformers (float32) on the tiny random checkpoints of tests/fixtures/gemma4_checkpoint.py:
 processor outputs (token ids, pixels, positions, mel features, bidirectional flags), vision and audio features,
 prompt logits, greedy tokens, batching, the KV cache of KV-sharing layers, the text-only class, bad input.
 
@@ -16,8 +16,8 @@ import pytest
 import torch
 from PIL import Image
 
-from app.sampling import SamplingParams
-from common.errors import CheckpointError, MediaError, PromptError
+from omnijax.app.sampling import SamplingParams
+from omnijax.common.errors import CheckpointError, MediaError, PromptError
 
 SR = 16000
 NEW = 16
@@ -126,7 +126,7 @@ def test_processor_parity(models, prepared, kind, case):
 
 
 def test_long_case_runs_past_the_window_with_the_image_inside(models, prepared):
-    from decoder.attention_op import DENSE_LIMIT
+    from omnijax.decoder.attention_op import DENSE_LIMIT
 
     for kind in ("small", "moe"):
         pipe = models[kind][0]
@@ -264,7 +264,7 @@ def test_batch_of_mixed_prompts_equals_each_alone(models, generated, kind, cases
 
 
 def test_kv_shared_layers_allocate_no_cache(models, prepared):
-    from decoder.kv_cache import cache_index
+    from omnijax.decoder.kv_cache import cache_index
 
     pipe = models["small"][0]
     spec = pipe.config.decoder
@@ -323,7 +323,7 @@ def test_text_only_class_matches_transformers(gemma4_text_pipeline, hf_gemma4_te
 
 
 def test_audio_past_the_model_limit_is_refused(models, tiny_gemma4_small_dir):
-    from app.families.gemma4_processor import Gemma4Processor
+    from omnijax.app.families.gemma4.processor import Gemma4Processor
 
     pipe = models["small"][0]
     long_clip = np.zeros(480_001, np.float32)
@@ -350,7 +350,7 @@ def test_media_the_checkpoint_cannot_read_is_refused(models):
 
 
 def test_bad_configs_are_refused(tiny_gemma4_moe_dir):
-    from app.families.gemma4 import parse_config
+    from omnijax.app.families.gemma4.spec import parse_config
 
     hf = json.loads((tiny_gemma4_moe_dir / "config.json").read_text())
     for change, match in [({"use_bidirectional_attention": "all"}, "cannot generate"),

@@ -13,8 +13,8 @@ SCRIPT = r"""
 import json, sys
 import jax, numpy as np
 from PIL import Image
-from app.pipeline import Pipeline
-from common.sharding import make_mesh
+from omnijax.app.pipeline import Pipeline
+from omnijax.common.sharding import make_mesh
 assert len(jax.devices()) == 4, jax.devices()
 img = Image.fromarray(np.random.default_rng(0).integers(0, 256, (40, 64, 3), dtype=np.uint8))
 t = np.arange(12000) / 16000

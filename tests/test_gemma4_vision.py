@@ -18,13 +18,13 @@ from flax import nnx
 from transformers.models.gemma4 import modeling_gemma4 as hf
 from transformers.models.gemma4.configuration_gemma4 import Gemma4VisionConfig as HFVisionConfig
 
-from common.errors import CheckpointError, MediaError
-from encoders.gemma4_vision import (Gemma4VisionConfig, Gemma4VisionEncoder, apply_vision_rope, budget_for,
+from omnijax.common.errors import CheckpointError, MediaError
+from omnijax.encoders.gemma4.vision import (Gemma4VisionConfig, Gemma4VisionEncoder, apply_vision_rope, budget_for,
                                     check_image_config, collate, gemma4_vision_weight_map, image_attention, padded_image_count,
                                     pool_by_position, vision_rope_cos_sin)
-from preprocess.gemma4_image import Gemma4ImageConfig, process_image, process_images
+from omnijax.preprocess.gemma4.image import Gemma4ImageConfig, process_image, process_images
 
-from module_parity import assert_close, flat_paths, load_module
+from fixtures.module_parity import assert_close, flat_paths, load_module
 
 _SIZES = [(50, 80), (120, 30), (7, 300), (96, 96), (200, 150), (13, 47)]
 

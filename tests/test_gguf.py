@@ -9,13 +9,13 @@ import numpy as np
 import pytest
 import torch
 
-from app.checkpoint_source import open_checkpoint
-from app.gguf.arch import GGUFMetadata, gguf_tensor_name, unpermute_rotary_rows
-from app.gguf.dequant import dequantize_tensor
-from app.gguf.file import GGUFFile, StringArray
-from app.pipeline import Pipeline
-from common.errors import CheckpointError, PromptError, UnsupportedModelError
-from tiny_gguf import DEFAULT_TYPES, write_tiny_gemma3_gguf
+from omnijax.app.checkpoint_source import open_checkpoint
+from omnijax.app.gguf.arch import GGUFMetadata, gguf_tensor_name, unpermute_rotary_rows
+from omnijax.app.gguf.dequant import dequantize_tensor
+from omnijax.app.gguf.file import GGUFFile, StringArray
+from omnijax.app.pipeline import Pipeline
+from omnijax.common.errors import CheckpointError, PromptError, UnsupportedModelError
+from fixtures.tiny_gguf import DEFAULT_TYPES, write_tiny_gemma3_gguf
 
 CHAT_TEMPLATE = ("{{ bos_token }}{% for m in messages %}<start_of_turn>{{ m['role'] }}\n"
                  "{{ m['content'] if m['content'] is string else m['content'][0]['text'] }}<end_of_turn>\n"
@@ -94,7 +94,7 @@ def test_dequantize_each_type_in_row_chunks_equals_gguf(tiny_gguf, dtype):
     import gguf
     from gguf.quants import dequantize
 
-    from app.checkpoint import numpy_dtype
+    from omnijax.app.checkpoint import numpy_dtype
 
     f = GGUFFile(tiny_gguf)
     types = {gguf.GGMLQuantizationType(i.ggml_type).name for i in f.tensors.values()}
@@ -141,7 +141,7 @@ def _meta(**overrides) -> GGUFMetadata:
 
 
 def test_gemma3_config_from_metadata_follows_llama_cpp():
-    from app.families.gemma3 import gguf_config
+    from omnijax.app.families.gemma3.spec import gguf_config
 
     cfg = gguf_config(_meta())
     assert cfg["layer_types"] == (["sliding_attention"] * 5 + ["full_attention"]) * 2
@@ -167,7 +167,7 @@ def test_gemma3_config_from_metadata_follows_llama_cpp():
 
 
 def test_tiny_gguf_config_equals_transformers(tiny_gguf, tiny_gguf_pipe, hf_from_gguf):
-    from app.families import family_for_config
+    from omnijax.app.families import family_for_config
 
     hf_config = hf_from_gguf[0].config.to_dict()
     assert family_for_config(hf_config).parse_config(hf_config).decoder == tiny_gguf_pipe.config.decoder
@@ -239,7 +239,7 @@ def test_raw_stream_equals_generate(tiny_gguf_pipe):
 
 
 def test_the_cli_on_a_folder_holding_one_gguf_file(tiny_gguf, tiny_gguf_pipe, capsys):
-    from app.cli import main
+    from omnijax.app.cli import main
 
     expected = tiny_gguf_pipe.generate(PROMPTS[0], max_new_tokens=6)
     assert main(["generate", "--model", str(tiny_gguf.parent), "--raw", "--prompt", PROMPTS[0],
@@ -295,7 +295,7 @@ def test_not_a_gguf_and_truncated_files(tiny_gguf, tmp_path):
 
 
 def test_the_demo_continues_raw_text_for_a_model_without_a_chat_template(tiny_gguf_pipe):
-    from demo.web import build_demo, make_responder
+    from omnijax.demo.web import build_demo, make_responder
 
     config = build_demo(tiny_gguf_pipe).get_config_file()
     header = next(c["props"]["value"] for c in config["components"] if c["props"].get("elem_id") == "model-info")
@@ -311,8 +311,8 @@ def test_the_demo_continues_raw_text_for_a_model_without_a_chat_template(tiny_gg
 def test_tensors_an_architecture_ignores_are_left_out(tmp_path):
     import dataclasses
 
-    from app.families.gemma3 import GGUF
-    from app.gguf.tensors import GGUFTensors
+    from omnijax.app.families.gemma3.spec import GGUF
+    from omnijax.app.gguf.tensors import GGUFTensors
 
     path = write_tiny_gemma3_gguf(tmp_path / "rope.gguf", extra_tensors={"rope_freqs.weight": np.ones(64, np.float32)})
     file = GGUFFile(path)

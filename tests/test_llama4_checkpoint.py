@@ -1,4 +1,4 @@
-"""The tiny Llama 4 folders of tests/llama4_checkpoint.py: what they hold, that transformers loads and runs them,
+"""The tiny Llama 4 folders of tests/fixtures/llama4_checkpoint.py: what they hold, that transformers loads and runs them,
 and that every weight is random."""
 
 from __future__ import annotations
@@ -9,9 +9,9 @@ import numpy as np
 import safetensors
 import torch
 
-import llama4_checkpoint as lc
-from llama4_tokenizer import SPECIAL_TOKEN_IDS
-from preprocess.tokenizer import load_tokenizer
+import fixtures.llama4_checkpoint as lc
+from fixtures.llama4_tokenizer import SPECIAL_TOKEN_IDS
+from omnijax.preprocess.tokenizer import load_tokenizer
 
 
 def _tensors(folder) -> dict[str, np.ndarray]:

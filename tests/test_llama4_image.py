@@ -1,5 +1,5 @@
 """Llama 4 image preprocessing and prompt placeholders against transformers' Llama4ImageProcessor / Llama4Processor
-(run in a subprocess, see tests/llama4_reference.py), plus hand-checked cases of the pure functions."""
+(run in a subprocess, see tests/fixtures/llama4_reference.py), plus hand-checked cases of the pure functions."""
 
 from __future__ import annotations
 
@@ -10,18 +10,18 @@ import numpy as np
 import PIL.Image
 import pytest
 
-import llama4_reference as lr
-from common.errors import CheckpointError, MediaError, PromptError
-from preprocess import llama4_image
-from preprocess.images import load_image
-from preprocess.llama4_image import (Llama4ImageConfig, best_canvas, image_tiles, process_images, resample_weights,
+import fixtures.llama4_reference as lr
+from omnijax.common.errors import CheckpointError, MediaError, PromptError
+from omnijax.preprocess.llama4 import image as llama4_image
+from omnijax.preprocess.images import load_image
+from omnijax.preprocess.llama4.image import (Llama4ImageConfig, best_canvas, image_tiles, process_images, resample_weights,
                                      resize_uint8, resized_size, round_bf16, split_tiles, supported_canvases)
-from preprocess.llama4_prompt import (IMAGE_START, PATCH, Llama4PromptConfig, expand_image_placeholders,
+from omnijax.preprocess.llama4.prompt import (IMAGE_START, PATCH, Llama4PromptConfig, expand_image_placeholders,
                                       image_prompt, num_patch_tokens)
-from preprocess.prompts import normalize_messages, render_chat
-from preprocess.user_text import encode_prompt
-from preprocess.tokenizer import load_tokenizer
-from llama4_tokenizer import SPECIAL_TOKEN_IDS
+from omnijax.preprocess.prompts import normalize_messages, render_chat
+from omnijax.preprocess.user_text import encode_prompt
+from omnijax.preprocess.tokenizer import load_tokenizer
+from fixtures.llama4_tokenizer import SPECIAL_TOKEN_IDS
 
 
 def _config(settings: dict) -> Llama4ImageConfig:

@@ -1,4 +1,4 @@
-"""Llama 4 end to end against transformers (float32) on the tiny random checkpoints of tests/llama4_checkpoint.py:
+"""Llama 4 end to end against transformers (float32) on the tiny random checkpoints of tests/fixtures/llama4_checkpoint.py:
 processor outputs, prompt logits, greedy tokens, batching, the text-only folder, the front ends, config reading and
 the expert weight layout.
 
@@ -17,11 +17,11 @@ import numpy as np
 import pytest
 import torch
 
-import llama4_checkpoint as lc
-import llama4_reference as lr
-from app.families import llama4 as fam
-from common.errors import CheckpointError, PromptError
-from llama4_tokenizer import SPECIAL_TOKEN_IDS
+import fixtures.llama4_checkpoint as lc
+import fixtures.llama4_reference as lr
+from omnijax.app.families.llama4 import spec as fam
+from omnijax.common.errors import CheckpointError, PromptError
+from fixtures.llama4_tokenizer import SPECIAL_TOKEN_IDS
 
 CASES = {name: (messages, images) for name, messages, images in lr.CHAT_CASES}
 MAX_NEW = 16
@@ -102,7 +102,7 @@ def test_logit_parity(llama4_pipeline, hf_llama4_model, llama4_reference, llama4
 
 
 def test_cases_exercise_chunks_nope_layers_and_blocked_attention(llama4_pipeline, llama4_image_paths):
-    from decoder.attention_op import backend_for
+    from omnijax.decoder.attention_op import backend_for
 
     layers = llama4_pipeline.config.decoder.layers
     chunk = layers[0].attention.mask.size
@@ -197,7 +197,7 @@ def test_eos_ids_come_from_generation_config(llama4_pipeline):
 # ---- front ends -------------------------------------------------------------------------------------------------
 
 def test_cli_with_two_images_matches_the_api(tiny_llama4_dir, llama4_pipeline, llama4_image_paths, capsys):
-    from app.cli import main
+    from omnijax.app.cli import main
 
     images = [str(llama4_image_paths["large"]), str(llama4_image_paths["wide"])]
     code = main(["generate", "--model", str(tiny_llama4_dir), "--image", images[0], "--image", images[1],
@@ -210,7 +210,7 @@ def test_cli_with_two_images_matches_the_api(tiny_llama4_dir, llama4_pipeline, l
 
 
 def test_web_demo_streams_the_generate_answer(llama4_pipeline, llama4_image_paths):
-    from demo.web import make_responder
+    from omnijax.demo.web import make_responder
 
     image = str(llama4_image_paths["odd"])
     expected = llama4_pipeline.generate([{"role": "user", "content": [
@@ -221,8 +221,8 @@ def test_web_demo_streams_the_generate_answer(llama4_pipeline, llama4_image_path
 
 
 def test_captioner_matches_generate(llama4_pipeline, llama4_image_paths, tmp_path):
-    from demo.caption import CaptionOptions, messages_for, prompt_text, run_captions
-    from demo.caption_items import CaptionItem, discover
+    from omnijax.demo.caption import CaptionOptions, messages_for, prompt_text, run_captions
+    from omnijax.demo.caption_items import CaptionItem, discover
 
     folder = tmp_path / "pictures"
     folder.mkdir()

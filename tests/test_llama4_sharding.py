@@ -14,8 +14,8 @@ ROOT = pathlib.Path(__file__).resolve().parents[1]
 SCRIPT = r"""
 import json, sys
 import jax, numpy as np
-from app.pipeline import Pipeline
-from common.sharding import make_mesh
+from omnijax.app.pipeline import Pipeline
+from omnijax.common.sharding import make_mesh
 assert len(jax.devices()) == 4, jax.devices()
 folder, large, wide = sys.argv[1:4]
 convs = [[{"role": "user", "content": [{"type": "image", "image": large}, {"type": "text", "text": "Compare"},

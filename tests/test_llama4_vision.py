@@ -14,10 +14,10 @@ import safetensors
 import torch
 from flax import nnx
 
-from common.errors import CheckpointError, MediaError
-from encoders.llama4_vision import (Llama4ImageEncoder, Llama4VisionConfig, llama4_image_encoder_weight_map,
+from omnijax.common.errors import CheckpointError, MediaError
+from omnijax.encoders.llama4.vision import (Llama4ImageEncoder, Llama4VisionConfig, llama4_image_encoder_weight_map,
                                     pixel_shuffle, vision_rope_angles)
-from module_parity import flat_paths, load_module
+from fixtures.module_parity import flat_paths, load_module
 
 VISION_PREFIXES = ("vision_model.", "multi_modal_projector.")
 
@@ -228,7 +228,7 @@ def test_config_published_sizes():
     ({"pixel_shuffle_ratio": 0.0}, "pixel_shuffle_ratio"),
 ])
 def test_config_errors(change, message):
-    import llama4_checkpoint as lc
+    import fixtures.llama4_checkpoint as lc
 
     vision = {**lc.TINY_LLAMA4_VISION_CONFIG, **change}
     with pytest.raises(CheckpointError, match=message):

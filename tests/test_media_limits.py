@@ -18,12 +18,12 @@ import zlib
 import numpy as np
 import pytest
 
-from common.errors import CheckpointError
-from preprocess.gemma3_image import Gemma3ImageConfig
-from preprocess.images import load_image
-from preprocess.media_limits import MAX_IMAGE_PIXELS, WORKING_IMAGE_PIXELS
-from preprocess.qwen_image import QwenImageConfig
-from preprocess.whisper_features import WhisperFeatureConfig
+from omnijax.common.errors import CheckpointError
+from omnijax.preprocess.gemma3.image import Gemma3ImageConfig
+from omnijax.preprocess.images import load_image
+from omnijax.preprocess.media_limits import MAX_IMAGE_PIXELS, WORKING_IMAGE_PIXELS
+from omnijax.preprocess.qwen3_omni.image import QwenImageConfig
+from omnijax.preprocess.qwen3_omni.audio_features import WhisperFeatureConfig
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 MB = 2**20
@@ -31,9 +31,9 @@ MB = 2**20
 PROBE = r"""
 import json, sys, time
 import numpy as np
-from preprocess.audio import load_audio
-from preprocess.images import load_image
-from common.errors import MediaError
+from omnijax.preprocess.audio import load_audio
+from omnijax.preprocess.images import load_image
+from omnijax.common.errors import MediaError
 
 def status(key):
     for line in open("/proc/self/status"):

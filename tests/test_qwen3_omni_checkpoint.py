@@ -16,8 +16,8 @@ from transformers import (AutoProcessor, AutoTokenizer, Qwen3OmniMoeForCondition
                           Qwen3OmniMoeThinkerForConditionalGeneration)
 from transformers.models.qwen3_omni_moe.modeling_qwen3_omni_moe import _get_feat_extract_output_lengths
 
-import qwen3_omni_checkpoint as qc
-import qwen3_omni_tokenizer as qt
+import fixtures.qwen3_omni_checkpoint as qc
+import fixtures.qwen3_omni_tokenizer as qt
 
 SR = 16000
 SYSTEM = "You are a helpful assistant."

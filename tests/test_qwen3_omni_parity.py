@@ -8,8 +8,8 @@ import pytest
 import torch
 from PIL import Image
 
-from common.errors import MediaError
-from app.pipeline import Pipeline
+from omnijax.common.errors import MediaError
+from omnijax.app.pipeline import Pipeline
 
 SR = 16000
 
@@ -121,7 +121,7 @@ def test_mixed_batch_equals_each_alone(qwen_pipeline):
 
 
 def test_full_checkpoint_loads_the_thinker_and_skips_speech_output(tiny_qwen_full_dir, qwen_pipeline, caplog):
-    with caplog.at_level(logging.INFO, logger="app.checkpoint"):
+    with caplog.at_level(logging.INFO, logger="omnijax.app.checkpoint"):
         full = Pipeline.from_pretrained(tiny_qwen_full_dir)
     assert any("skipping" in r.getMessage() and "talker" in r.getMessage() for r in caplog.records)
     msg = CASES["image_audio"]
@@ -159,7 +159,7 @@ def test_typed_placeholders_are_plain_text(qwen_pipeline):
 def test_cli_with_audio_and_image_matches_the_api(tiny_qwen_dir, qwen_pipeline, tmp_path, capsys):
     import soundfile
 
-    from app.cli import main
+    from omnijax.app.cli import main
 
     wav, png = tmp_path / "q.wav", tmp_path / "chart.png"
     soundfile.write(wav, clip(7, 1.0), SR)

@@ -19,14 +19,14 @@ from transformers.models.qwen3_omni_moe.configuration_qwen3_omni_moe import (Qwe
 from transformers.vision_utils import (get_vision_cu_seqlens, get_vision_interpolation_indices_and_weights,
                                        get_vision_position_ids)
 
-from common.errors import MediaError
-from common.weights import prefixed
-from encoders.blocks import block_attention
-from encoders.qwen3_omni_audio import (QwenAudioConfig, QwenAudioTower, audio_attention_seqlens, audio_chunk_lengths,
+from omnijax.common.errors import MediaError
+from omnijax.common.weights import prefixed
+from omnijax.encoders.blocks import block_attention
+from omnijax.encoders.qwen3_omni.audio import (QwenAudioConfig, QwenAudioTower, audio_attention_seqlens, audio_chunk_lengths,
                                        audio_output_length, audio_windows, qwen_audio_weight_map)
-from encoders.qwen3_omni_audio_encoder import QwenAudioEncoder
-from encoders.qwen3_omni_image_encoder import QwenImageEncoder, frame_token_buckets
-from encoders.qwen3_omni_vision import (QwenVisionConfig, QwenVisionTower, qwen_vision_weight_map,
+from omnijax.encoders.qwen3_omni.audio_encoder import QwenAudioEncoder
+from omnijax.encoders.qwen3_omni.image_encoder import QwenImageEncoder, frame_token_buckets
+from omnijax.encoders.qwen3_omni.vision import (QwenVisionConfig, QwenVisionTower, qwen_vision_weight_map,
                                         vision_pos_interpolation, vision_rope_cos_sin, vision_rope_positions,
                                         vision_segments, vision_token_count)
 
@@ -43,7 +43,7 @@ AUDIO_PREFIX = "thinker.audio_tower."
 MAX_PIXELS = 64 * 64  # with patch 4 and merge 2: frames of at most 256 patches (64 tokens)
 MAX_FRAMES = 1000
 
-from module_parity import assert_close, flat_paths, load_module
+from fixtures.module_parity import assert_close, flat_paths, load_module
 
 
 # ---------------------------------------------------------------------------------------------------------------

@@ -21,14 +21,14 @@ from transformers.models.qwen3_omni_moe.modeling_qwen3_omni_moe import (
     _get_feat_extract_output_lengths,
 )
 
-from common.errors import CheckpointError, MediaError, PromptError
-from preprocess.mrope import (
+from omnijax.common.errors import CheckpointError, MediaError, PromptError
+from omnijax.preprocess.qwen3_omni.mrope import (
     MRopeTokens,
     audio_tokens_from_frames,
     mrope_positions,
     mrope_positions_batch,
 )
-from preprocess.qwen_image import (
+from omnijax.preprocess.qwen3_omni.image import (
     QwenImageConfig,
     image_patches,
     num_image_tokens,

@@ -14,7 +14,7 @@ import numpy as np
 import pytest
 import torch
 
-from app.pipeline import Pipeline
+from omnijax.app.pipeline import Pipeline
 from bench.real_gemma3 import gemma3_270m_gguf, reference_folder
 
 NEW_TOKENS = 8

@@ -7,7 +7,7 @@ in the same buckets add no compilation, while their answers still follow their o
 
 import numpy as np
 
-from common.sharding import host_array
+from omnijax.common.sharding import host_array
 from test_qwen3_omni_parity import clip, image, user
 
 

@@ -10,9 +10,9 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from app.sampling import (SamplingParams, check_max_new_tokens, check_stops, choose, filter_logits,
+from omnijax.app.sampling import (SamplingParams, check_max_new_tokens, check_stops, choose, filter_logits,
                           kth_largest)
-from common.errors import OmnijaxError, SamplingError
+from omnijax.common.errors import OmnijaxError, SamplingError
 
 
 def sorted_filter(logits_BV, values, mode):
@@ -130,7 +130,7 @@ def test_settings_are_checked_before_any_work(gemma3_pipeline, monkeypatch):
 def test_every_bit_of_the_seed_counts():
     import jax
 
-    from app.sampling import SamplingParams
+    from omnijax.app.sampling import SamplingParams
 
     keys = [jax.random.key_data(SamplingParams(seed=s).key()).tolist() for s in (0, 1 << 32, -1, (1 << 32) - 1)]
     assert len({tuple(k) for k in keys}) == 4

@@ -10,10 +10,10 @@ import numpy as np
 import PIL.Image
 import pytest
 
-from app import shape_dialogues as sd
-from app.shape_scenes import (BACKGROUNDS, COLOURS, KINDS, MAX_SHAPE, MIN_SHAPE, Scene, Shape, encode, render,
+from training import dialogues as sd
+from training.scenes import (BACKGROUNDS, COLOURS, KINDS, MAX_SHAPE, MIN_SHAPE, Scene, Shape, encode, render,
                               render_file_like, sample_scene, scene_from_dict, shape_map)
-from app.shape_tokenizer import build_shape_tokenizer, corpus, shape_vocab, special_token_ids
+from training.tokenizer import build_shape_tokenizer, corpus, shape_vocab, special_token_ids
 
 
 def _scenes(n: int, seed: int = 0) -> list[Scene]:

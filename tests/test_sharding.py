@@ -14,8 +14,8 @@ SCRIPT = r"""
 import json, sys
 import jax, numpy as np
 from PIL import Image
-from app.pipeline import Pipeline
-from common.sharding import make_mesh
+from omnijax.app.pipeline import Pipeline
+from omnijax.common.sharding import make_mesh
 assert len(jax.devices()) == 4, jax.devices()
 folder = sys.argv[1]
 img = Image.fromarray(np.random.default_rng(0).integers(0, 256, (40, 30, 3), dtype=np.uint8))
@@ -46,7 +46,7 @@ def test_four_device_runs_equal_one_device(tiny_gemma3_dir):
 
 def test_partition_spec_drops_axes_that_do_not_divide():
     import jax
-    from common.sharding import make_mesh, partition_spec
+    from omnijax.common.sharding import make_mesh, partition_spec
 
     mesh = make_mesh(1, jax.devices()[:1])
     assert partition_spec(("embed", "mlp"), (8, 16), mesh) == PartitionSpec(None, None)
@@ -64,8 +64,8 @@ QWEN_SCRIPT = r"""
 import json, sys
 import jax, numpy as np
 from PIL import Image
-from app.pipeline import Pipeline
-from common.sharding import make_mesh
+from omnijax.app.pipeline import Pipeline
+from omnijax.common.sharding import make_mesh
 folder = sys.argv[1]
 img = Image.fromarray(np.random.default_rng(0).integers(0, 256, (48, 64, 3), dtype=np.uint8))
 t = np.arange(16000) / 16000
@@ -97,9 +97,9 @@ def test_expert_parallel_runs_equal_one_device(tiny_qwen_dir):
 COLLECTIVES_SCRIPT = r"""
 import collections, json, re, sys
 import jax, jax.numpy as jnp
-from app.pipeline import Pipeline
-from app.sampling import SamplingParams
-from common.sharding import make_mesh, use_mesh
+from omnijax.app.pipeline import Pipeline
+from omnijax.app.sampling import SamplingParams
+from omnijax.common.sharding import make_mesh, use_mesh
 folder = sys.argv[1]
 out = {}
 for name, model in [("model4", 4), ("data2_model2", 2)]:
@@ -145,8 +145,8 @@ pid, n, port, folder = int(sys.argv[1]), int(sys.argv[2]), sys.argv[3], sys.argv
 if n > 1:
     jax.config.update("jax_cpu_collectives_implementation", "gloo")
     jax.distributed.initialize(coordinator_address=f"127.0.0.1:{port}", num_processes=n, process_id=pid)
-from app.pipeline import Pipeline
-from common.sharding import make_mesh
+from omnijax.app.pipeline import Pipeline
+from omnijax.common.sharding import make_mesh
 from PIL import Image
 import numpy as np
 img = Image.fromarray(np.random.default_rng(0).integers(0, 256, (40, 30, 3), dtype=np.uint8))

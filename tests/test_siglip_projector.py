@@ -16,14 +16,14 @@ from transformers import Gemma3Config, Gemma3ForConditionalGeneration, SiglipVis
 from transformers import SiglipVisionConfig as HFSiglipVisionConfig
 from transformers.models.gemma3.modeling_gemma3 import Gemma3MultiModalProjector
 
-from common.errors import MediaError
-from common.weights import prefixed
-from encoders.gemma3_image_encoder import Gemma3ImageEncoder
-from encoders.gemma3_projector import Gemma3Projector, gemma3_projector_weight_map
-from encoders.siglip import (SiglipVisionConfig, SiglipVisionTower, siglip_unused_key_pattern, siglip_unused_keys,
+from omnijax.common.errors import MediaError
+from omnijax.common.weights import prefixed
+from omnijax.encoders.gemma3.image_encoder import Gemma3ImageEncoder
+from omnijax.encoders.gemma3.projector import Gemma3Projector, gemma3_projector_weight_map
+from omnijax.encoders.gemma3.siglip import (SiglipVisionConfig, SiglipVisionTower, siglip_unused_key_pattern, siglip_unused_keys,
                              siglip_weight_map)
 
-from module_parity import assert_close, flat_paths, load_module
+from fixtures.module_parity import assert_close, flat_paths, load_module
 
 
 def _randomise(module: torch.nn.Module, seed: int) -> None:

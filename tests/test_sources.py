@@ -4,8 +4,8 @@ import pathlib
 
 import pytest
 
-from common.errors import MediaError
-from preprocess.sources import local_path
+from omnijax.common.errors import MediaError
+from omnijax.preprocess.sources import local_path
 
 
 def test_local_path_accepts_str_bytes_and_pathlike(tmp_path):

@@ -12,10 +12,10 @@ import pathlib
 import numpy as np
 import pytest
 
-from app import tiny_gemma3 as dm
-from app.answer_text import AnswerText
-from app.detokenize import IncrementalDetokenizer
-from preprocess.tokenizer import byte_fallback_ids, load_tokenizer, special_tokens
+from fixtures import tiny_gemma3 as dm
+from omnijax.app.answer_text import AnswerText
+from omnijax.app.detokenize import IncrementalDetokenizer
+from omnijax.preprocess.tokenizer import byte_fallback_ids, load_tokenizer, special_tokens
 
 
 @pytest.fixture(scope="module", params=["gemma3", "qwen3_omni"])
@@ -26,7 +26,7 @@ def tokenizer(request, tmp_path_factory):
         dm.write_tokenizer_and_processor(folder, image_size=cfg["vision_config"]["image_size"],
                                          mm_tokens_per_image=cfg["mm_tokens_per_image"])
     else:
-        import qwen3_omni_checkpoint as qc
+        import fixtures.qwen3_omni_checkpoint as qc
 
         qc.build_tokenizer_and_processor_files(folder)
     return load_tokenizer(pathlib.Path(folder))

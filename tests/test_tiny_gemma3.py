@@ -1,4 +1,4 @@
-"""The tiny random Gemma 3 folders of app.tiny_gemma3 against what transformers 5.23 writes and loads."""
+"""The tiny random Gemma 3 folders of fixtures.tiny_gemma3 against what transformers 5.23 writes and loads."""
 
 from __future__ import annotations
 
@@ -13,7 +13,7 @@ from PIL import Image
 from safetensors import safe_open
 from transformers import AutoConfig, AutoProcessor, AutoTokenizer, Gemma3ForConditionalGeneration
 
-from app import tiny_gemma3 as dm
+from fixtures import tiny_gemma3 as dm
 
 BOI, EOI, IMG = dm.BOI_TOKEN, dm.EOI_TOKEN, dm.IMAGE_TOKEN
 

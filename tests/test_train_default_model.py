@@ -1,4 +1,4 @@
-"""The default model's training script (scripts/train_default_model.py, the `train` extra): a short run of both
+"""The default model's training script (training/train_default_model.py, the `train` extra): a short run of both
 phases is reproducible and writes a checkpoint folder that omnijax loads."""
 
 from __future__ import annotations
@@ -12,10 +12,10 @@ import sys
 import numpy as np
 from safetensors.numpy import load_file
 
-from app.shape_model import CONFIG, write_folder_files
-from app.tiny_gemma3 import gemma3_weight_shapes
+from training.model import CONFIG, write_folder_files
+from fixtures.tiny_gemma3 import gemma3_weight_shapes
 ROOT = pathlib.Path(__file__).resolve().parents[1]
-SCRIPT = str(ROOT / "scripts" / "train_default_model.py")
+SCRIPT = str(ROOT / "training" / "train_default_model.py")
 
 
 def test_a_short_run_is_reproducible_and_writes_a_loadable_checkpoint(tmp_path):
@@ -42,8 +42,8 @@ def test_a_short_run_is_reproducible_and_writes_a_loadable_checkpoint(tmp_path):
     assert {k: v.shape for k, v in weights.items()} == gemma3_weight_shapes(CONFIG)
     assert all(v.dtype == np.float32 and np.isfinite(v).all() for v in weights.values())
 
-    from app.pipeline import Pipeline
-    from app.shape_scenes import render, sample_scene
+    from omnijax.app.pipeline import Pipeline
+    from training.scenes import render, sample_scene
 
     image = render(sample_scene(np.random.default_rng(3)))
     out = Pipeline.from_pretrained(a).generate(

@@ -14,8 +14,8 @@ import wave
 import numpy as np
 import pytest
 
-from common.errors import MediaError, PromptError
-from demo.chat_state import (
+from omnijax.common.errors import MediaError, PromptError
+from omnijax.demo.chat_state import (
     ERROR_TITLE,
     AnswerStats,
     answer_message,
@@ -31,7 +31,7 @@ from demo.chat_state import (
     validate_upload,
 )
 
-from web_demo_parts import MAX_NEW, STATS_RE, _free_port, _text, _user
+from fixtures.web_demo_parts import MAX_NEW, STATS_RE, _free_port, _text, _user
 
 
 def _gr_file(path: str, mime: str = "image/png") -> dict:
@@ -180,7 +180,7 @@ def _answer_text(message) -> str:
 
 
 def test_responder_streams_the_generate_answer_with_stats(gemma3_pipeline, image_file):
-    from demo.web import make_responder
+    from omnijax.demo.web import make_responder
 
     respond = make_responder(gemma3_pipeline)
     messages = [_user({"type": "image", "image": image_file}, _text("Describe this image."))]
@@ -198,7 +198,7 @@ def test_responder_streams_the_generate_answer_with_stats(gemma3_pipeline, image
 
 
 def test_responder_stop_releases_the_pipeline(gemma3_pipeline):
-    from demo.web import make_responder
+    from omnijax.demo.web import make_responder
 
     respond = make_responder(gemma3_pipeline)
     message = {"text": "Tell me a long story.", "files": []}
@@ -215,7 +215,7 @@ def test_responder_stop_releases_the_pipeline(gemma3_pipeline):
 
 
 def test_responder_reports_bad_input_in_the_chat(gemma3_pipeline, broken_image, image_file, tmp_path):
-    from demo.web import make_responder
+    from omnijax.demo.web import make_responder
 
     respond = make_responder(gemma3_pipeline, max_upload_mb=1)
     outputs = _run(respond, {"text": "What is this?", "files": [broken_image]})
@@ -241,7 +241,7 @@ def test_responder_reports_bad_input_in_the_chat(gemma3_pipeline, broken_image, 
 
 def test_responder_takes_audio_for_an_audio_model(qwen_pipeline, tmp_path):
     """The same chat function serves a family with audio input (Qwen3-Omni)."""
-    from demo.web import make_responder
+    from omnijax.demo.web import make_responder
 
     wav = tmp_path / "tone.wav"
     with wave.open(str(wav), "wb") as f:
@@ -270,7 +270,7 @@ def _textbox_props(demo) -> dict:
 
 
 def test_build_demo_takes_the_models_media_kinds():
-    from demo.web import build_demo
+    from omnijax.demo.web import build_demo
 
     image_only = _textbox_props(build_demo(_fake_pipe(("image",))))
     assert image_only["sources"] == ["upload"] and ".png" in image_only["file_types"]
@@ -282,7 +282,7 @@ def test_build_demo_takes_the_models_media_kinds():
 
 
 def test_demo_command_line():
-    from demo.cli_web import add_demo_parser, is_loopback
+    from omnijax.demo.cli_web import add_demo_parser, is_loopback
 
     top = argparse.ArgumentParser()
     add_demo_parser(top.add_subparsers(dest="command"))
@@ -300,7 +300,7 @@ def test_demo_command_line():
 def test_serve_binds_loopback_and_caps_uploads(tiny_gemma3_dir, tmp_path):
     import httpx
 
-    from demo.web import build_demo, launch, serve, stop
+    from omnijax.demo.web import build_demo, launch, serve, stop
 
     port = _free_port()
     args = argparse.Namespace(model=str(tiny_gemma3_dir), dtype="float32", model_axis=None, host="127.0.0.1",
@@ -325,7 +325,7 @@ def test_serve_binds_loopback_and_caps_uploads(tiny_gemma3_dir, tmp_path):
     with socket.socket() as taken:  # a port taken between the check and the launch: our message, not gradio's
         taken.bind(("127.0.0.1", 0))
         taken.listen()
-        from demo.cli_web import ServeError
+        from omnijax.demo.cli_web import ServeError
 
         with pytest.raises(ServeError, match=f"port {taken.getsockname()[1]} on 127.0.0.1 is already in use: "
                                              f"choose another with --port"):
@@ -336,7 +336,7 @@ def test_serve_binds_loopback_and_caps_uploads(tiny_gemma3_dir, tmp_path):
 def test_default_model_examples_come_from_the_manifest():
     import json
 
-    from demo.web import EXAMPLES_DIR, default_model_examples
+    from omnijax.demo.web import EXAMPLES_DIR, default_model_examples
 
     manifest = json.loads((EXAMPLES_DIR / "examples.json").read_text())
     examples = default_model_examples()

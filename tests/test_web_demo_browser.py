@@ -17,8 +17,8 @@ import time
 
 import pytest
 
-from demo.chat_state import ERROR_TITLE
-from web_demo_parts import MAX_NEW, STATS_RE, _free_port, _text, _user
+from omnijax.demo.chat_state import ERROR_TITLE
+from fixtures.web_demo_parts import MAX_NEW, STATS_RE, _free_port, _text, _user
 
 CHROMIUM = "/usr/bin/chromium"
 CHROMIUM_ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
@@ -61,7 +61,7 @@ class RecordingPipe:
 @pytest.fixture(scope="module")
 def served(gemma3_pipeline):
     """(url, RecordingPipe): the demo for the tiny pipeline on a free 127.0.0.1 port, uploads capped at 1 MB."""
-    from demo.web import build_demo, launch
+    from omnijax.demo.web import build_demo, launch
 
     pipe = RecordingPipe(gemma3_pipeline)
     demo = build_demo(pipe, max_upload_mb=1)
@@ -223,7 +223,7 @@ def test_browser_default_model_demo_offers_examples(browser):
     on the first one puts it in the message box, and sending it gets its right answer."""
     import json
 
-    from demo.web import EXAMPLES_DIR, serve, stop
+    from omnijax.demo.web import EXAMPLES_DIR, serve, stop
 
     first = json.loads((EXAMPLES_DIR / "examples.json").read_text())["examples"][0]
     port = _free_port()

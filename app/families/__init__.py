@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import importlib
 
-from common.errors import UnsupportedModelError
-from app.families.spec import FamilySpec
+from omnijax.common.errors import UnsupportedModelError
+from omnijax.app.families.spec import FamilySpec
 
 # config.json "model_type" -> the module in app/families holding that family's spec (its SPEC, or the one of its
 # SPECS that reads this model type)
@@ -32,7 +32,7 @@ def family_for_config(hf_config: dict) -> FamilySpec:
     if model_type not in MODEL_TYPES:
         raise UnsupportedModelError(f"model_type {model_type!r} (architectures {hf_config.get('architectures')}) "
                                     f"is not supported; supported: {sorted(MODEL_TYPES)}")
-    module = importlib.import_module(f"app.families.{MODEL_TYPES[model_type]}")
+    module = importlib.import_module(f"omnijax.app.families.{MODEL_TYPES[model_type]}.spec")
     specs = getattr(module, "SPECS", (module.SPEC,))
     matching = [spec for spec in specs if model_type in spec.model_types]
     assert len(matching) == 1, (model_type, [spec.name for spec in specs])
@@ -45,6 +45,6 @@ def gguf_arch_for(architecture: str, path=None):
         where = f"GGUF file {str(path)!r}" if path is not None else "the GGUF file"
         raise UnsupportedModelError(f"{where} holds architecture {architecture!r}, which omnijax does not read "
                                     f"from GGUF; supported GGUF architectures: {sorted(GGUF_ARCHITECTURES)}")
-    arch = importlib.import_module(f"app.families.{GGUF_ARCHITECTURES[architecture]}").GGUF
+    arch = importlib.import_module(f"omnijax.app.families.{GGUF_ARCHITECTURES[architecture]}.spec").GGUF
     assert arch.architecture == architecture, (architecture, arch.architecture)
     return arch

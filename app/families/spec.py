@@ -14,7 +14,7 @@ from typing import Any, Callable, Protocol
 
 import numpy as np
 
-from decoder.spec import DecoderSpec
+from omnijax.decoder.spec import DecoderSpec
 
 
 @dataclasses.dataclass(frozen=True)

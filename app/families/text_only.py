@@ -7,11 +7,11 @@ import pathlib
 
 import numpy as np
 
-from app.families.spec import ModelConfig, PreparedPrompt
-from common.errors import PromptError
-from preprocess.prompts import MEDIA_TYPES, media_of, normalize_messages, render_chat
-from preprocess.tokenizer import load_tokenizer
-from preprocess.user_text import encode_prompt
+from omnijax.app.families.spec import ModelConfig, PreparedPrompt
+from omnijax.common.errors import PromptError
+from omnijax.preprocess.prompts import MEDIA_TYPES, media_of, normalize_messages, render_chat
+from omnijax.preprocess.tokenizer import load_tokenizer
+from omnijax.preprocess.user_text import encode_prompt
 
 
 def no_encoders(cfg: ModelConfig, options: dict, *, rngs) -> dict:

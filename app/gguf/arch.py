@@ -1,6 +1,6 @@
 """How a GGUF architecture becomes a checkpoint omnijax reads, described as data.
 
-A family that reads GGUF files gives a ``GGUFArch`` (e.g. ``app/families/gemma3.py``'s ``GGUF``): the GGUF
+A family that reads GGUF files gives a ``GGUFArch`` (e.g. ``app/families/gemma3/spec.py``'s ``GGUF``): the GGUF
 architecture name, a function from the file's metadata to the Hugging Face ``config.json`` of the model it
 holds, and the per-tensor transforms that undo what llama.cpp's converter (convert_hf_to_gguf.py) did to a
 tensor. Tensor names need no table: the ``gguf`` package's ``TensorNameMap`` for the architecture already
@@ -17,7 +17,7 @@ from typing import Any, Callable
 
 import numpy as np
 
-from common.errors import CheckpointError
+from omnijax.common.errors import CheckpointError
 
 _MISSING = object()
 

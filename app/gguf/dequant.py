@@ -10,7 +10,7 @@ import functools
 
 import numpy as np
 
-from common.errors import CheckpointError
+from omnijax.common.errors import CheckpointError
 
 CHUNK_BYTES = 16 << 20  # stored bytes dequantized per step
 

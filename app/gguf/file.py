@@ -23,7 +23,7 @@ import struct
 
 import numpy as np
 
-from common.errors import CheckpointError
+from omnijax.common.errors import CheckpointError
 
 MAGIC = b"GGUF"
 VERSIONS = (2, 3)

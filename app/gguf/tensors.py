@@ -13,10 +13,10 @@ from typing import Iterable
 
 import numpy as np
 
-from app.gguf.arch import GGUFArch, gguf_tensor_name
-from app.gguf.dequant import dequantize_tensor
-from app.gguf.file import GGUFFile, TensorInfo
-from common.errors import CheckpointError
+from omnijax.app.gguf.arch import GGUFArch, gguf_tensor_name
+from omnijax.app.gguf.dequant import dequantize_tensor
+from omnijax.app.gguf.file import GGUFFile, TensorInfo
+from omnijax.common.errors import CheckpointError
 
 log = logging.getLogger(__name__)
 

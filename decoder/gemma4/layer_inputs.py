@@ -1,0 +1,67 @@
+"""Gemma 4's per-layer inputs (per-layer embeddings, "PLE"), registered as the provider "gemma4".
+
+For token ids t [B, L] and the merged input embeddings e [B, L, D] (media features already in place), with N layers
+of width P each:
+
+    ids   = t with media placeholder ids (and ids outside the table) replaced by the pad id, as the reference does
+    token = table[ids] * sqrt(P)                                            -> [B, L, N, P]
+    ctx   = RMSNorm_P(projection(e) * D**-0.5)                              -> [B, L, N, P]
+    out   = (ctx + token) * 2**-0.5
+
+(``Gemma4TextModel.get_per_layer_inputs`` + ``project_per_layer_inputs``). Settings (``DecoderSpec.layer_inputs``
+options): "width" P, "vocab_size" (rows of the table), "pad_id", "placeholder_ids" (tuple of ids to replace).
+
+Parameter tree (paths relative to the provider)::
+
+    ("embedding",) [vocab_size, N * P]   ("projection", "kernel") [N * P, D]   ("norm", "weight") [P]
+"""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from flax import nnx
+
+from omnijax.common.linear import Linear, param
+from omnijax.common.norms import RMSNorm
+from omnijax.decoder.layer_inputs import register_layer_inputs
+from omnijax.decoder.spec import DecoderSpec
+
+
+def table_ids(tokens_BL: jax.Array, placeholder_ids: tuple[int, ...], pad_id: int, vocab_size: int) -> jax.Array:
+    """Token ids as the per-layer table reads them: placeholders and ids outside [0, vocab_size) become pad_id."""
+    keep = (tokens_BL >= 0) & (tokens_BL < vocab_size)
+    for t in placeholder_ids:
+        keep = keep & (tokens_BL != t)
+    return jnp.where(keep, tokens_BL, pad_id)
+
+
+@register_layer_inputs("gemma4")
+class Gemma4LayerInputs(nnx.Module):
+    def __init__(self, dspec: DecoderSpec, *, rngs: nnx.Rngs):
+        options = dict(dspec.layer_inputs[1])
+        self.width = int(options["width"])
+        self.vocab_size = int(options["vocab_size"])
+        self.pad_id = int(options["pad_id"])
+        self.placeholder_ids = tuple(int(t) for t in options.get("placeholder_ids", ()))
+        if not 0 <= self.pad_id < self.vocab_size:
+            raise ValueError(f"pad id {self.pad_id} is outside the per-layer table of {self.vocab_size} rows")
+        self.num_layers = dspec.num_layers
+        self.hidden = dspec.hidden_size
+        total = self.num_layers * self.width
+        self.embedding = param(rngs, (self.vocab_size, total), ("vocab", None))
+        self.projection = Linear(dspec.hidden_size, total, axes=("embed", None), rngs=rngs)
+        self.norm = RMSNorm(self.width, eps=dspec.rms_norm_eps)
+
+    def __call__(self, tokens_BL: jax.Array, embeddings_BLD: jax.Array) -> jax.Array:
+        """[B, L, layers, P] in the embeddings' dtype."""
+        b, l = tokens_BL.shape
+        n, p = self.num_layers, self.width
+        table = self.embedding[...]
+        ids = table_ids(tokens_BL, self.placeholder_ids, self.pad_id, self.vocab_size)
+        token = jnp.take(table, ids, axis=0) * jnp.asarray(np.float32(p ** 0.5), jnp.float32).astype(table.dtype)
+        x = embeddings_BLD
+        ctx = self.projection(x) * jnp.asarray(self.hidden ** -0.5, x.dtype)
+        ctx = self.norm(ctx.reshape(b, l, n, p))
+        return ((ctx + token.reshape(b, l, n, p).astype(ctx.dtype)) * jnp.asarray(2.0 ** -0.5, ctx.dtype))

@@ -1,3 +1,0 @@
-from demo.cli import main
-
-raise SystemExit(main())

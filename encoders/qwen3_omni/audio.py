@@ -1,0 +1,347 @@
+"""Qwen3-Omni audio tower, matching Hugging Face ``Qwen3OmniMoeAudioEncoder``.
+
+The reference, for log-mel features of a batch of clips (``lengths`` frames each):
+  1. cuts each clip into chunks of 2 * n_window frames (the last one shorter) and zero-pads every chunk to the
+     longest chunk of the whole batch (the padded length changes the convolution outputs near a short chunk's end);
+  2. three Conv2d(3x3, stride 2, padding 1) + GELU (erf) over (mel, time), then ``conv_out`` over (channel, mel);
+  3. adds sinusoidal positions restarting at 0 in every chunk; each chunk keeps its first
+     ``audio_output_length(chunk_frames)`` positions;
+  4. runs pre-LN encoder layers whose attention is restricted to windows of
+     ``max_chunk_tokens * (n_window_infer // (2 * n_window))`` tokens within each clip (the last window of a clip
+     shorter), the reference's ``cu_seqlens``;
+  5. ln_post -> proj1 -> activation -> proj2.
+
+A window always covers whole chunks of one clip, at most n_window_infer // (2 * n_window) of them
+(:func:`audio_windows`). ``QwenAudioTower.encode`` takes window blocks: [windows, chunks_per_window, n_mels,
+2 * n_window] frames, each chunk zero-padded to the full chunk length, plus the frames of every chunk and the
+batch's longest chunk as data (:func:`audio_window_blocks`). The convolutions' outputs past the batch's longest
+chunk are zeroed, which is exactly the reference's padding to that length, and attention runs per window block over
+its valid tokens; a program compiled for one (windows, chunks_per_window) bucket serves every set of lengths that
+fits it.
+
+Parameter tree (paths in the NNX state) and logical axes::
+
+    ("conv2d1" | "conv2d2" | "conv2d3", "kernel")   [O, I, 3, 3] torch OIHW layout  ("audio_conv", None, None, None)
+    ("conv2d1" | "conv2d2" | "conv2d3", "bias")     [O]  ("audio_conv",)
+    ("conv_out", "kernel")                          [d_model, C * F]  ("audio_embed", None), no bias
+    ("layers", i, "norm1" | "norm2", "weight" | "bias")   [d_model]  ("audio_embed",)
+                                                    <- self_attn_layer_norm | final_layer_norm
+    ("layers", i, "attn", "q_proj" | "k_proj" | "v_proj", "kernel" | "bias")   ("audio_embed", "audio_heads")
+    ("layers", i, "attn", "out_proj", "kernel" | "bias")                       ("audio_heads", "audio_embed")
+                                                    <- self_attn.*
+    ("layers", i, "mlp", "fc1" | "fc2", "kernel" | "bias")    "audio_embed" <-> "audio_mlp"  <- fc1 | fc2
+    ("ln_post", "weight" | "bias")
+    ("proj", "fc1", "kernel" | "bias")              [d_model, d_model]  ("audio_embed", "audio_mlp")  <- proj1
+    ("proj", "fc2", "kernel" | "bias")              [output_dim, d_model]  ("audio_mlp", "embed")  <- proj2
+
+Linear kernels are stored [out, in] (torch's layout); their axes above are given in (in, out) order.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from flax import nnx
+
+from omnijax.common.weights import ParamPath, TensorSpec, linear, plain
+from omnijax.common.linear import Linear, param
+from omnijax.common.activations import activation
+from omnijax.common.norms import LayerNorm
+from omnijax.common.config_values import config_getter
+from omnijax.encoders.blocks import (FeedForward, MultiHeadProjections, PreLNBlock, block_attention, feed_forward_map,
+                             layer_norm_map, multi_head_projections_map, pre_ln_block_norms_map)
+
+
+@dataclasses.dataclass(frozen=True)
+class QwenAudioConfig:
+    num_mel_bins: int = 128
+    encoder_layers: int = 32
+    encoder_attention_heads: int = 20
+    encoder_ffn_dim: int = 5120
+    d_model: int = 1280
+    activation_function: str = "gelu"
+    max_source_positions: int = 1500
+    n_window: int = 50
+    output_dim: int = 3584
+    n_window_infer: int = 800
+    downsample_hidden_size: int = 480
+    layer_norm_eps: float = 1e-5  # torch nn.LayerNorm default, used by every LayerNorm of the reference
+
+    @classmethod
+    def from_hf(cls, d: dict) -> "QwenAudioConfig":
+        """From the thinker config's ``audio_config`` dict; missing keys take HF defaults."""
+        get = config_getter(d, cls())
+        cfg = cls(
+            num_mel_bins=int(get("num_mel_bins")),
+            encoder_layers=int(get("encoder_layers", "num_hidden_layers")),
+            encoder_attention_heads=int(get("encoder_attention_heads", "num_attention_heads")),
+            encoder_ffn_dim=int(get("encoder_ffn_dim", "intermediate_size")),
+            d_model=int(get("d_model", "hidden_size")),
+            activation_function=str(get("activation_function")),
+            max_source_positions=int(get("max_source_positions")),
+            n_window=int(get("n_window")),
+            output_dim=int(get("output_dim")),
+            n_window_infer=int(get("n_window_infer")),
+            downsample_hidden_size=int(get("downsample_hidden_size")),
+        )
+        cfg.validate()
+        return cfg
+
+    def validate(self) -> None:
+        if self.d_model % self.encoder_attention_heads:
+            raise ValueError(f"audio d_model {self.d_model} is not divisible by encoder_attention_heads "
+                             f"{self.encoder_attention_heads}")
+        if self.d_model % 2:
+            raise ValueError(f"audio d_model {self.d_model} must be even for the sinusoidal positions")
+        if self.n_window < 1:
+            raise ValueError(f"audio n_window {self.n_window} must be positive")
+        if self.n_window_infer // (2 * self.n_window) < 1:
+            raise ValueError(f"audio n_window_infer {self.n_window_infer} must be at least 2 * n_window "
+                             f"({2 * self.n_window})")
+        activation(self.activation_function)
+
+    @property
+    def head_dim(self) -> int:
+        return self.d_model // self.encoder_attention_heads
+
+    @property
+    def chunk_frames(self) -> int:
+        return 2 * self.n_window
+
+    @property
+    def chunks_per_window(self) -> int:
+        """The most chunks one attention window covers."""
+        return self.n_window_infer // (2 * self.n_window)
+
+    @property
+    def chunk_tokens(self) -> int:
+        """Token positions of one full chunk after the three stride-2 convolutions."""
+        return _conv_length(_conv_length(_conv_length(self.chunk_frames)))
+
+    @property
+    def mel_after_convs(self) -> int:
+        """Mel bins left after the three stride-2 convolutions."""
+        return (((self.num_mel_bins + 1) // 2 + 1) // 2 + 1) // 2
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Host-side (Python / numpy) helpers.
+
+
+def audio_output_length(num_frames: int, n_window: int = 50) -> int:
+    """Tokens the tower emits for a clip (or chunk) of ``num_frames`` frames: ``_get_feat_extract_output_lengths``.
+    Works elementwise on numpy integer arrays too."""
+    chunk = n_window * 2
+    leave = num_frames % chunk
+    feat = (leave - 1) // 2 + 1
+    return ((feat - 1) // 2 + 1 - 1) // 2 + 1 + (num_frames // chunk) * 13
+
+
+def _conv_length(n):
+    """Length after one Conv2d(kernel 3, stride 2, padding 1); n an int or an integer numpy / jax array."""
+    return (n - 1) // 2 + 1
+
+
+def audio_chunk_lengths(lengths: tuple[int, ...], n_window: int) -> tuple[int, ...]:
+    """Frames of every chunk of every clip, in order: full chunks of 2 * n_window frames, then the remainder
+    (``chunk_and_pad_features``)."""
+    chunk = 2 * n_window
+    out: list[int] = []
+    for n in lengths:
+        out += [chunk] * (n // chunk)
+        if n % chunk:
+            out.append(n % chunk)
+    return tuple(out)
+
+
+def audio_attention_seqlens(lengths: tuple[int, ...], n_window: int, n_window_infer: int) -> tuple[int, ...]:
+    """Attention window lengths in tokens, in order (``get_audio_cu_seqlens`` differenced): each clip's tokens are
+    cut into windows of ``max_chunk_tokens * (n_window_infer // (2 * n_window))`` tokens, the last one shorter,
+    where ``max_chunk_tokens`` is the most tokens any chunk of the batch yields."""
+    chunk_tokens = [audio_output_length(c, n_window) for c in audio_chunk_lengths(lengths, n_window)]
+    window = max(chunk_tokens) * (n_window_infer // (2 * n_window))
+    if window < 1:
+        raise ValueError(f"audio attention window is empty (n_window {n_window}, n_window_infer {n_window_infer})")
+    out: list[int] = []
+    for n in lengths:
+        tokens = audio_output_length(n, n_window)
+        out += [window] * (tokens // window)
+        if tokens % window:
+            out.append(tokens % window)
+    return tuple(out)
+
+
+def audio_windows(lengths: tuple[int, ...], n_window: int, n_window_infer: int) -> tuple[tuple[int, ...], ...]:
+    """The reference's attention windows (:func:`audio_attention_seqlens`) as runs of chunks: window i holds the
+    indices, into ``audio_chunk_lengths(lengths, n_window)``, of the chunks whose tokens it covers. Raises
+    ValueError if a window would end inside a chunk."""
+    tokens = [audio_output_length(c, n_window) for c in audio_chunk_lengths(lengths, n_window)]
+    windows: list[tuple[int, ...]] = []
+    c = 0
+    for size in audio_attention_seqlens(lengths, n_window, n_window_infer):
+        run, covered = [], 0
+        while covered < size:
+            covered += tokens[c]
+            run.append(c)
+            c += 1
+        if covered != size:
+            raise ValueError(f"an audio attention window of {size} tokens ends inside a chunk (lengths {lengths})")
+        windows.append(tuple(run))
+    return tuple(windows)
+
+
+def audio_window_blocks(lengths: tuple[int, ...], n_window: int, windows: tuple[tuple[int, ...], ...],
+                        num_blocks: int, chunks_per_block: int) -> dict:
+    """Window-block layout of clips of ``lengths`` frames packed back to back: window i (:func:`audio_windows`)
+    fills block i of [num_blocks, chunks_per_block] chunk slots with its chunks, then empty slots.
+
+    Returns numpy arrays:
+      source [num_blocks, chunks_per_block, 2 * n_window] int32: index of each slot's frame in the packed
+          [n_mels, total_frames] input, ``total_frames`` past a chunk's end and in empty slots;
+      chunk_frames [num_blocks, chunks_per_block] int32: frames of each chunk, 0 for an empty slot;
+      padded_frames [] int32: the longest chunk of the batch, the length the reference pads every chunk to.
+    """
+    chunks = audio_chunk_lengths(lengths, n_window)
+    if len(windows) > num_blocks or max(len(w) for w in windows) > chunks_per_block:
+        raise ValueError(f"{len(windows)} audio windows of up to {max(len(w) for w in windows)} chunks do not fit "
+                         f"{num_blocks} blocks of {chunks_per_block} chunks")
+    total, width = sum(chunks), 2 * n_window
+    starts = np.concatenate([[0], np.cumsum(chunks)[:-1]])
+    source = np.full((num_blocks, chunks_per_block, width), total, np.int32)
+    frames = np.zeros((num_blocks, chunks_per_block), np.int32)
+    for i, run in enumerate(windows):
+        for j, c in enumerate(run):
+            source[i, j, :chunks[c]] = starts[c] + np.arange(chunks[c])
+            frames[i, j] = chunks[c]
+    return dict(source=source, chunk_frames=frames, padded_frames=np.int32(max(chunks)))
+
+
+def sinusoid_positions(length: int, channels: int, max_timescale: float = 10000.0) -> np.ndarray:
+    """[length, channels] float32: sin of position * inv_timescales, then cos (``SinusoidsPositionEmbedding``)."""
+    increment = np.log(max_timescale) / (channels // 2 - 1)
+    inv = np.exp(np.float32(-increment) * np.arange(channels // 2, dtype=np.float32)).astype(np.float32)
+    scaled = np.arange(length, dtype=np.float32)[:, None] * inv[None, :]
+    return np.concatenate([np.sin(scaled), np.cos(scaled)], axis=1).astype(np.float32)
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Modules.
+
+
+class StridedConv2d(nnx.Module):
+    """Conv2d(kernel 3, stride 2, padding 1) on [N, C, H, W]; kernel kept in torch's [O, I, 3, 3] layout."""
+
+    def __init__(self, in_channels: int, out_channels: int, *, rngs: nnx.Rngs):
+        self.kernel = param(rngs, (out_channels, in_channels, 3, 3), ("audio_conv", None, None, None))
+        self.bias = nnx.Param(jnp.zeros((out_channels,)), axes=("audio_conv",))
+
+    def __call__(self, x_NCHW: jax.Array) -> jax.Array:
+        y = jax.lax.conv_general_dilated(x_NCHW, self.kernel[...].astype(x_NCHW.dtype), window_strides=(2, 2),
+                                         padding=((1, 1), (1, 1)), dimension_numbers=("NCHW", "OIHW", "NCHW"))
+        return y + self.bias[...].astype(y.dtype)[None, :, None, None]
+
+
+class QwenAudioAttention(MultiHeadProjections):
+    """Multi-head self-attention with biases within each window block over its valid tokens;
+    x [windows, L, D] -> [windows, L, D]."""
+
+    def __init__(self, cfg: QwenAudioConfig, *, rngs: nnx.Rngs):
+        super().__init__(cfg.d_model, cfg.encoder_attention_heads, "audio_embed", "audio_heads", rngs=rngs)
+
+    def __call__(self, x_WLD: jax.Array, valid_WL: jax.Array) -> jax.Array:
+        return super().__call__(x_WLD, lambda q, k, v: block_attention(q, k, v, valid_WL, self.head_dim ** -0.5))
+
+
+def qwen_audio_encoder_layer(cfg: QwenAudioConfig, *, rngs: nnx.Rngs) -> PreLNBlock:
+    """Pre-LN block: x + attn(norm1(x), valid), then x + fc2(act(fc1(norm2(x)))); [W, L, D] -> [W, L, D]."""
+    d = cfg.d_model
+    return PreLNBlock(d, cfg.layer_norm_eps, "audio_embed", QwenAudioAttention(cfg, rngs=rngs),
+                      FeedForward(d, cfg.encoder_ffn_dim, cfg.activation_function, "audio_embed", "audio_mlp",
+                                  rngs=rngs))
+
+
+def check_chunk_tokens(cfg: QwenAudioConfig) -> None:
+    """The reference counts ``audio_output_length`` tokens per chunk, which equals the convolutions' output length
+    only for 100-frame chunks (n_window 50); its positions must fit ``max_source_positions``."""
+    if any(audio_output_length(c, cfg.n_window) != _conv_length(_conv_length(_conv_length(c)))
+           for c in range(1, cfg.chunk_frames + 1)):
+        raise ValueError(f"audio n_window {cfg.n_window} is not supported: the reference's token count per chunk "
+                         f"assumes 100-frame chunks (n_window 50)")
+    if cfg.chunk_tokens > cfg.max_source_positions:
+        raise ValueError(f"audio chunks of {cfg.chunk_frames} frames need {cfg.chunk_tokens} positions, more than "
+                         f"max_source_positions {cfg.max_source_positions}")
+
+
+class QwenAudioTower(nnx.Module):
+    """Chunked convolutions, per-chunk sinusoidal positions, windowed encoder layers, output head. ``encode`` takes
+    window blocks, ``__call__`` packed features and static lengths."""
+
+    def __init__(self, cfg: QwenAudioConfig, *, rngs: nnx.Rngs):
+        cfg.validate()
+        check_chunk_tokens(cfg)
+        self.cfg = cfg
+        c, d = cfg.downsample_hidden_size, cfg.d_model
+        self.conv2d1 = StridedConv2d(1, c, rngs=rngs)
+        self.conv2d2 = StridedConv2d(c, c, rngs=rngs)
+        self.conv2d3 = StridedConv2d(c, c, rngs=rngs)
+        self.conv_out = Linear(c * cfg.mel_after_convs, d, axes=(None, "audio_embed"), rngs=rngs)
+        self.layers = nnx.List([qwen_audio_encoder_layer(cfg, rngs=rngs) for _ in range(cfg.encoder_layers)])
+        self.ln_post = LayerNorm(d, eps=cfg.layer_norm_eps, axis_name="audio_embed")
+        self.proj = FeedForward(d, d, cfg.activation_function, "audio_embed", "audio_mlp", rngs=rngs,
+                                out_dim=cfg.output_dim, axes_out="embed")
+
+    def encode(self, features_WCMT: jax.Array, chunk_frames_WC: jax.Array,
+               padded_frames: jax.Array) -> tuple[jax.Array, jax.Array]:
+        """Window blocks (:func:`audio_window_blocks`) -> (tokens [W*C*chunk_tokens, output_dim], valid
+        [W*C*chunk_tokens] bool). features [W, C, n_mels, 2*n_window] (frames past a chunk's ``chunk_frames`` are
+        ignored), chunk_frames [W, C] int, padded_frames [] int: the batch's longest chunk."""
+        cfg = self.cfg
+        w, c = chunk_frames_WC.shape
+        if features_WCMT.shape != (w, c, cfg.num_mel_bins, cfg.chunk_frames):
+            raise ValueError(f"expected audio chunk blocks [{w}, {c}, {cfg.num_mel_bins}, {cfg.chunk_frames}], got "
+                             f"{tuple(features_WCMT.shape)}")
+        dtype = self.conv_out.kernel[...].dtype
+        frames = chunk_frames_WC.reshape(w * c, 1, 1, 1)
+        x = features_WCMT.reshape(w * c, 1, cfg.num_mel_bins, cfg.chunk_frames).astype(dtype)
+        x = jnp.where(jnp.arange(cfg.chunk_frames) < frames, x, jnp.zeros((), dtype))
+
+        # Convolutions; outputs past the padded length's are the reference's zero padding of the next layer.
+        gelu = lambda y: jax.nn.gelu(y, approximate=False)  # noqa: E731
+        length = padded_frames
+        for conv in (self.conv2d1, self.conv2d2, self.conv2d3):
+            x = gelu(conv(x))
+            length = _conv_length(length)
+            x = jnp.where(jnp.arange(x.shape[-1]) < length, x, jnp.zeros((), x.dtype))
+        n, ch, f, t = x.shape  # [chunks, C, F, chunk_tokens]
+        x = self.conv_out(jnp.transpose(x, (0, 3, 1, 2)).reshape(n, t, ch * f))
+        x = x + jnp.asarray(sinusoid_positions(t, cfg.d_model), x.dtype)[None]
+        valid = jnp.arange(t) < _conv_length(_conv_length(_conv_length(chunk_frames_WC)))[..., None]
+
+        # Windowed encoder layers: one block per window.
+        x = x.reshape(w, c * t, cfg.d_model)
+        valid = valid.reshape(w, c * t)
+        for layer in self.layers:
+            x = layer(x, valid)
+        return self.proj(self.ln_post(x)).reshape(w * c * t, -1), valid.reshape(-1)
+
+
+def qwen_audio_weight_map(cfg: QwenAudioConfig,
+                          key_prefix: str = "thinker.audio_tower.") -> dict[ParamPath, TensorSpec]:
+    """Every parameter of ``QwenAudioTower`` -> its checkpoint tensor. ``key_prefix``: ``thinker.audio_tower.`` in
+    a full Qwen3-Omni checkpoint, ``audio_tower.`` in a thinker-only one."""
+    p = key_prefix
+    m: dict[ParamPath, TensorSpec] = {("conv_out", "kernel"): linear(f"{p}conv_out")}
+    for conv in ("conv2d1", "conv2d2", "conv2d3"):
+        m[(conv, "kernel")] = plain(f"{p}{conv}.weight")
+        m[(conv, "bias")] = plain(f"{p}{conv}.bias")
+    m.update(feed_forward_map(("proj",), f"{p}proj1", f"{p}proj2"))
+    m.update(layer_norm_map(("ln_post",), f"{p}ln_post"))
+    for i in range(cfg.encoder_layers):
+        lp = f"{p}layers.{i}."
+        m.update(pre_ln_block_norms_map(("layers", i), f"{lp}self_attn_layer_norm", f"{lp}final_layer_norm"))
+        m.update(multi_head_projections_map(("layers", i, "attn"), f"{lp}self_attn"))
+        m.update(feed_forward_map(("layers", i, "mlp"), f"{lp}fc1", f"{lp}fc2"))
+    return m

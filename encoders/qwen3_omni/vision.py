@@ -1,0 +1,389 @@
+"""Qwen3-Omni vision tower with deepstack features, matching Hugging Face ``Qwen3OmniMoeVisionEncoder``.
+
+Input layout (``QwenVisionTower.encode``): frame blocks. Attention is restricted to each frame of each image
+(``cu_seqlens`` in the reference: t segments of h*w patches per grid entry), so every frame of the batch gets its
+own block of a [frames, frame_patches] array: its patches first, in the processor's 2x2 spatial-merge-block order
+(each patch flattened in (channel, frame, row, column) order), then padding. Everything that depends on the grids
+is data laid out the same way (:func:`vision_frame_blocks`): learned-position interpolation taps and weights, 2-D
+RoPE positions, a valid mask. Attention runs per block over its valid patches (``block_attention``), so a
+program compiled for one (frames, frame_patches) bucket serves every grid that fits it.
+
+Output: merged tokens [frames * frame_patches / merge**2, out_hidden] and one such array per deepstack layer, row
+r of block f being the r-th merged token of frame f (rows past a frame's tokens are padding).
+
+Parameter tree (paths in the NNX state) and logical axes::
+
+    ("patch_embed", "kernel")              [D, C*T*p*p]  ("vision_embed", None)   conv3d weight [D, C, T, p, p]
+    ("patch_embed", "bias")                [D]
+    ("pos_embed",)                         [num_position_embeddings, D]  (None, "vision_embed")
+    ("blocks", i, "norm1" | "norm2", "weight" | "bias")        [D]  ("vision_embed",)
+    ("blocks", i, "attn", "qkv", "kernel") [D, 3, D]  ("vision_embed", None, "vision_heads")  torch [3D, D]
+    ("blocks", i, "attn", "qkv", "bias")   [3, D]     (None, "vision_heads")
+    ("blocks", i, "attn", "proj", "kernel" | "bias")           ("vision_heads", "vision_embed")
+    ("blocks", i, "mlp", "fc1" | "fc2", "kernel" | "bias")   "vision_embed" <-> "vision_mlp"  <- linear_fc1 | 2
+    ("merger", "ln_q", "weight" | "bias")  [D]
+    ("merger" | ("deepstack_mergers", j), "mlp", "fc1", ...)  [4D, 4D]  ("vision_merge", "vision_mlp")  <- mlp.0
+    ("merger" | ("deepstack_mergers", j), "mlp", "fc2", ...)  [out_hidden, 4D]  ("vision_mlp", "embed")  <- mlp.2
+    ("deepstack_mergers", j, "ln_q", "weight" | "bias")  [4D]  ("vision_merge",)
+
+Linear kernels are stored [out, in] (torch's layout); their axes above are given in (in, out) order.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from flax import nnx
+
+from omnijax.common.weights import ParamPath, TensorSpec, plain
+from omnijax.common.linear import Linear, param
+from omnijax.common.activations import activation
+from omnijax.common.norms import LayerNorm
+from omnijax.common.config_values import config_getter, uniform_int
+from omnijax.encoders.blocks import (FeedForward, PreLNBlock, biased_linear_map, block_attention, feed_forward_map,
+                             layer_norm_map, pre_ln_block_norms_map)
+
+Grid = tuple[tuple[int, int, int], ...]
+
+@dataclasses.dataclass(frozen=True)
+class QwenVisionConfig:
+    depth: int = 27
+    hidden_size: int = 1152
+    hidden_act: str = "gelu_pytorch_tanh"
+    intermediate_size: int = 4304
+    num_heads: int = 16
+    in_channels: int = 3
+    patch_size: int = 16
+    spatial_merge_size: int = 2
+    temporal_patch_size: int = 2
+    out_hidden_size: int = 3584
+    num_position_embeddings: int = 2304
+    deepstack_visual_indexes: tuple[int, ...] = (8, 16, 24)
+    rope_theta: float = 10000.0
+    layer_norm_eps: float = 1e-6  # fixed in the reference (every vision LayerNorm uses eps=1e-6)
+
+    @classmethod
+    def from_hf(cls, d: dict) -> "QwenVisionConfig":
+        """From the thinker config's ``vision_config`` dict; missing keys take HF defaults."""
+        defaults = cls()
+        get = config_getter(d, defaults)
+        rope = d.get("rope_parameters") or {}
+        cfg = cls(
+            depth=int(get("depth", "num_hidden_layers")),
+            hidden_size=int(get("hidden_size")),
+            hidden_act=str(get("hidden_act")),
+            intermediate_size=int(get("intermediate_size")),
+            num_heads=int(get("num_heads", "num_attention_heads")),
+            in_channels=int(get("in_channels", "in_chans")),
+            patch_size=uniform_int(get("patch_size"), "patch_size"),
+            spatial_merge_size=int(get("spatial_merge_size")),
+            temporal_patch_size=uniform_int(get("temporal_patch_size"), "temporal_patch_size"),
+            out_hidden_size=int(get("out_hidden_size")),
+            num_position_embeddings=int(get("num_position_embeddings")),
+            deepstack_visual_indexes=tuple(int(i) for i in get("deepstack_visual_indexes")),
+            rope_theta=float(rope.get("rope_theta", d.get("rope_theta", defaults.rope_theta))),
+        )
+        cfg.validate()
+        return cfg
+
+    def validate(self) -> None:
+        if self.hidden_size % self.num_heads:
+            raise ValueError(f"vision hidden_size {self.hidden_size} is not divisible by num_heads {self.num_heads}")
+        if self.head_dim % 4:
+            raise ValueError(f"vision head_dim {self.head_dim} must be a multiple of 4 for the 2-D rotary embedding")
+        bad = [i for i in self.deepstack_visual_indexes if not 0 <= i < self.depth]
+        if bad:
+            raise ValueError(f"deepstack_visual_indexes {bad} are outside the {self.depth} vision blocks")
+        activation(self.hidden_act)
+
+    @property
+    def head_dim(self) -> int:
+        return self.hidden_size // self.num_heads
+
+    @property
+    def patch_dim(self) -> int:
+        """Length of one flattened input patch: C * T * p * p."""
+        return self.in_channels * self.temporal_patch_size * self.patch_size ** 2
+
+    @property
+    def merge_unit(self) -> int:
+        return self.spatial_merge_size ** 2
+
+    @property
+    def num_grid_per_side(self) -> int:
+        return int(self.num_position_embeddings ** 0.5)
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Host-side (numpy) helpers: everything that depends only on the grids.
+
+
+def check_grid(grid_thw, merge: int) -> Grid:
+    """``grid_thw`` as a tuple of (t, h, w) Python ints; h and w must be multiples of the merge size."""
+    try:
+        grid = tuple((int(t), int(h), int(w)) for t, h, w in grid_thw)
+    except (TypeError, ValueError):
+        raise ValueError(f"grid_thw must be a sequence of (t, h, w) triples, got {grid_thw!r}") from None
+    if not grid:
+        raise ValueError("grid_thw is empty: at least one image is needed")
+    for t, h, w in grid:
+        if t < 1 or h < 1 or w < 1:
+            raise ValueError(f"grid {(t, h, w)} has a non-positive size")
+        if h % merge or w % merge:
+            raise ValueError(f"grid {(t, h, w)}: h and w must be multiples of spatial_merge_size {merge}")
+    return grid
+
+
+def vision_patch_count(grid_thw: Grid) -> int:
+    return sum(t * h * w for t, h, w in grid_thw)
+
+
+def vision_token_count(grid_thw: Grid, merge: int) -> int:
+    """Merged tokens for all grids: sum(t*h*w) / merge**2."""
+    return vision_patch_count(grid_thw) // (merge * merge)
+
+
+def vision_segments(grid_thw: Grid) -> tuple[int, ...]:
+    """Attention segment lengths: each of the t frames of each grid entry is one segment of h*w patches."""
+    return tuple(h * w for t, h, w in grid_thw for _ in range(t))
+
+
+def _merge_block_rows_cols(h: int, w: int, merge: int) -> tuple[np.ndarray, np.ndarray]:
+    """(row, col) of each of one frame's h*w patches, in spatial-merge-block order."""
+    rows, cols = np.meshgrid(np.arange(h), np.arange(w), indexing="ij")
+    shape = (h // merge, merge, w // merge, merge)
+    return (rows.reshape(shape).transpose(0, 2, 1, 3).reshape(-1),
+            cols.reshape(shape).transpose(0, 2, 1, 3).reshape(-1))
+
+
+def vision_rope_positions(grid_thw: Grid, merge: int) -> np.ndarray:
+    """[total_patches, 2] int32 (row, col) of every patch, frames repeating the same positions."""
+    out = []
+    for t, h, w in grid_thw:
+        rows, cols = _merge_block_rows_cols(h, w, merge)
+        out.append(np.tile(np.stack([rows, cols], axis=-1), (t, 1)))
+    return np.concatenate(out, axis=0).astype(np.int32)
+
+
+def _axis_taps(index: np.ndarray, size: int, side: int) -> tuple[np.ndarray, np.ndarray]:
+    """Bilinear (align_corners=True) taps [n, 2] into a ``side``-long axis and their float32 weights [n, 2], with
+    the reference's float32 operation order (``index * (side-1) / max(size-1, 1)``, border clamping)."""
+    index = index.astype(np.float32)
+    src = index * np.float32(side - 1) / np.float32(max(size - 1, 1))
+    floor = np.floor(src)
+    offsets = np.arange(2)
+    taps = np.clip(floor.astype(np.int64)[:, None] + offsets, 0, side - 1)
+    distance = np.abs(src[:, None] - floor[:, None] - offsets.astype(np.float32))
+    weights = np.maximum(np.float32(1) - distance, np.float32(0)).astype(np.float32)
+    return taps, weights
+
+
+def vision_pos_interpolation(grid_thw: Grid, side: int, merge: int) -> tuple[np.ndarray, np.ndarray]:
+    """Indices [total_patches, 4] int32 into the flattened (side x side) learned position table and float32 weights
+    [total_patches, 4] that resample it bilinearly (align_corners=True) to each grid, in merge-block order."""
+    indices, weights = [], []
+    for t, h, w in grid_thw:
+        rows, cols = _merge_block_rows_cols(h, w, merge)
+        h_taps, h_w = _axis_taps(rows, h, side)
+        w_taps, w_w = _axis_taps(cols, w, side)
+        idx = (h_taps[:, :, None] * side + w_taps[:, None, :]).reshape(-1, 4)
+        wts = (h_w[:, :, None] * w_w[:, None, :]).reshape(-1, 4)
+        indices.append(np.tile(idx, (t, 1)))
+        weights.append(np.tile(wts, (t, 1)))
+    return np.concatenate(indices).astype(np.int32), np.concatenate(weights).astype(np.float32)
+
+
+def vision_frame_blocks(grid_thw: Grid, side: int, merge: int, frames: int, frame_patches: int) -> dict:
+    """Frame-block layout of the images ``grid_thw``: frame f of the batch (the frames of each image in order)
+    fills row f of [frames, frame_patches] patch slots with its h*w patches (merge-block order), then padding.
+
+    ``frames`` >= the number of frames, ``frame_patches`` >= the largest h*w and a multiple of merge**2. Returns
+    numpy arrays:
+      source [frames, frame_patches] int32: index of each slot's patch in the packed [total_patches, ...] input,
+          ``total_patches`` for padding;
+      pos_index [frames, frame_patches, 4] int32, pos_weight [..., 4] float32: bilinear taps into the flattened
+          (side x side) learned position table (:func:`vision_pos_interpolation`), 0 / 0.0 for padding;
+      rope_pos [frames, frame_patches, 2] int32: (row, col) RoPE positions, 0 for padding;
+      patch_valid [frames, frame_patches] bool.
+    """
+    segments = vision_segments(grid_thw)
+    if len(segments) > frames or max(segments) > frame_patches or frame_patches % (merge * merge):
+        raise ValueError(f"{len(segments)} frames of up to {max(segments)} patches do not fit {frames} blocks of "
+                         f"{frame_patches} patches (a multiple of {merge * merge})")
+    total = sum(segments)
+    source = np.full((frames, frame_patches), total, np.int32)
+    pos_index = np.zeros((frames, frame_patches, 4), np.int32)
+    pos_weight = np.zeros((frames, frame_patches, 4), np.float32)
+    rope_pos = np.zeros((frames, frame_patches, 2), np.int32)
+    valid = np.zeros((frames, frame_patches), bool)
+    f, start = 0, 0
+    for t, h, w in grid_thw:
+        one = ((1, h, w),)
+        idx, wts = vision_pos_interpolation(one, side, merge)
+        rope = vision_rope_positions(one, merge)
+        n = h * w
+        for _ in range(t):
+            source[f, :n] = np.arange(start, start + n)
+            pos_index[f, :n], pos_weight[f, :n], rope_pos[f, :n], valid[f, :n] = idx, wts, rope, True
+            f, start = f + 1, start + n
+    return dict(source=source, pos_index=pos_index, pos_weight=pos_weight, rope_pos=rope_pos, patch_valid=valid)
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Modules.
+
+
+def rotate_half(x: jax.Array) -> jax.Array:
+    half = x.shape[-1] // 2
+    return jnp.concatenate([-x[..., half:], x[..., :half]], axis=-1)
+
+
+def vision_rope_cos_sin(positions_P2, head_dim: int, theta: float) -> tuple[jax.Array, jax.Array]:
+    """cos, sin [..., head_dim] float32 of the axial 2-D RoPE for (row, col) positions [..., 2] (numpy or jax):
+    head_dim/4 frequencies for rows, then the same for columns, that half repeated twice
+    (``Qwen3OmniMoeVisionRotaryEmbedding``)."""
+    spatial = head_dim // 2
+    inv_freq = 1.0 / (theta ** (jnp.arange(0, spatial, 2, dtype=jnp.float32) / spatial))
+    freqs = jnp.asarray(positions_P2, jnp.float32)[..., None] * inv_freq  # [..., 2, head_dim/4]
+    freqs = freqs.reshape(*freqs.shape[:-2], -1)  # rows' frequencies, then columns'
+    freqs = jnp.concatenate([freqs, freqs], axis=-1)
+    return jnp.cos(freqs), jnp.sin(freqs)
+
+
+def apply_vision_rope(x_SHK: jax.Array, cos_SK: jax.Array, sin_SK: jax.Array) -> jax.Array:
+    """x * cos + rotate_half(x) * sin in float32, cast back to x's dtype; x [..., S, heads, head_dim], cos and sin
+    [..., S, head_dim]."""
+    xf = x_SHK.astype(jnp.float32)
+    return (xf * cos_SK[..., None, :] + rotate_half(xf) * sin_SK[..., None, :]).astype(x_SHK.dtype)
+
+
+class QKVLinear(nnx.Module):
+    """Fused q/k/v projection: kernel [D, 3, D] (torch's [3D, D] weight transposed), bias [3, D]."""
+
+    def __init__(self, dim: int, *, rngs: nnx.Rngs):
+        self.kernel = param(rngs, (dim, 3, dim), ("vision_embed", None, "vision_heads"))
+        self.bias = nnx.Param(jnp.zeros((3, dim)), axes=(None, "vision_heads"))
+
+    def __call__(self, x_SD: jax.Array) -> jax.Array:
+        """[..., D] -> [..., 3, D] (q, k, v)."""
+        y = jnp.einsum("...d,dtf->...tf", x_SD, self.kernel[...].astype(x_SD.dtype))
+        return y + self.bias[...].astype(y.dtype)
+
+
+class QwenVisionAttention(nnx.Module):
+    def __init__(self, cfg: QwenVisionConfig, *, rngs: nnx.Rngs):
+        d = cfg.hidden_size
+        self.num_heads = cfg.num_heads
+        self.head_dim = cfg.head_dim
+        self.qkv = QKVLinear(d, rngs=rngs)
+        self.proj = Linear(d, d, axes=("vision_heads", "vision_embed"), use_bias=True, rngs=rngs)
+
+    def __call__(self, x_FLD: jax.Array, cos_FLK: jax.Array, sin_FLK: jax.Array, valid_FL: jax.Array):
+        """Attention within each frame block over its valid patches; x [frames, L, D] -> [frames, L, D]."""
+        f, l = x_FLD.shape[:2]
+        qkv = self.qkv(x_FLD).reshape(f, l, 3, self.num_heads, self.head_dim)
+        q, k, v = qkv[:, :, 0], qkv[:, :, 1], qkv[:, :, 2]
+        q, k = apply_vision_rope(q, cos_FLK, sin_FLK), apply_vision_rope(k, cos_FLK, sin_FLK)
+        out = block_attention(q, k, v, valid_FL, self.head_dim ** -0.5)
+        return self.proj(out.reshape(f, l, self.num_heads * self.head_dim))
+
+
+def qwen_vision_block(cfg: QwenVisionConfig, *, rngs: nnx.Rngs) -> PreLNBlock:
+    """Pre-LN block: x + attn(norm1(x), cos, sin, valid), then x + mlp(norm2(x)); [F, L, D] -> [F, L, D]."""
+    d = cfg.hidden_size
+    return PreLNBlock(d, cfg.layer_norm_eps, "vision_embed", QwenVisionAttention(cfg, rngs=rngs),
+                      FeedForward(d, cfg.intermediate_size, cfg.hidden_act, "vision_embed", "vision_mlp", rngs=rngs))
+
+
+class QwenPatchMerger(nnx.Module):
+    """merge x merge neighbouring patches -> one token: LayerNorm, group 4 consecutive patches, Linear, GELU (erf),
+    Linear. ``postshuffle_norm`` (deepstack mergers) normalises over the grouped 4*D features instead of per patch."""
+
+    def __init__(self, cfg: QwenVisionConfig, postshuffle_norm: bool, *, rngs: nnx.Rngs):
+        self.merged = cfg.hidden_size * cfg.merge_unit
+        self.postshuffle_norm = postshuffle_norm
+        self.ln_q = LayerNorm(self.merged if postshuffle_norm else cfg.hidden_size, eps=cfg.layer_norm_eps,
+                              axis_name="vision_merge" if postshuffle_norm else "vision_embed")
+        self.mlp = FeedForward(self.merged, self.merged, "gelu", "vision_merge", "vision_mlp", rngs=rngs,
+                               out_dim=cfg.out_hidden_size, axes_out="embed")
+
+    def __call__(self, x_PD: jax.Array) -> jax.Array:
+        """[P, D] patches in merge-block order -> [P / merge**2, out_hidden]."""
+        if self.postshuffle_norm:
+            x = self.ln_q(x_PD.reshape(-1, self.merged))
+        else:
+            x = self.ln_q(x_PD).reshape(-1, self.merged)
+        return self.mlp(x)
+
+
+class QwenVisionTower(nnx.Module):
+    """Patch embedding + interpolated learned positions, 2-D RoPE blocks with per-frame attention, final merger and
+    deepstack mergers. ``encode`` takes frame blocks, ``__call__`` packed patches and static grids."""
+
+    def __init__(self, cfg: QwenVisionConfig, *, rngs: nnx.Rngs):
+        cfg.validate()
+        self.cfg = cfg
+        d = cfg.hidden_size
+        self.patch_embed = Linear(cfg.patch_dim, d, axes=(None, "vision_embed"), use_bias=True, rngs=rngs)
+        self.pos_embed = param(rngs, (cfg.num_position_embeddings, d), (None, "vision_embed"))
+        self.blocks = nnx.List([qwen_vision_block(cfg, rngs=rngs) for _ in range(cfg.depth)])
+        self.merger = QwenPatchMerger(cfg, postshuffle_norm=False, rngs=rngs)
+        self.deepstack_mergers = nnx.List([QwenPatchMerger(cfg, postshuffle_norm=True, rngs=rngs)
+                                           for _ in cfg.deepstack_visual_indexes])
+
+    def encode(self, patches_FLC: jax.Array, pos_index_FL4: jax.Array, pos_weight_FL4: jax.Array,
+               rope_pos_FL2: jax.Array, valid_FL: jax.Array) -> tuple[jax.Array, list[jax.Array]]:
+        """Frame blocks (:func:`vision_frame_blocks`) -> (merged tokens [F*L/merge**2, out_hidden], [deepstack
+        features of the same shape per deepstack layer]). patches [F, L, C*T*p*p]; L a multiple of merge**2."""
+        cfg = self.cfg
+        f, l = valid_FL.shape
+        if patches_FLC.shape != (f, l, cfg.patch_dim) or l % cfg.merge_unit:
+            raise ValueError(f"expected patch blocks [{f}, {l}, {cfg.patch_dim}] with {l} a multiple of "
+                             f"{cfg.merge_unit}, got {tuple(patches_FLC.shape)}")
+        dtype = self.patch_embed.kernel[...].dtype
+        x = self.patch_embed(patches_FLC.astype(dtype))
+        table = self.pos_embed[...].astype(jnp.float32)
+        pos = jnp.sum(table[pos_index_FL4] * pos_weight_FL4[..., None].astype(jnp.float32), axis=-2)
+        x = x + pos.astype(x.dtype)
+        cos, sin = vision_rope_cos_sin(rope_pos_FL2, cfg.head_dim, cfg.rope_theta)
+        deepstack = []
+        for i, block in enumerate(self.blocks):
+            x = block(x, cos, sin, valid_FL)
+            if i in cfg.deepstack_visual_indexes:
+                merger = self.deepstack_mergers[cfg.deepstack_visual_indexes.index(i)]
+                deepstack.append(merger(x.reshape(f * l, -1)))
+        return self.merger(x.reshape(f * l, -1)), deepstack
+
+
+def qwen_vision_weight_map(cfg: QwenVisionConfig, key_prefix: str = "thinker.visual.") -> dict[ParamPath, TensorSpec]:
+    """Every parameter of ``QwenVisionTower`` -> its checkpoint tensor. ``key_prefix``: ``thinker.visual.`` in a
+    full Qwen3-Omni checkpoint, ``visual.`` in a thinker-only one."""
+    p = key_prefix
+    d = cfg.hidden_size
+    m: dict[ParamPath, TensorSpec] = {
+        ("patch_embed", "kernel"): TensorSpec(f"{p}patch_embed.proj.weight",
+                                              reshape=(d, cfg.patch_dim)),
+        ("patch_embed", "bias"): plain(f"{p}patch_embed.proj.bias"),
+        ("pos_embed",): plain(f"{p}pos_embed.weight"),
+    }
+    for i in range(cfg.depth):
+        bp = f"{p}blocks.{i}."
+        m.update(pre_ln_block_norms_map(("blocks", i), f"{bp}norm1", f"{bp}norm2"))
+        m[("blocks", i, "attn", "qkv", "kernel")] = TensorSpec(f"{bp}attn.qkv.weight", transpose=(1, 0),
+                                                               reshape=(d, 3, d))
+        m[("blocks", i, "attn", "qkv", "bias")] = TensorSpec(f"{bp}attn.qkv.bias", reshape=(3, d))
+        m.update(biased_linear_map(("blocks", i, "attn", "proj"), f"{bp}attn.proj"))
+        m.update(feed_forward_map(("blocks", i, "mlp"), f"{bp}mlp.linear_fc1", f"{bp}mlp.linear_fc2"))
+
+    def merger(path: ParamPath, kp: str) -> None:
+        m.update(layer_norm_map(path + ("ln_q",), f"{kp}ln_q"))
+        m.update(feed_forward_map(path + ("mlp",), f"{kp}mlp.0", f"{kp}mlp.2"))
+
+    merger(("merger",), f"{p}merger.")
+    for j in range(len(cfg.deepstack_visual_indexes)):
+        merger(("deepstack_mergers", j), f"{p}merger_list.{j}.")
+    return m
+

@@ -1,0 +1,256 @@
+"""Qwen3-Omni 3-D (temporal, height, width) MRoPE position ids, the same as transformers' ``get_rope_index``.
+
+Reference: ``Qwen3OmniMoePreTrainedModelForConditionalGeneration.get_rope_index`` in ``modeling_qwen3_omni_moe.py``.
+For one prompt (padding removed), walking the tokens left to right with a running position p (starting at 0):
+
+* a text token (anything outside a media block, including the ``<|vision_end|>`` / ``<|audio_end|>`` closing a
+  block) gets (p, p, p), then p += 1;
+* ``<|vision_start|>`` followed by ``t * h * w / merge**2`` image tokens (grid (t, h, w) in patches): the start
+  token gets (p, p, p); the image tokens, in merged-grid order (frame, row, column), get
+  (p + 1 + frame * position_id_per_seconds, p + 1 + row, p + 1 + column) over the merged grid of
+  ``h / merge`` x ``w / merge``; then p = (largest of those values) + 1;
+* ``<|audio_start|>`` followed by n audio tokens: all sequential, like text.
+
+The rope delta of a prompt of n tokens is ``max(positions) + 1 - n``. Generated token j (0-based) then takes
+position ``n + j + delta`` on all three axes, i.e. one more than the last prompt position (the prompt ends in
+text), which is what transformers' generation does (it adds 1 per step to the last prompt position).
+
+Videos (``<|video_pad|>``, audio interleaved in video) are not handled: they raise ``PromptError``.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Sequence
+from typing import Any
+
+import numpy as np
+
+from omnijax.common.errors import CheckpointError, PromptError
+
+
+@dataclasses.dataclass(frozen=True)
+class MRopeTokens:
+    """Token ids and constants ``get_rope_index`` reads from a Qwen3-Omni thinker config.
+
+    image_token_id, audio_token_id, video_token_id: the ``<|image_pad|>``, ``<|audio_pad|>``, ``<|video_pad|>`` ids.
+    vision_start_token_id, audio_start_token_id: ``<|vision_start|>`` and ``<|audio_start|>``.
+    spatial_merge_size: ``vision_config.spatial_merge_size`` (patches merged per side into one token).
+    position_id_per_seconds: temporal position step per second (per frame of an image grid; 25 by default,
+        13 in Qwen3-Omni checkpoints). Only grids with t > 1 use it.
+    """
+
+    image_token_id: int
+    audio_token_id: int
+    video_token_id: int
+    vision_start_token_id: int
+    audio_start_token_id: int
+    spatial_merge_size: int = 2
+    position_id_per_seconds: float = 25
+
+    @classmethod
+    def from_thinker_config(cls, d: dict[str, Any], source: str = "thinker config") -> "MRopeTokens":
+        """From a thinker config dict (the ``"thinker_config"`` section of a Qwen3-Omni ``config.json``, or a
+        thinker-only ``config.json``). The token ids are required; ``spatial_merge_size`` comes from
+        ``vision_config`` (default 2), ``position_id_per_seconds`` defaults to 25 like the transformers config.
+        Raises ``CheckpointError`` naming the missing or malformed key.
+        """
+        if not isinstance(d, dict):
+            raise CheckpointError(f"{source}: expected a JSON object, got {type(d).__name__}")
+        kwargs: dict[str, Any] = {}
+        for key in ("image_token_id", "audio_token_id", "video_token_id", "vision_start_token_id",
+                    "audio_start_token_id"):
+            value = d.get(key)
+            if isinstance(value, bool) or not isinstance(value, int):
+                raise CheckpointError(f"{source}: '{key}' must be an integer token id, got {value!r}")
+            kwargs[key] = value
+        vision = d.get("vision_config") or {}
+        merge = vision.get("spatial_merge_size", 2) if isinstance(vision, dict) else 2
+        if isinstance(merge, bool) or not isinstance(merge, int) or merge <= 0:
+            raise CheckpointError(f"{source}: 'vision_config.spatial_merge_size' must be a positive int, got {merge!r}")
+        per_second = d.get("position_id_per_seconds", 25)
+        if isinstance(per_second, bool) or not isinstance(per_second, (int, float)) or per_second < 0:
+            raise CheckpointError(f"{source}: 'position_id_per_seconds' must be a number >= 0, got {per_second!r}")
+        return cls(spatial_merge_size=merge, position_id_per_seconds=per_second, **kwargs)
+
+
+def audio_tokens_from_frames(num_frames, n_window: int = 50):
+    """Audio placeholder tokens for ``num_frames`` mel frames (an int or an int array of them).
+
+    transformers' ``_get_feat_extract_output_lengths``: full chunks of ``2 * n_window`` frames give 13 tokens
+    each, the remainder goes through three stride-2 convolutions. ``get_rope_index`` takes frame counts
+    (``feature_attention_mask.sum(-1)``) and applies this itself; :func:`mrope_positions` takes the result.
+    """
+    frames = np.asarray(num_frames, dtype=np.int64)
+    chunk = n_window * 2
+    leave = frames % chunk
+    feat = (leave - 1) // 2 + 1
+    tokens = ((feat - 1) // 2 + 1 - 1) // 2 + 1 + (frames // chunk) * 13
+    return int(tokens) if tokens.ndim == 0 else tokens
+
+
+def _run_length(ids: np.ndarray, start: int, token: int) -> int:
+    """How many consecutive ``token`` ids ``ids`` holds from index ``start``."""
+    rest = ids[start:] != token
+    return int(np.argmax(rest)) if rest.any() else len(ids) - start
+
+
+def _vision_block_S3(grid_thw, cfg: MRopeTokens, start: int) -> np.ndarray:
+    """int64 [3, t * h * w / merge**2] positions of one image's tokens whose block starts at position ``start``."""
+    t, h, w = (int(v) for v in grid_thw)
+    merge = cfg.spatial_merge_size
+    if min(t, h, w) <= 0 or h % merge or w % merge:
+        raise PromptError(
+            f"image grid (t, h, w) = {(t, h, w)} is not usable: all must be positive and h, w multiples of the "
+            f"spatial merge size {merge}"
+        )
+    gh, gw = h // merge, w // merge
+    t_index = np.arange(t, dtype=np.float64) * float(cfg.position_id_per_seconds)
+    if not np.all(t_index == np.round(t_index)):
+        raise PromptError(
+            f"image grid with t = {t} frames and position_id_per_seconds = {cfg.position_id_per_seconds} gives "
+            "non-integer temporal positions"
+        )
+    t_pos = np.repeat(t_index.astype(np.int64), gh * gw)
+    h_pos = np.tile(np.repeat(np.arange(gh, dtype=np.int64), gw), t)
+    w_pos = np.tile(np.arange(gw, dtype=np.int64), t * gh)
+    return np.stack([t_pos, h_pos, w_pos]) + start
+
+
+def mrope_positions(
+    input_ids: np.ndarray,
+    *,
+    image_grids: Sequence[Sequence[int]] = (),
+    audio_lengths: Sequence[int] = (),
+    cfg: MRopeTokens,
+) -> tuple[np.ndarray, int]:
+    """3-D positions of one prompt: (positions int64 [3, seq], rope delta int).
+
+    input_ids: int [seq], the prompt without padding. Images appear as ``<|vision_start|>`` + image tokens,
+        audios as ``<|audio_start|>`` + audio tokens (then normally the end tokens, which count as text).
+    image_grids: one (t, h, w) per image, in prompt order, in patches (the processor's ``image_grid_thw``).
+    audio_lengths: one count per audio, in prompt order, in AUDIO TOKENS (placeholders), not mel frames: convert
+        frame counts with :func:`audio_tokens_from_frames` exactly once.
+
+    Equal to transformers' ``get_rope_index`` for such prompts. Raises ``PromptError`` when the media blocks do
+    not match the grids / lengths (wrong count, a run of placeholders of the wrong length, a placeholder outside
+    its block, a start token not followed by its placeholders) and for video tokens.
+    """
+    ids = np.asarray(input_ids)
+    if ids.ndim != 1:
+        raise PromptError(f"mrope_positions expects token ids [seq], got shape {tuple(ids.shape)}")
+    if not np.issubdtype(ids.dtype, np.integer) and ids.size:
+        raise PromptError(f"token ids must be integers, got dtype {ids.dtype}")
+    n = len(ids)
+    if n == 0:
+        raise PromptError("cannot compute positions of an empty prompt")
+    positions = np.empty((3, n), dtype=np.int64)
+    merge2 = cfg.spatial_merge_size**2
+    media_tokens = {cfg.image_token_id: "image", cfg.audio_token_id: "audio", cfg.video_token_id: "video"}
+    next_pos = 0
+    num_images = num_audios = 0
+    i = 0
+    while i < n:
+        token = int(ids[i])
+        following = int(ids[i + 1]) if i + 1 < n else None
+        if token == cfg.vision_start_token_id and following == cfg.image_token_id:
+            if num_images >= len(image_grids):
+                raise PromptError(f"prompt holds more image blocks than the {len(image_grids)} image grids given")
+            grid = image_grids[num_images]
+            block = _vision_block_S3(grid, cfg, next_pos + 1)
+            length = block.shape[1]
+            run = _run_length(ids, i + 1, cfg.image_token_id)
+            if run != length:
+                raise PromptError(
+                    f"image {num_images}: grid {tuple(int(v) for v in grid)} needs {length} image tokens "
+                    f"(t*h*w/{merge2}), the prompt holds {run} at index {i + 1}"
+                )
+            positions[:, i] = next_pos
+            positions[:, i + 1 : i + 1 + length] = block
+            next_pos = int(block.max()) + 1
+            num_images += 1
+            i += 1 + length
+        elif token == cfg.audio_start_token_id and following == cfg.audio_token_id:
+            if num_audios >= len(audio_lengths):
+                raise PromptError(f"prompt holds more audio blocks than the {len(audio_lengths)} audio lengths given")
+            length = int(audio_lengths[num_audios])
+            run = _run_length(ids, i + 1, cfg.audio_token_id)
+            if run != length:
+                raise PromptError(
+                    f"audio {num_audios}: expected {length} audio tokens, the prompt holds {run} at index {i + 1}"
+                )
+            positions[:, i : i + 1 + length] = np.arange(next_pos, next_pos + 1 + length, dtype=np.int64)
+            next_pos += 1 + length
+            num_audios += 1
+            i += 1 + length
+        elif token == cfg.vision_start_token_id and following in (cfg.video_token_id, cfg.audio_start_token_id):
+            raise PromptError(f"video input at token index {i} is not supported for Qwen3-Omni")
+        elif token in media_tokens:
+            raise PromptError(
+                f"{media_tokens[token]} placeholder token {token} at index {i} is not inside a media block (it must "
+                "follow its start token)"
+            )
+        elif token == cfg.vision_start_token_id:
+            raise PromptError(f"vision start token at index {i} is not followed by image tokens")
+        elif token == cfg.audio_start_token_id:
+            raise PromptError(f"audio start token at index {i} is not followed by audio tokens")
+        else:
+            positions[:, i] = next_pos
+            next_pos += 1
+            i += 1
+    if num_images != len(image_grids):
+        raise PromptError(f"{len(image_grids)} image grids given but the prompt holds {num_images} image blocks")
+    if num_audios != len(audio_lengths):
+        raise PromptError(f"{len(audio_lengths)} audio lengths given but the prompt holds {num_audios} audio blocks")
+    delta = int(positions.max()) + 1 - n
+    return positions, delta
+
+
+def mrope_positions_batch(
+    input_ids: np.ndarray,
+    attention_mask: np.ndarray,
+    *,
+    image_grids: Sequence[Sequence[Sequence[int]]] | None = None,
+    audio_lengths: Sequence[Sequence[int]] | None = None,
+    cfg: MRopeTokens,
+) -> tuple[np.ndarray, np.ndarray]:
+    """Positions of a padded batch: (positions int64 [3, batch, seq], deltas int64 [batch]).
+
+    input_ids, attention_mask: [batch, seq]; mask 1 marks real tokens (left padding, or any pattern: the real
+    tokens of a row are taken in order, as the reference does). image_grids / audio_lengths: per row, the grids
+    and the audio token counts (tokens, not frames) of that row's media, as for :func:`mrope_positions`.
+
+    Padding positions are what the reference writes there: 0 when the batch holds an image (its multimodal
+    branch), else 1 (its text branch, ``cumsum - 1`` filled with 1). Deltas are ``max(row positions) + 1 - n``
+    over each row's real tokens. The reference's text branch takes that max over the padding too, so for a padded
+    row of a single real token in an image-free batch it reports delta 1, not 0; generation never uses that value
+    (it continues from the last prompt position + 1, which is ``n + delta`` here).
+    """
+    ids = np.asarray(input_ids)
+    mask = np.asarray(attention_mask)
+    if ids.ndim != 2 or mask.shape != ids.shape:
+        raise PromptError(
+            f"expected input_ids and attention_mask of one shape [batch, seq], got {tuple(ids.shape)} and "
+            f"{tuple(mask.shape)}"
+        )
+    batch, seq = ids.shape
+    image_grids = [() for _ in range(batch)] if image_grids is None else list(image_grids)
+    audio_lengths = [() for _ in range(batch)] if audio_lengths is None else list(audio_lengths)
+    if len(image_grids) != batch or len(audio_lengths) != batch:
+        raise PromptError(
+            f"need one list of image grids and one of audio lengths per row ({batch} rows), got "
+            f"{len(image_grids)} and {len(audio_lengths)}"
+        )
+    has_images = any(len(grids) > 0 for grids in image_grids)
+    positions = np.full((3, batch, seq), 0 if has_images else 1, dtype=np.int64)
+    deltas = np.zeros(batch, dtype=np.int64)
+    for row in range(batch):
+        real = mask[row] == 1
+        try:
+            row_positions, deltas[row] = mrope_positions(
+                ids[row][real], image_grids=image_grids[row], audio_lengths=audio_lengths[row], cfg=cfg
+            )
+        except PromptError as exc:
+            raise PromptError(f"batch row {row}: {exc}") from exc
+        positions[:, row, real] = row_positions
+    return positions, deltas
