@@ -8,10 +8,11 @@ from __future__ import annotations
 import argparse
 import logging
 import os
+import pathlib
 import sys
 import time
 
-from omnijax.common.errors import OmnijaxError, PromptError
+from omnijax.common.errors import CheckpointError, OmnijaxError, PromptError
 
 
 def add_sampling_flags(p: argparse.ArgumentParser) -> None:
@@ -90,14 +91,27 @@ def messages_from(args) -> list[dict] | str:
     return messages + [{"role": "user", "content": content}]
 
 
-def run_generate(args) -> int:
-    from omnijax.app.sampling import check_settings
+def check_media_paths(args) -> None:
+    """Every ``--image`` / ``--audio`` file exists and is a readable regular file, and ``--model`` (when given)
+    exists: checked before anything loads."""
+    from omnijax.preprocess.sources import check_media_file
 
+    for flag in ("image", "audio"):
+        for path in getattr(args, flag, None) or ():
+            check_media_file(path, flag)
+    if getattr(args, "model", None) is not None and not pathlib.Path(args.model).expanduser().exists():
+        raise CheckpointError(f"--model {args.model!r} does not exist")
+
+
+def run_generate(args) -> int:
     sampling = dict(max_new_tokens=args.max_new_tokens, temperature=args.temperature, top_k=args.top_k,
                     top_p=args.top_p, seed=args.seed, stop=args.stop)
-    check_settings(**sampling)  # a bad setting fails before the model loads
-    pipe = load_pipeline(args)
     messages = messages_from(args)
+    check_media_paths(args)  # a media file that cannot be read fails before the model loads (and JAX) ...
+    from omnijax.app.sampling import check_settings
+
+    check_settings(**sampling)  # ... and so does a bad setting
+    pipe = load_pipeline(args)
     start = time.perf_counter()
     if args.no_stream:
         result = pipe.generate(messages, **sampling)

@@ -191,10 +191,12 @@ def build_demo(pipe, *, max_upload_mb: float = DEFAULT_MAX_UPLOAD_MB, notice: st
             make_responder(pipe, max_upload_mb=max_upload_mb),
             multimodal=True, chatbot=chatbot, textbox=textbox, additional_inputs=settings,
             additional_outputs=[stats], concurrency_limit=1, api_name="chat", analytics_enabled=False,
-            fill_height=True, examples=[[example, *defaults] for example in examples] if examples else None,
-            cache_examples=False,
+            fill_height=True,
         )
-        stats.render()
+        stats.render()  # right under the message box, above the examples: in view with the chat
+        if examples:
+            gr.Examples([[example, *defaults] for example in examples], inputs=[textbox, *settings],
+                        label="Examples", cache_examples=False, elem_id="examples")
         chatbot.clear(lambda: "", None, stats, queue=False, api_visibility="private")
     return demo
 

@@ -54,6 +54,24 @@ def test_bad_sampling_flags_are_one_line_and_exit_2(capsys, monkeypatch, flag, v
     assert name in one_error_line(capsys)
 
 
+@pytest.mark.parametrize("flag", ["--image", "--audio"])
+def test_missing_or_unreadable_media_is_reported_before_the_model_loads(capsys, monkeypatch, tmp_path, flag):
+    def no_model(*args, **kwargs):
+        raise AssertionError("the model was loaded before the media files were checked")
+
+    monkeypatch.setattr("omnijax.app.cli.load_pipeline", no_model)
+    assert main(["generate", "--prompt", "Hello", flag, str(tmp_path / "nope.png")]) == 2
+    assert "file not found" in one_error_line(capsys)
+    assert main(["generate", "--prompt", "Hello", flag, str(tmp_path)]) == 2  # a folder
+    assert "not a regular file" in one_error_line(capsys)
+    fifo = tmp_path / "pipe"
+    os.mkfifo(fifo)
+    assert main(["generate", "--prompt", "Hello", flag, str(fifo)]) == 2  # read, it would block
+    assert "not a regular file" in one_error_line(capsys)
+    assert main(["generate", "--prompt", "Hello", "--model", str(tmp_path / "no-model")]) == 2
+    assert "--model" in one_error_line(capsys)
+
+
 def test_bad_sampling_flags_in_caption(capsys, tmp_path):
     folder = tmp_path / "in"
     folder.mkdir()

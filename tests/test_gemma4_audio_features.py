@@ -125,9 +125,13 @@ def test_mel_filters_and_window_equal_transformers(cfg, hf_extractor):
     np.testing.assert_array_equal(mel_filters(cfg), hf_extractor.mel_filters)
     assert mel_filters(cfg).shape == (257, 128)
     np.testing.assert_array_equal(hann_window(320), hf_extractor.window)
-    ref = mel_filter_bank(num_frequency_bins=257, num_mel_filters=128, min_frequency=0.0, max_frequency=8000.0,
-                          sampling_rate=16000, norm=None, mel_scale="htk")
+    with pytest.warns(UserWarning, match="mel filter has all zero values"):  # 128 HTK mels over 257 bins: the
+        ref = mel_filter_bank(num_frequency_bins=257, num_mel_filters=128,  # lowest filters fall between bins
+                              min_frequency=0.0, max_frequency=8000.0, sampling_rate=16000, norm=None,
+                              mel_scale="htk")
     np.testing.assert_array_equal(mel_filters(cfg), ref)
+    empty = ~ref.any(axis=0)
+    assert empty.any() and np.array_equal(~mel_filters(cfg).any(axis=0), empty)  # the same filters are empty
 
 
 # ---------------------------------------------------------------------------------------------------------------

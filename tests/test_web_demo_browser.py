@@ -242,6 +242,9 @@ def test_browser_default_model_demo_offers_examples(browser):
         page.click("#chat-input [data-testid=submit-button]")
         answer, stats = _wait_for_answer(page, 1)
         assert answer == first["answer"] and STATS_RE.search(stats)
+        box = page.locator("#answer-stats").bounding_box()  # in view with the chat, above the examples table
+        examples = page.locator("#examples").bounding_box()
+        assert box["y"] + box["height"] <= 1000 and box["y"] < examples["y"], (box, examples)
         page.close()
     finally:
         stop(demo)
