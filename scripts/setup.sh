@@ -22,5 +22,5 @@ if [[ ",$extras," == *",test,"* ]]; then
   index=${TORCH_INDEX_URL-https://download.pytorch.org/whl/cpu}
   "${install[@]}" ${index:+--extra-index-url "$index"} "$(grep -E '^torch==' "$lock")"
 fi
-"${install[@]}" -e ".${extras:+[$extras]}"
+"${install[@]}" -e ".${extras:+[$extras]}" setuptools  # (the venv's own setuptools too: it is locked)
 "$py" scripts/check_lock.py "${complete[@]}"
