@@ -88,7 +88,7 @@ def write_generation_config(folder, ids: dict[str, int]) -> pathlib.Path:
     return path
 
 
-def special_token_ids(tokenizer) -> dict[str, int]:
+def _special_token_ids_of(tokenizer) -> dict[str, int]:
     """Every Gemma 3 special token -> its id in ``tokenizer``."""
     return {tok: tokenizer.token_to_id(tok) for tok in HEAD_SPECIAL_TOKENS + TAIL_SPECIAL_TOKENS}
 
@@ -228,5 +228,5 @@ def write_tokenizer_and_processor(folder, tokenizer, *, image_size: int, mm_toke
     if layout == "transformers":
         _write_transformers_layout(folder, image_processor, mm_tokens_per_image)
     else:
-        _write_hub_layout(folder, image_processor, mm_tokens_per_image, special_token_ids(tokenizer))
+        _write_hub_layout(folder, image_processor, mm_tokens_per_image, _special_token_ids_of(tokenizer))
     return folder
