@@ -18,7 +18,7 @@ from training import dialogues as sd
 from omnijax.app.default_model import DEFAULT_MODEL_NAME, default_model_dir
 from training.model import CONFIG, write_folder_files
 from training.scenes import render, sample_scene, scene_from_dict
-from fixtures.tiny_gemma3 import gemma3_weight_shapes
+from training.gemma3_weights import gemma3_weight_shapes
 from bench.default_model_eval import eval_items, evaluate
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]

@@ -13,7 +13,7 @@ import numpy as np
 from safetensors.numpy import load_file
 
 from training.model import CONFIG, write_folder_files
-from fixtures.tiny_gemma3 import gemma3_weight_shapes
+from training.gemma3_weights import gemma3_weight_shapes
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 SCRIPT = str(ROOT / "training" / "train_default_model.py")
 

@@ -10,9 +10,8 @@ from __future__ import annotations
 
 import pathlib
 
+from training.gemma3_folder import write_generation_config, write_json, write_tokenizer_and_processor
 from training.tokenizer import build_shape_tokenizer, special_token_ids
-from fixtures.tiny_gemma3 import _dump_json, write_generation_config
-from fixtures.tiny_gemma3_tokenizer import write_tokenizer_and_processor
 
 IDS = special_token_ids()
 IMAGE_SIZE = 96
@@ -86,8 +85,7 @@ def write_folder_files(folder) -> pathlib.Path:
     but the weights) into ``folder`` (created if needed); returns its path."""
     folder = pathlib.Path(folder)
     folder.mkdir(parents=True, exist_ok=True)
-    _dump_json(folder / "config.json", CONFIG)
-    write_generation_config(folder)
-    write_tokenizer_and_processor(folder, image_size=IMAGE_SIZE, mm_tokens_per_image=MM_TOKENS,
-                                  tokenizer=build_shape_tokenizer())
+    write_json(folder / "config.json", CONFIG)
+    write_generation_config(folder, IDS)
+    write_tokenizer_and_processor(folder, build_shape_tokenizer(), image_size=IMAGE_SIZE, mm_tokens_per_image=MM_TOKENS)
     return folder

@@ -14,7 +14,7 @@ import functools
 
 from training import dialogues as sd
 from training.scenes import BACKGROUNDS, COLOURS, KINDS
-from fixtures.tiny_gemma3_tokenizer import _HEAD_SPECIALS, _TAIL_SPECIALS, byte_fallback_vocab, gemma_bpe_tokenizer
+from training.gemma3_tokenizer import HEAD_SPECIAL_TOKENS, TAIL_SPECIAL_TOKENS, byte_fallback_vocab, gemma_bpe_tokenizer
 
 NUM_MERGES = 436  # every pair the corpus can still merge: each template word is one token
 
@@ -60,4 +60,4 @@ def build_shape_tokenizer():
 def special_token_ids() -> dict[str, int]:
     """Every Gemma 3 special token -> its id in this vocabulary."""
     vocab = dict(shape_vocab()[0])
-    return {tok: vocab[tok] for tok in _HEAD_SPECIALS + _TAIL_SPECIALS}
+    return {tok: vocab[tok] for tok in HEAD_SPECIAL_TOKENS + TAIL_SPECIAL_TOKENS}

@@ -48,11 +48,11 @@ from omnijax.app.checkpoint_export import checkpoint_tensors  # noqa: E402
 from omnijax.app.families.gemma3 import spec as gemma3  # noqa: E402
 from omnijax.app.model import MultimodalModel  # noqa: E402
 from training.dialogues import sample_conversation  # noqa: E402
+from training.gemma3_weights import gemma3_weight_shapes, save_weights  # noqa: E402
 from training.scenes import (BACKGROUNDS, COLOURS, KINDS, MAX_SHAPES, render_file_like, sample_scene,  # noqa: E402
                               shape_map)
 from training.model import CONFIG, IMAGE_SIZE, MM_TOKENS, write_folder_files  # noqa: E402
 from training.tokenizer import special_token_ids  # noqa: E402
-from fixtures.tiny_gemma3 import _save_weights, gemma3_weight_shapes  # noqa: E402
 from omnijax.decoder.model import Media, Prompt  # noqa: E402
 from omnijax.preprocess.gemma3.image import process_images  # noqa: E402
 
@@ -413,7 +413,7 @@ def export(params, folder: pathlib.Path) -> pathlib.Path:
     tensors = checkpoint_tensors({p: np.asarray(v) for p, v in _flatten(params["model"])}, gemma3.weight_map(cfg),
                                  gemma3_weight_shapes(CONFIG))
     write_folder_files(folder)
-    _save_weights(folder, tensors, shards=1)
+    save_weights(folder, tensors)
     (folder / "model.safetensors").chmod(0o644)
     return folder
 
