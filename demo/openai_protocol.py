@@ -1,0 +1,342 @@
+"""The OpenAI HTTP API's request and response shapes, as plain functions over JSON objects.
+
+Requests are checked field by field; anything this server does not do (several choices, tools, log
+probabilities, a response format) or a value out of range raises ``RequestError`` naming the field, which the
+server answers with a 400 and OpenAI's error object. Media parts arrive inline: ``image_url`` / ``video_url`` with
+a ``data:`` URL (remote ``http(s)`` URLs only when the server allows them, never ``file:`` or another scheme) and
+``input_audio`` with base64 data; ``media_parts`` turns them into the chat messages' media parts by writing each
+payload to a file of the request's own folder (the media loaders then apply every size and format check they
+apply to files).
+"""
+
+from __future__ import annotations
+
+import base64
+import binascii
+import dataclasses
+import math
+import pathlib
+import re
+import time
+import uuid
+from typing import Any, Callable
+
+from omnijax.common.errors import OmnijaxError
+
+ROLES = {"system": "system", "developer": "system", "user": "user", "assistant": "assistant"}
+AUDIO_FORMATS = {"wav": ".wav", "mp3": ".mp3", "flac": ".flac", "ogg": ".ogg"}
+IMAGE_TYPES = {"image/png": ".png", "image/jpeg": ".jpg", "image/jpg": ".jpg", "image/webp": ".webp",
+               "image/gif": ".gif", "image/bmp": ".bmp"}
+VIDEO_TYPES = {"video/mp4": ".mp4", "video/webm": ".webm", "video/quicktime": ".mov", "video/x-matroska": ".mkv",
+               "video/x-msvideo": ".avi"}
+UNSUPPORTED_FIELDS = ("tools", "tool_choice", "functions", "function_call", "logprobs", "top_logprobs",
+                      "response_format", "logit_bias", "best_of", "echo", "suffix", "prediction")
+MAX_MESSAGES = 1024
+MAX_PARTS = 256
+MAX_STOPS = 32
+DATA_URL = re.compile(r"data:([\w.+-]+/[\w.+-]+)?((?:;[\w-]+=[\w.+-]+)*)(;base64)?,", re.ASCII)
+
+
+class RequestError(OmnijaxError, ValueError):
+    """A request the API refuses: ``status`` (400, 404, 413, ...), ``param`` (the field) and OpenAI's error
+    ``type`` / ``code``."""
+
+    def __init__(self, message: str, *, param: str | None = None, status: int = 400,
+                 type_: str = "invalid_request_error", code: str | None = None):
+        super().__init__(message)
+        self.status, self.param, self.type, self.code = status, param, type_, code
+
+
+def error_body(message: str, *, type_: str = "invalid_request_error", param: str | None = None,
+               code: str | None = None) -> dict:
+    """OpenAI's error object: ``{"error": {"message", "type", "param", "code"}}``."""
+    return {"error": {"message": message, "type": type_, "param": param, "code": code}}
+
+
+@dataclasses.dataclass(frozen=True)
+class Settings:
+    """What a request asks of generation (checked by ``omnijax.app.sampling`` when the request is made)."""
+
+    max_new_tokens: int | None
+    temperature: float
+    top_p: float
+    top_k: int
+    seed: int | None
+    stop: tuple[str, ...]
+    stream: bool
+    include_usage: bool
+
+
+@dataclasses.dataclass(frozen=True)
+class MediaRef:
+    """One inline media payload: ``kind`` ("image", "audio", "video"), the bytes (or a remote URL) and the file
+    suffix its loader expects; ``path`` says where in the request it was (for errors)."""
+
+    kind: str
+    data: bytes | None
+    url: str | None
+    suffix: str
+    path: str
+
+
+def _field(body: dict, name: str, kinds, default=None, *, where: str = ""):
+    value = body.get(name, default)
+    if value is None:
+        return default
+    if isinstance(value, bool) and bool not in (kinds if isinstance(kinds, tuple) else (kinds,)):
+        raise RequestError(f"'{where}{name}' must be {_kind_names(kinds)}, got a boolean", param=where + name)
+    if not isinstance(value, kinds):
+        raise RequestError(f"'{where}{name}' must be {_kind_names(kinds)}, got {type(value).__name__}",
+                           param=where + name)
+    return value
+
+
+def _kind_names(kinds) -> str:
+    names = {str: "a string", int: "an integer", float: "a number", bool: "a boolean", list: "a list",
+             dict: "an object"}
+    kinds = kinds if isinstance(kinds, tuple) else (kinds,)
+    return " or ".join(dict.fromkeys(names.get(k, k.__name__) for k in kinds))
+
+
+def _number(body: dict, name: str, default: float) -> float:
+    value = _field(body, name, (int, float), default)
+    if not math.isfinite(value):
+        raise RequestError(f"'{name}' must be a finite number", param=name)
+    return float(value)
+
+
+def settings_of(body: dict, *, chat: bool) -> Settings:
+    """The generation settings of a chat or completions request body (ranges are checked when the request is
+    made into sampling parameters)."""
+    if not isinstance(body, dict):
+        raise RequestError("the request body must be a JSON object")
+    for name in UNSUPPORTED_FIELDS:
+        if body.get(name) not in (None, False, [], {}) and not (name == "response_format"
+                                                                 and body[name] == {"type": "text"}):
+            raise RequestError(f"'{name}' is not supported by this server", param=name)
+    n = _field(body, "n", int, 1)
+    if n != 1:
+        raise RequestError("'n' must be 1 (one choice per request)", param="n")
+    limit_name = "max_completion_tokens" if chat and body.get("max_completion_tokens") is not None else "max_tokens"
+    max_new = _field(body, limit_name, int)
+    stop = body.get("stop")
+    if stop is None:
+        stops: tuple[str, ...] = ()
+    elif isinstance(stop, str):
+        stops = (stop,)
+    elif isinstance(stop, list) and all(isinstance(s, str) for s in stop):
+        if len(stop) > MAX_STOPS:
+            raise RequestError(f"'stop' takes at most {MAX_STOPS} strings", param="stop")
+        stops = tuple(stop)
+    else:
+        raise RequestError("'stop' must be a string or a list of strings", param="stop")
+    options = _field(body, "stream_options", dict, {})
+    stream = _field(body, "stream", bool, False)
+    if options and not stream:
+        raise RequestError("'stream_options' is only allowed with 'stream': true", param="stream_options")
+    seed = _field(body, "seed", int)
+    return Settings(max_new_tokens=max_new, temperature=_number(body, "temperature", 1.0),
+                    top_p=_number(body, "top_p", 1.0), top_k=_field(body, "top_k", int, 0), seed=seed,
+                    stop=stops, stream=stream,
+                    include_usage=bool(_field(options, "include_usage", bool, False, where="stream_options.")))
+
+
+def _decode_data_url(url: str, path: str) -> tuple[str, bytes]:
+    """(media type, bytes) of a ``data:`` URL; RequestError when it is not one."""
+    match = DATA_URL.match(url)
+    if not match:
+        raise RequestError(f"{path}: not a data: URL", param=path)
+    payload = url[match.end():]
+    if not match.group(3):
+        raise RequestError(f"{path}: data: URLs must be base64-encoded (';base64,')", param=path)
+    try:
+        data = base64.b64decode(payload, validate=True)
+    except (binascii.Error, ValueError):
+        raise RequestError(f"{path}: the data: URL's base64 payload is not valid base64", param=path) from None
+    return (match.group(1) or "").lower(), data
+
+
+def _url_media(kind: str, url: Any, path: str, types: dict[str, str], allow_remote: bool) -> MediaRef:
+    if not isinstance(url, str) or not url:
+        raise RequestError(f"{path} must be a non-empty string", param=path)
+    scheme = url.split(":", 1)[0].lower() if ":" in url else ""
+    if scheme == "data":
+        media_type, data = _decode_data_url(url, path)
+        if media_type not in types:
+            raise RequestError(f"{path}: media type {media_type or '(none)'!r} is not a supported {kind} type "
+                               f"({', '.join(sorted(types))})", param=path)
+        return MediaRef(kind, data, None, types[media_type], path)
+    if scheme in ("http", "https"):
+        if not allow_remote:
+            raise RequestError(f"{path}: remote URLs are not fetched by this server (send the {kind} inline as a "
+                               f"data: URL, or start the server with --allow-remote-media)", param=path)
+        suffix = pathlib.PurePosixPath(url.split("?", 1)[0]).suffix.lower()
+        return MediaRef(kind, None, url, suffix if suffix in types.values() else next(iter(types.values())),
+                        path)
+    raise RequestError(f"{path}: only data: URLs{' and http(s) URLs' if allow_remote else ''} are accepted, "
+                       f"not {scheme + ':' if scheme else 'a bare path'}", param=path)
+
+
+def _part(part: Any, path: str, allow_remote: bool) -> dict | MediaRef:
+    if not isinstance(part, dict):
+        raise RequestError(f"{path} must be an object", param=path)
+    kind = part.get("type")
+    if kind == "text":
+        text = part.get("text")
+        if not isinstance(text, str):
+            raise RequestError(f"{path}.text must be a string", param=f"{path}.text")
+        return {"type": "text", "text": text}
+    if kind in ("image_url", "video_url"):
+        inner = part.get(kind)
+        url = inner.get("url") if isinstance(inner, dict) else inner
+        media = "image" if kind == "image_url" else "video"
+        return _url_media(media, url, f"{path}.{kind}.url", IMAGE_TYPES if media == "image" else VIDEO_TYPES,
+                          allow_remote)
+    if kind == "input_audio":
+        inner = part.get("input_audio")
+        if not isinstance(inner, dict):
+            raise RequestError(f"{path}.input_audio must be an object with 'data' and 'format'",
+                               param=f"{path}.input_audio")
+        fmt = inner.get("format")
+        if fmt not in AUDIO_FORMATS:
+            raise RequestError(f"{path}.input_audio.format must be one of {sorted(AUDIO_FORMATS)}",
+                               param=f"{path}.input_audio.format")
+        data = inner.get("data")
+        if not isinstance(data, str):
+            raise RequestError(f"{path}.input_audio.data must be a base64 string", param=f"{path}.input_audio.data")
+        try:
+            raw = base64.b64decode(data, validate=True)
+        except (binascii.Error, ValueError):
+            raise RequestError(f"{path}.input_audio.data is not valid base64",
+                               param=f"{path}.input_audio.data") from None
+        return MediaRef("audio", raw, None, AUDIO_FORMATS[fmt], f"{path}.input_audio.data")
+    raise RequestError(f"{path}.type {kind!r} is not supported (text, image_url, input_audio, video_url)",
+                       param=f"{path}.type")
+
+
+def chat_messages(body: dict, *, allow_remote: bool = False) -> list[dict]:
+    """The request's ``messages`` as chat messages whose media parts are ``MediaRef`` placeholders (see
+    ``resolve_media``); roles as the chat templates know them (``developer`` is a system message)."""
+    messages = body.get("messages")
+    if not isinstance(messages, list) or not messages:
+        raise RequestError("'messages' must be a non-empty list", param="messages")
+    if len(messages) > MAX_MESSAGES:
+        raise RequestError(f"'messages' holds {len(messages)} messages; at most {MAX_MESSAGES} are accepted",
+                           param="messages")
+    out = []
+    for i, message in enumerate(messages):
+        path = f"messages[{i}]"
+        if not isinstance(message, dict):
+            raise RequestError(f"{path} must be an object", param=path)
+        role = message.get("role")
+        if role not in ROLES:
+            raise RequestError(f"{path}.role {role!r} is not supported (system, developer, user, assistant)",
+                               param=f"{path}.role")
+        if message.get("tool_calls") or message.get("function_call"):
+            raise RequestError(f"{path}: tool calls are not supported by this server", param=f"{path}.tool_calls")
+        content = message.get("content")
+        if isinstance(content, str):
+            parts: list = [{"type": "text", "text": content}]
+        elif isinstance(content, list):
+            if len(content) > MAX_PARTS:
+                raise RequestError(f"{path}.content holds {len(content)} parts; at most {MAX_PARTS} are accepted",
+                                   param=f"{path}.content")
+            parts = [_part(p, f"{path}.content[{j}]", allow_remote) for j, p in enumerate(content)]
+        else:
+            raise RequestError(f"{path}.content must be a string or a list of parts", param=f"{path}.content")
+        if role != "user" and any(isinstance(p, MediaRef) for p in parts):
+            raise RequestError(f"{path}: media parts are accepted in user messages only", param=f"{path}.content")
+        out.append({"role": ROLES[role], "content": parts})
+    return out
+
+
+def resolve_media(messages: list[dict], folder: pathlib.Path, fetch: Callable[[MediaRef], bytes] | None = None
+                  ) -> list[dict]:
+    """``messages`` with each ``MediaRef`` written to a file in ``folder`` (remote ones through ``fetch``) and
+    replaced by a media part naming it."""
+    out, n = [], 0
+    for message in messages:
+        parts = []
+        for part in message["content"]:
+            if isinstance(part, MediaRef):
+                data = part.data if part.data is not None else fetch(part)
+                file = folder / f"{n:03d}-{part.kind}{part.suffix}"
+                file.write_bytes(data)
+                n += 1
+                parts.append({"type": part.kind, part.kind: str(file)})
+            else:
+                parts.append(part)
+        out.append({"role": message["role"], "content": parts})
+    return out
+
+
+def completion_prompt(body: dict) -> str:
+    """The raw prompt of a completions request (a string, or a list holding one string)."""
+    prompt = body.get("prompt")
+    if isinstance(prompt, list) and len(prompt) == 1 and isinstance(prompt[0], str):
+        prompt = prompt[0]
+    if not isinstance(prompt, str):
+        raise RequestError("'prompt' must be a string (one prompt per request)", param="prompt")
+    return prompt
+
+
+# ---- responses -----------------------------------------------------------------------------------------------
+
+def new_id(prefix: str) -> str:
+    return f"{prefix}-{uuid.uuid4().hex}"
+
+
+def usage(prompt_tokens: int, completion_tokens: int, cached_tokens: int = 0) -> dict:
+    return {"prompt_tokens": prompt_tokens, "completion_tokens": completion_tokens,
+            "total_tokens": prompt_tokens + completion_tokens,
+            "prompt_tokens_details": {"cached_tokens": cached_tokens}}
+
+
+FINISH_REASONS = {"eos": "stop", "stop": "stop", "length": "length", "cancelled": "stop"}
+
+
+def chat_completion(request_id: str, model: str, text: str, finish_reason: str, use: dict,
+                    created: int | None = None, audio: dict | None = None) -> dict:
+    message: dict = {"role": "assistant", "content": text}
+    if audio is not None:
+        message["audio"] = audio
+    return {"id": request_id, "object": "chat.completion", "created": created or int(time.time()), "model": model,
+            "choices": [{"index": 0, "message": message, "finish_reason": FINISH_REASONS.get(finish_reason,
+                                                                                             finish_reason),
+                         "logprobs": None}],
+            "usage": use}
+
+
+def chat_chunk(request_id: str, model: str, created: int, delta: dict | None, finish_reason: str | None = None,
+               use: dict | None = None) -> dict:
+    """A ``chat.completion.chunk``: one delta (None: the usage-only chunk, with no choices)."""
+    chunk: dict = {"id": request_id, "object": "chat.completion.chunk", "created": created, "model": model}
+    if delta is None:
+        chunk["choices"] = []
+    else:
+        chunk["choices"] = [{"index": 0, "delta": delta, "logprobs": None,
+                             "finish_reason": FINISH_REASONS.get(finish_reason, finish_reason)
+                             if finish_reason else None}]
+    if use is not None:
+        chunk["usage"] = use
+    return chunk
+
+
+def completion(request_id: str, model: str, text: str, finish_reason: str | None, use: dict | None,
+               created: int | None = None, *, chunk: bool = False) -> dict:
+    """A ``text_completion`` (or one streamed piece of it)."""
+    out = {"id": request_id, "object": "text_completion", "created": created or int(time.time()), "model": model,
+           "choices": [{"index": 0, "text": text, "logprobs": None,
+                        "finish_reason": FINISH_REASONS.get(finish_reason, finish_reason)
+                        if finish_reason else None}]}
+    if use is not None or not chunk:
+        out["usage"] = use
+    return out
+
+
+def sse(obj: dict | str) -> bytes:
+    """One server-sent event: ``data: <json>\\n\\n`` (``"[DONE]"`` ends a stream)."""
+    import json
+
+    payload = obj if isinstance(obj, str) else json.dumps(obj, ensure_ascii=False, separators=(",", ":"))
+    return f"data: {payload}\n\n".encode()
