@@ -93,7 +93,7 @@ def parse_config(hf: dict) -> ModelConfig:
         image_token = hf.get("image_token_index", hf.get("image_token_id"))
         eos = tc.get("eos_token_id", hf.get("eos_token_id", 1))
         return ModelConfig(
-            family="gemma3", decoder=decoder_config(tc),
+            decoder=decoder_config(tc),
             encoders=(("image", (vision, hf.get("mm_tokens_per_image", 256))),),
             media_token_ids=(("image", int(image_token)),),
             eos_ids=tuple(eos) if isinstance(eos, list) else (int(eos),),
@@ -204,7 +204,7 @@ def parse_text_config(hf: dict) -> ModelConfig:
     try:
         eos = hf.get("eos_token_id", 1)
         return ModelConfig(
-            family="gemma3", decoder=decoder_config(hf), encoders=(), media_token_ids=(),
+            decoder=decoder_config(hf), encoders=(), media_token_ids=(),
             eos_ids=tuple(eos) if isinstance(eos, list) else (int(eos),),
             pad_id=int(hf.get("pad_token_id", 0) or 0),
             max_context=int(hf.get("max_position_embeddings", 131072)),
@@ -221,14 +221,6 @@ def text_weight_map(cfg: ModelConfig) -> dict:
 def text_unused_keys(cfg: ModelConfig, hf: dict) -> list[str]:
     return [r"lm_head\.weight"] if cfg.decoder.tie_embeddings else []  # a tied copy some exports write
 
-
-TEXT_SPEC = FamilySpec(
-    name="gemma3", model_types=("gemma3_text",), parse_config=parse_text_config, build_encoders=no_encoders,
-    weight_map=text_weight_map, unused_keys=text_unused_keys, key_aliases=TEXT_KEY_ALIASES,
-    make_processor=TextProcessor,
-)
-
-SPECS = (SPEC, TEXT_SPEC)
 
 
 # ---- llama.cpp GGUF files (general.architecture "gemma3": the text decoder only) ---------------------------------
@@ -276,3 +268,10 @@ def gguf_config(meta: GGUFMetadata) -> dict:
 
 
 GGUF = GGUFArch(architecture="gemma3", hf_config=gguf_config, transforms=((r"norm\.weight$", subtract_one),))
+
+
+TEXT_SPEC = FamilySpec(
+    name="gemma3", model_types=("gemma3_text",), parse_config=parse_text_config, build_encoders=no_encoders,
+    weight_map=text_weight_map, unused_keys=text_unused_keys, key_aliases=TEXT_KEY_ALIASES,
+    make_processor=TextProcessor, gguf=GGUF,
+)

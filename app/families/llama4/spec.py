@@ -189,7 +189,7 @@ def parse_config(hf: dict) -> ModelConfig:
                                  f"{decoder.vocab_size}")
             encoders, media = (("image", vision),), (("image", int(image_token)),)
         return ModelConfig(
-            family="llama4", decoder=decoder, encoders=encoders, media_token_ids=media,
+            decoder=decoder, encoders=encoders, media_token_ids=media,
             eos_ids=_ids(tc.get("eos_token_id", hf.get("eos_token_id"))),
             pad_id=int(tc.get("pad_token_id") if tc.get("pad_token_id") is not None else 0),
             max_context=int(tc.get("max_position_embeddings", 131072)),
