@@ -327,6 +327,18 @@ def test_loaded_scalar_parameters_stay_scalars(tmp_path):
     assert params["s"].shape == () and float(params["s"]) == 0.5 and params["v"].shape == (3,)
 
 
+def test_the_attention_backend_is_read_once_from_the_environment():
+    from omnijax.app.generation import attention_backend
+    from omnijax.decoder.attention_op import backend_for
+
+    assert attention_backend({}) == "auto" and attention_backend({"OMNIJAX_ATTENTION": "dense"}) == "dense"
+    with pytest.raises(ValueError, match="OMNIJAX_ATTENTION='flash'"):
+        attention_backend({"OMNIJAX_ATTENTION": "flash"})
+    assert backend_for(10_000, "dense") == "dense" and backend_for(10, "blocked") == "blocked"
+    with pytest.raises(ValueError, match="unknown attention backend"):
+        backend_for(10, "flash")
+
+
 def test_a_spec_naming_an_unknown_part_is_refused_by_name():
     from flax import nnx
 
