@@ -28,6 +28,7 @@ import types
 import numpy as np
 from flax import nnx
 
+from omnijax.app.families.sliding_pattern import sliding_layers
 from omnijax.app.families.weight_maps import GEMMA_NORMS, decoder_weight_map
 from omnijax.app.families.gemma4.processor import Gemma4Processor
 from omnijax.app.families.spec import FamilySpec, ModelConfig
@@ -74,7 +75,7 @@ def layer_types(tc: dict, n: int) -> tuple[str, ...]:
     full (transformers forces it)."""
     raw = tc.get("layer_types")
     if raw is None:
-        kinds = ["sliding" if (i + 1) % 6 else "full" for i in range(n)]
+        kinds = ["sliding" if s else "full" for s in sliding_layers(n)]
     else:
         if not isinstance(raw, list) or len(raw) != n or any(t not in _LAYER_TYPES for t in raw):
             raise ValueError(f"layer_types must list {n} of {sorted(_LAYER_TYPES)}, got {raw!r}")
