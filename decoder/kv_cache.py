@@ -134,8 +134,6 @@ def write_token(cache_k_BKHS: jax.Array, cache_v_BKSH: jax.Array, k_BK1H: jax.Ar
     return constrain(k, KEY_AXES), constrain(v, VALUE_AXES)
 
 
-
-
 def write_pending(cache: LayerCache, length_B: jax.Array, after_BLD: jax.Array) -> LayerCache:
     """The cache with its pending token written at slot length % slots, the write ordered after ``after_BLD`` (the
     output of the cache's last reader in this step)."""

@@ -122,6 +122,8 @@ def moe_layer_set(tc: dict, n: int) -> set[int]:
 def decoder_config(tc: dict) -> DecoderSpec:
     """Llama 4's text decoder as per-layer data (see the module docstring)."""
     n = int(tc["num_hidden_layers"])
+    if n < 1:  # (the sanity bounds of every setting are app/config_limits.py's; this one the spec itself needs)
+        raise ValueError(f"num_hidden_layers must be >= 1, got {n}")
     hidden = int(tc["hidden_size"])
     heads = int(tc["num_attention_heads"])
     head_dim = int(tc.get("head_dim") or hidden // heads)
