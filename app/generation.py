@@ -8,7 +8,8 @@ are right-padded to a bucket length, the KV cache length is a bucket too, and th
 from __future__ import annotations
 
 import dataclasses
-from typing import Iterator
+import os
+from typing import Iterator, NamedTuple
 
 import jax
 import jax.numpy as jnp
@@ -19,10 +20,23 @@ from omnijax.app.families.spec import ModelConfig, PreparedPrompt
 from omnijax.app.sampling import SamplingParams, choose
 from omnijax.common.errors import PromptError
 from omnijax.common.sharding import host_array, named_sharding, put, use_mesh
-from omnijax.decoder.model import Media, Prompt
+from omnijax.decoder.attention_op import BACKENDS
+from omnijax.decoder.model import DecoderModel, Media, Prompt
 
 # Prompt and cache lengths: powers of two and the halfway points between them (at most a third is padding).
 DEFAULT_BUCKETS = tuple(sorted({b for k in range(6, 18) for b in (1 << k, 3 << (k - 1))}))
+
+
+ATTENTION_ENV = "OMNIJAX_ATTENTION"
+
+
+def attention_backend(environ=os.environ) -> str:
+    """The prompt attention backend ``OMNIJAX_ATTENTION`` forces (dense / blocked / fused), else "auto"; read once,
+    when an engine is built."""
+    chosen = environ.get(ATTENTION_ENV, "auto") or "auto"
+    if chosen not in BACKENDS:
+        raise ValueError(f"{ATTENTION_ENV}={chosen!r} is not an attention backend; use one of {BACKENDS}")
+    return chosen
 
 
 def bucket_for(n: int, buckets: tuple[int, ...]) -> int:
@@ -65,6 +79,34 @@ def make_batch(prompts: list[PreparedPrompt], length: int, pad_id: int, rope_axe
     return Batch(tokens, bidir, rope_pos, deltas, lengths, media)
 
 
+class DecodeState(NamedTuple):
+    """Where decoding stands: ``token`` [B] is generated token number ``index`` (0: the one the prompt's logits
+    chose) of every row, not yet in ``cache``; ``done`` [B] marks the rows that have generated an end token (this one
+    included)."""
+
+    index: jax.Array
+    token: jax.Array
+    done: jax.Array
+    cache: dict | None
+
+
+def first_state(logits_BV: jax.Array, cache: dict, key, values, eos_ids: jax.Array, mode: str) -> DecodeState:
+    """The state after the prompt: token 0 chosen from the prompt's last logits."""
+    token = choose(logits_BV, jax.random.fold_in(key, 0), values, mode)
+    return DecodeState(jnp.int32(0), token, jnp.isin(token, eos_ids), cache)
+
+
+def decode_step(dec: DecoderModel, state: DecodeState, delta_B: jax.Array, key, values, eos_ids: jax.Array, *,
+                mode: str, rope_axes: int) -> DecodeState:
+    """The next state: ``state.token`` through the decoder at each row's next position (RoPE position: that plus
+    the row's delta), the next token chosen from its logits with the key folded with its index."""
+    pos_B = state.cache["length"] + delta_B
+    logits, cache = dec.step(state.token, jnp.broadcast_to(pos_B[None], (rope_axes, pos_B.shape[0])), state.cache)
+    index = state.index + 1
+    token = choose(logits, jax.random.fold_in(key, index), values, mode)
+    return DecodeState(index, token, state.done | jnp.isin(token, eos_ids), cache)
+
+
 @dataclasses.dataclass
 class Prefilled:
     """A prefilled batch: the host batch, its bucket sizes, the last positions' logits [B, V] (or [B, L, V]) and the
@@ -81,8 +123,14 @@ class Engine:
     """Compiled prefill/decode for one loaded model. ``params`` is the plain pytree of (sharded) arrays."""
 
     def __init__(self, cfg: ModelConfig, graphdef: nnx.GraphDef, params: dict, mesh, *, dtype,
-                 max_context: int | None = None, buckets: tuple[int, ...] = DEFAULT_BUCKETS):
+                 max_context: int | None = None, buckets: tuple[int, ...] = DEFAULT_BUCKETS,
+                 attention: str | None = None):
+        """attention: the prompt attention backend (``decoder.attention_op.BACKENDS``); default: what
+        ``OMNIJAX_ATTENTION`` forces, else "auto"."""
         self.cfg = cfg
+        self.attention = attention_backend() if attention is None else attention
+        if self.attention not in BACKENDS:
+            raise ValueError(f"unknown attention backend {self.attention!r}; known: {BACKENDS}")
         self.graphdef = graphdef
         self.params = params
         self.mesh = mesh
@@ -112,40 +160,34 @@ class Engine:
         prompt = Prompt(tokens_BL, lengths_B, rope_pos_ABL, bidir_BL,
                         {self.cfg.media_token_id(m): Media(*out) for m, out in media.items()},
                         self.cfg.media_token_id(deep) if deep in media else None)
-        return dec.prefill(prompt, cache_len=cache_len, cache_dtype=self.dtype, all_logits=all_logits, rope=rope)
-
-    def _rope_pos(self, cache, delta_B):
-        """RoPE positions [axes, B] of each row's next token: its sequence position plus the row's delta."""
-        pos = cache["length"] + delta_B
-        return jnp.broadcast_to(pos[None], (self.cfg.decoder.rope_axes, pos.shape[0]))
+        return dec.prefill(prompt, cache_len=cache_len, cache_dtype=self.dtype, all_logits=all_logits, rope=rope,
+                           attention=self.attention)
 
     def _decode_impl(self, params, cache, logits_BV, delta_B, max_new, key, values, eos_ids, *, mode, cache_len):
-        """Generate up to ``max_new`` tokens -> (tokens [B, cache_len] padded, steps run, cache)."""
+        """Generate up to ``max_new`` tokens -> (tokens [B, cache_len] padded, tokens generated, cache)."""
         dec = self._model(params).decoder
-        b = logits_BV.shape[0]
         pad = jnp.int32(self.cfg.pad_id)
+        state = first_state(logits_BV, cache, key, values, eos_ids, mode)
+        tokens = jnp.full((logits_BV.shape[0], cache_len), pad, jnp.int32).at[:, 0].set(state.token)
 
-        def cond(state):
-            i, _, done, _, _ = state
-            return (i < max_new) & ~jnp.all(done)
+        def cond(carry):
+            state, _ = carry
+            return (state.index + 1 < max_new) & ~jnp.all(state.done)
 
-        def body(state):  # token i from token i - 1
-            i, tok, done, buf, cache = state
-            logits, cache = dec.step(tok, self._rope_pos(cache, delta_B), cache)
-            nxt = choose(logits, jax.random.fold_in(key, i), values, mode)
-            buf = buf.at[:, i].set(jnp.where(done, pad, nxt))
-            return i + 1, nxt, done | jnp.isin(nxt, eos_ids), buf, cache
+        def body(carry):
+            state, tokens = carry
+            nxt = decode_step(dec, state, delta_B, key, values, eos_ids, mode=mode, rope_axes=dec.spec.rope_axes)
+            return nxt, tokens.at[:, nxt.index].set(jnp.where(state.done, pad, nxt.token))
 
-        tok0 = choose(logits_BV, jax.random.fold_in(key, 0), values, mode)
-        buf = jnp.full((b, cache_len), pad, jnp.int32).at[:, 0].set(tok0)
-        state = (jnp.int32(1), tok0, jnp.isin(tok0, eos_ids), buf, cache)
-        i, _, _, buf, cache = jax.lax.while_loop(cond, body, state)
-        return buf, i, cache  # the cache is returned so that the donated input buffers hold it (no copy)
+        state, tokens = jax.lax.while_loop(cond, body, (state, tokens))
+        return tokens, state.index + 1, state.cache  # the cache comes back in the donated input buffers (no copy)
 
-    def _step_impl(self, params, cache, tok_B, delta_B, key, values, *, mode):
+    def _step_impl(self, params, cache, state, delta_B, key, values, eos_ids, *, mode):
+        """``decode_step`` from ``state``, whose cache is passed apart (only the cache is donated: the host still
+        reads ``state.token`` while the step runs)."""
         dec = self._model(params).decoder
-        logits, cache = dec.step(tok_B, self._rope_pos(cache, delta_B), cache)
-        return choose(logits, key, values, mode), cache
+        return decode_step(dec, state._replace(cache=cache), delta_B, key, values, eos_ids, mode=mode,
+                           rope_axes=dec.spec.rope_axes)
 
     # ---- host side -----------------------------------------------------------------------------------------
     def _put(self, array: np.ndarray, axes: tuple) -> jax.Array:
@@ -216,23 +258,20 @@ class Engine:
         key = sampling.key()
         values, mode = sampling.values(), sampling.mode()
         deltas = self._put(pre.batch.rope_delta, ("batch",))
-        eos = np.asarray(self.cfg.eos_ids)
-        cache = pre.cache
         with use_mesh(self.mesh):
-            tok = choose(pre.logits, jax.random.fold_in(key, 0), values, mode)
-        done = np.zeros(len(prompts), bool)
+            state = first_state(pre.logits, pre.cache, key, values, self.eos_ids, mode)
+        done = np.zeros(len(prompts), bool)  # rows that ended before the token read now
         for i in range(max_new_tokens):
             nxt = None
             if i + 1 < max_new_tokens:
                 with use_mesh(self.mesh):
-                    nxt, cache = self._step(self.params, cache, tok, deltas, jax.random.fold_in(key, i + 1), values,
-                                            mode=mode)
-            host = host_array(tok)
-            yield np.where(done, self.cfg.pad_id, host)
-            done |= np.isin(host, eos)
+                    nxt = self._step(self.params, state.cache, state._replace(cache=None), deltas, key, values,
+                                     self.eos_ids, mode=mode)
+            yield np.where(done, self.cfg.pad_id, host_array(state.token))
+            done |= host_array(state.done)
             if done.all() or nxt is None:
                 return
-            tok = nxt
+            state = nxt
 
     def compilations(self) -> int:
         """How many programs the jitted entry points have compiled so far."""

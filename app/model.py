@@ -12,7 +12,7 @@ class MultimodalModel(nnx.Module):
     """``encoders[modality](inputs)`` (see FamilySpec.build_encoders) and ``decoder`` (decoder/model.py)."""
 
     def __init__(self, cfg: ModelConfig, spec: FamilySpec, encoder_options: dict, *, rngs: nnx.Rngs):
-        self.decoder = DecoderModel(cfg.decoder, rngs=rngs)
+        self.decoder = DecoderModel(cfg.decoder, parts=spec.decoder_parts(), rngs=rngs)
         self.encoders = nnx.Dict(spec.build_encoders(cfg, encoder_options, rngs=rngs))
 
 

@@ -30,6 +30,12 @@ from bench.prefill_scaling import scaling_figures
 NEW_TOKENS = 64
 
 
+def check_generated(shape: tuple, expected: tuple) -> None:
+    """A timed generation must produce every token it was asked for (EOS ignored), or its timing is meaningless."""
+    if tuple(shape) != tuple(expected):
+        raise RuntimeError(f"generated tokens of shape {tuple(shape)}, expected {tuple(expected)}")
+
+
 def summary(samples: list[float]) -> dict:
     return {"median": statistics.median(samples), "min": min(samples), "max": max(samples), "samples": samples}
 
@@ -111,7 +117,8 @@ class Prompts:
         keep = np.r_[0:cut, cut + excess:len(prepared.token_ids)]
         prepared.token_ids = prepared.token_ids[keep]
         prepared.bidirectional = prepared.bidirectional[keep]
-        assert len(prepared.token_ids) == target_tokens
+        if len(prepared.token_ids) != target_tokens:
+            raise RuntimeError(f"the prompt has {len(prepared.token_ids)} tokens, not the {target_tokens} wanted")
         return prepared
 
     def text(self, words: int = 12):
@@ -170,7 +177,7 @@ class OmnijaxRunner:
         from omnijax.app.sampling import SamplingParams
 
         out = self.engine.generate(prompts, new_tokens, SamplingParams(), ignore_eos=True)
-        assert out.shape == (len(prompts), new_tokens), out.shape
+        check_generated(out.shape, (len(prompts), new_tokens))
         return out
 
     def encode_image(self, prepared):
@@ -206,7 +213,7 @@ class TransformersRunner:
         with self.torch.inference_mode():
             out = self.model.generate(**self.inputs(prompts), max_new_tokens=new_tokens, min_new_tokens=new_tokens,
                                       do_sample=False)
-        assert out.shape[1] == len(prompts[0].token_ids) + new_tokens, out.shape
+        check_generated(tuple(out.shape), (len(prompts), len(prompts[0].token_ids) + new_tokens))
         return out
 
     def encode_image(self, prepared):
@@ -254,7 +261,8 @@ def compile_figures(folder, prompts_fn) -> dict:
     first = time.perf_counter() - start
     steady = min(timed(fresh.generate, [first_prompt], 8) for _ in range(2))
     before = fresh.engine.compilations()
-    assert len(other.token_ids) != len(first_prompt.token_ids)
+    if len(other.token_ids) == len(first_prompt.token_ids):
+        raise RuntimeError("the second prompt must have another length to measure recompiles inside a bucket")
     fresh.generate([other], 8)
     return {"compile_s": first - steady, "first_call_s": first, "steady_call_s": steady,
             "recompiles_in_bucket": fresh.engine.compilations() - before,

@@ -1,8 +1,8 @@
 """Dense layers whose parameters carry logical axis names.
 
 Every parameter in omnijax is an ``nnx.Param`` with an ``axes`` metadata tuple of logical axis names (one per
-dimension, ``None`` for a replicated dimension). ``app.mesh`` maps those names to mesh axes. Modules are built under
-``nnx.eval_shape`` and their values come from a checkpoint, so initialisers only need the right shape.
+dimension, ``None`` for a replicated dimension). common/sharding.py maps those names to mesh axes. Modules are built
+under ``nnx.eval_shape`` and their values come from a checkpoint, so initialisers only need the right shape.
 """
 
 from __future__ import annotations

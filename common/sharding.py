@@ -1,6 +1,6 @@
 """Logical axis names -> mesh axes. One place decides how parameters, caches and activations are laid out.
 
-Parameters carry logical ``axes`` metadata (see decoder/linear.py). ``partition_spec`` turns a logical tuple into a
+Parameters carry logical ``axes`` metadata (see common/linear.py). ``partition_spec`` turns a logical tuple into a
 ``PartitionSpec`` for the active mesh, dropping a mesh axis where it does not divide the dimension (e.g. one KV head
 on a 4-way model axis stays replicated). ``constrain`` pins an activation's layout inside jitted code when a mesh is
 active (``with use_mesh(mesh): ...``) and does nothing otherwise.

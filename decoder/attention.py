@@ -19,7 +19,7 @@ from omnijax.common.linear import Linear, matmul_oi, param
 from omnijax.common.norms import RMSNorm, rms_norm
 from omnijax.common.sharding import constrain
 from omnijax.decoder.attention_op import PromptMeta, cache_attention, prompt_attention
-from omnijax.decoder.kv_cache import after
+from omnijax.decoder.kv_cache import LayerCache
 from omnijax.decoder.rope import apply_rotary, rope_key
 from omnijax.decoder.spec import AttentionSpec
 
@@ -30,31 +30,24 @@ class PromptContext(NamedTuple):
     meta: the prompt tokens' positions / media blocks. rope: {rope_key: (cos, sin) [B, L, ...]}.
     query_rows: [B, Lq] rows whose outputs this layer computes (None: every row); keys/values are still computed
     for every row. narrowed: the layer's input holds only those rows (a layer after the last one that computes
-    keys/values of its own).
+    keys/values of its own). backend: the attention backend (``attention_op.backend_for``), chosen by the engine.
     """
 
     meta: PromptMeta
     rope: dict
     query_rows: jax.Array | None = None
     narrowed: bool = False
+    backend: str = "auto"
 
 
 class StepContext(NamedTuple):
-    """What every layer of a decode step shares: the new token's position [B] (-1 for a finished row), its rope
-    tables {rope_key: (cos, sin) [B, 1, ...]}, and the position held in each cache slot {slots: [B, slots]}."""
+    """What every layer of a decode step shares: the new token's position [B], its rope tables
+    {rope_key: (cos, sin) [B, 1, ...]}, and the position held in each cache slot before the token
+    {slots: [B, slots]}."""
 
     pos: jax.Array
     rope: dict
     slot_pos: dict
-
-
-class KV(NamedTuple):
-    """Keys and values of new tokens [B, L, K, H], and for a decode step the cache they are attended with."""
-
-    k: jax.Array
-    v: jax.Array
-    cache_k: jax.Array | None = None
-    cache_v: jax.Array | None = None
 
 
 def grouped_qkv(spec: AttentionSpec):
@@ -153,9 +146,10 @@ class Attention(nnx.Module):
         return None if spec.rope is None else ctx.rope[rope_key(spec.rope, spec.head_dim)]
 
     # ---- prompt and decode step ----------------------------------------------------------------------------
-    def prefill(self, x_BLD: jax.Array, ctx: PromptContext, shared: KV | None = None) -> tuple[jax.Array, KV]:
-        """A prompt's attention -> (output [B, Lq, D] at ``ctx.query_rows``, this layer's keys/values [B, L, K, H]
-        (the shared ones for a layer that has none of its own))."""
+    def prefill(self, x_BLD: jax.Array, ctx: PromptContext,
+                shared: tuple[jax.Array, jax.Array] | None = None) -> tuple[jax.Array, tuple | None]:
+        """A prompt's attention -> (output [B, Lq, D] at ``ctx.query_rows``, this layer's keys and values
+        ([B, L, K, H] each), or None for a layer that attends to the keys/values ``shared`` of an earlier layer)."""
         rows = ctx.query_rows
         if ctx.narrowed:  # x holds only the query rows: their positions and rope tables
             pos = jnp.take_along_axis(ctx.meta.pos, rows, axis=1)
@@ -166,28 +160,22 @@ class Attention(nnx.Module):
             q, k, v = self._project(x_BLD, ctx.meta.pos, self._rope(ctx))
             if rows is not None:
                 q = jnp.take_along_axis(q, rows[:, :, None, None], axis=1)
-        if shared is not None:
-            k, v = shared.k, shared.v
+        own = None if k is None else (k, v)
+        k, v = own if own is not None else shared
         out = prompt_attention(q, k, v, ctx.meta, self.spec.mask, scale=self.spec.q_scale, softcap=self.spec.softcap,
-                               query_rows=ctx.query_rows)
-        return self._output(out), KV(k, v)
+                               query_rows=ctx.query_rows, backend=ctx.backend)
+        return self._output(out), own
 
-    def step(self, x_B1D: jax.Array, ctx: StepContext, kv: KV) -> tuple[jax.Array, KV]:
-        """One new token per row -> (output [B, 1, D], the new key/value (for a sharing layer: the source layer's)
-        and the cache they were attended with). ``kv`` holds this layer's cache (k, v unused), or, for a sharing
-        layer, the source layer's new key/value and cache.
-
-        The returned key/value depend on this step's attention output, so the cache write that follows is
-        ordered after this read and XLA updates the cache in place instead of copying it."""
+    def step(self, x_B1D: jax.Array, ctx: StepContext, cache: LayerCache) -> tuple[jax.Array, LayerCache | None]:
+        """One new token per row -> (output [B, 1, D], this layer's cache holding the token's key/value as its
+        pending token; ``kv_cache.write_pending`` writes it into the ring once the cache's last reader has run).
+        A layer that shares an earlier layer's keys/values reads that layer's cache, its token included, and
+        returns None."""
         spec = self.spec
         q, k, v = self._project(x_B1D, ctx.pos[:, None], self._rope(ctx))
-        if k is None:
-            k, v = kv.k, kv.v
-        else:
-            k, v = k.transpose(0, 2, 1, 3), v.transpose(0, 2, 1, 3)  # [B, K, 1, H]
-        slot_pos = ctx.slot_pos[kv.cache_k.shape[-1]]
-        out = cache_attention(q, kv.cache_k, kv.cache_v, slot_pos, k, v, ctx.pos, spec.mask, scale=spec.q_scale,
-                              softcap=spec.softcap)
-        b = out.shape[0]
-        dep = out[:, 0].reshape(b, spec.kv_heads, spec.group, spec.head_dim)[:, :, :1, :1]  # shard-local
-        return self._output(out), KV(after(k, dep), after(v, dep), kv.cache_k, kv.cache_v)
+        mine = None
+        if k is not None:
+            cache = mine = LayerCache(cache.k, cache.v, k.transpose(0, 2, 1, 3), v.transpose(0, 2, 1, 3))
+        out = cache_attention(q, cache.k, cache.v, ctx.slot_pos[cache.k.shape[-1]], cache.token_k, cache.token_v,
+                              ctx.pos, spec.mask, scale=spec.q_scale, softcap=spec.softcap)
+        return self._output(out), mine

@@ -9,7 +9,7 @@ where locality is nothing (full), k > q - W (sliding window W) or floor(k / C) =
 AND(window, OR(causal, block)) composition transformers uses. No [B, L, L] mask is stored anywhere: each block of
 scores builds the part it needs from the positions.
 
-Backends (``attention``; callers never choose):
+Backends (``backend_for``: chosen once by the engine, "auto" unless forced, and passed down as data):
 - dense: one block of scores, for prompts up to ``DENSE_LIMIT`` tokens;
 - blocked: a loop (not Python unrolling) over 128-query blocks and, inside, over the 128-key blocks that any
   query of the block can see (flash-attention style running softmax): program size and compile time do not grow
@@ -21,7 +21,6 @@ Decode steps use ``cache_attention``: the cache as it was plus the new token's o
 
 from __future__ import annotations
 
-import os
 from typing import NamedTuple
 
 import jax
@@ -33,6 +32,7 @@ DENSE_LIMIT = 256  # prompts up to this many tokens attend in one block
 Q_BLOCK = 128
 K_BLOCK = 128
 NEG = -1e30
+BACKENDS = ("auto", "dense", "blocked", "fused")
 
 
 class PromptMeta(NamedTuple):
@@ -91,8 +91,8 @@ def dot_attention(q_BLNH: jax.Array, segments: list[tuple[jax.Array, jax.Array, 
     """softmax over the keys of all ``segments`` -> [batch, q_len, N, H].
 
     Each segment is (keys [B, K, S, H], values [B, K, S, H], visible [B, L, S]); with ``keys_transposed`` the first
-    segment's keys are [B, K, H, S], as the key cache holds them; one softmax spans every segment's keys (decode attends to the cache
-    as it was plus the new tokens without concatenating them).
+    segment's keys are [B, K, H, S], as the key cache holds them; one softmax spans every segment's keys (decode
+    attends to the cache as it was plus the new token without concatenating them).
     """
     b, l, n, h = q_BLNH.shape
     kv = segments[0][1].shape[1]
@@ -166,10 +166,11 @@ def _blocked(q_BLNH, k_BKLH, v_BKLH, meta: PromptMeta, mask: MaskSpec, *, scale,
     return blocks.transpose(1, 0, 2, 3, 4).reshape(b, l, n, h)
 
 
-def backend_for(length: int) -> str:
-    """``OMNIJAX_ATTENTION`` (dense / blocked / fused) if set, else fused on GPU/TPU, dense for short prompts
-    and blocked for long ones."""
-    chosen = os.environ.get("OMNIJAX_ATTENTION", "auto")
+def backend_for(length: int, chosen: str = "auto") -> str:
+    """The backend for a prompt of ``length`` tokens: ``chosen`` (dense / blocked / fused) unless "auto", else
+    fused on GPU/TPU, dense for short prompts and blocked for long ones."""
+    if chosen not in BACKENDS:
+        raise ValueError(f"unknown attention backend {chosen!r}; known: {BACKENDS}")
     if chosen != "auto":
         return chosen
     if jax.default_backend() in ("gpu", "tpu"):
@@ -187,11 +188,13 @@ def _pad_to(x: jax.Array, axis: int, multiple: int, value=0) -> jax.Array:
 
 
 def prompt_attention(q_BLNH: jax.Array, k_BLKH: jax.Array, v_BLKH: jax.Array, meta: PromptMeta, mask: MaskSpec, *,
-                     scale: float, softcap: float | None = None, query_rows: jax.Array | None = None) -> jax.Array:
+                     scale: float, softcap: float | None = None, query_rows: jax.Array | None = None,
+                     backend: str = "auto") -> jax.Array:
     """A prompt's self-attention -> [batch, queries, N, H].
 
     k, v [B, L, K, H] are the prompt's keys and values and ``meta`` describes its L tokens; q [B, Lq, N, H] are the
-    queries of every row, or of the few rows ``query_rows`` [B, Lq] (e.g. each row's last token).
+    queries of every row, or of the few rows ``query_rows`` [B, Lq] (e.g. each row's last token). ``backend``: see
+    ``backend_for``.
     """
     b, l = meta.pos.shape
     if query_rows is None:
@@ -199,7 +202,7 @@ def prompt_attention(q_BLNH: jax.Array, k_BLKH: jax.Array, v_BLKH: jax.Array, me
     else:
         q_pos = jnp.take_along_axis(meta.pos, query_rows, axis=1)
         q_blk = jnp.take_along_axis(meta.block, query_rows, axis=1)
-    backend = backend_for(l)
+    backend = backend_for(l, backend)
     if backend == "fused" and softcap is None:
         vis = visible(q_pos, meta.pos, mask, q_blk, meta.block)
         return jax.nn.dot_product_attention(q_BLNH, k_BLKH.astype(q_BLNH.dtype), v_BLKH.astype(q_BLNH.dtype),
@@ -216,14 +219,15 @@ def prompt_attention(q_BLNH: jax.Array, k_BLKH: jax.Array, v_BLKH: jax.Array, me
 
 
 def cache_attention(q_B1NH: jax.Array, cache_k_BKHS: jax.Array, cache_v_BKSH: jax.Array, slot_pos_BS: jax.Array,
-                    new_k_BK1H: jax.Array, new_v_BK1H: jax.Array, q_pos_B: jax.Array, mask: MaskSpec, *,
+                    token_k_BK1H: jax.Array, token_v_BK1H: jax.Array, q_pos_B: jax.Array, mask: MaskSpec, *,
                     scale: float, softcap: float | None = None) -> jax.Array:
-    """One new token per row attending to its cache as it was plus itself -> [batch, 1, N, H].
+    """One new token per row attending to a layer's cache (the ring as it was) and to the token's own key/value, one
+    softmax -> [batch, 1, N, H].
 
     The key cache holds keys transposed ([B, K, H, S]), so the scores are a plain [G, H] x [H, S] product per kv
     head; ``slot_pos_BS`` is the position held in each slot (-1 empty)."""
     q_pos = q_pos_B[:, None]
     vis_cache = visible(q_pos, slot_pos_BS, mask)
-    vis_new = (q_pos >= 0)[:, :, None]
-    return dot_attention(q_B1NH, [(cache_k_BKHS, cache_v_BKSH, vis_cache), (new_k_BK1H, new_v_BK1H, vis_new)],
+    vis_token = (q_pos >= 0)[:, :, None]
+    return dot_attention(q_B1NH, [(cache_k_BKHS, cache_v_BKSH, vis_cache), (token_k_BK1H, token_v_BK1H, vis_token)],
                          scale=scale, softcap=softcap, keys_transposed=True)

@@ -9,9 +9,18 @@ A layer that attends locally (sliding window W, chunk C) keeps a ring of min(W o
 layer keeps the cache length; a layer that shares another layer's keys/values keeps none. Every cache is a ring:
 position p lives in slot p % slots, so the position a slot holds follows from the row's length alone
 (``slot_positions``) and nothing else is stored.
+
+In a decode step a layer's ``LayerCache`` is its ring plus the step's new token (``token_k``, ``token_v``): the layer
+that owns the cache adds the token, it and the layers that share the cache attend over ring and token, and once the
+cache's last reader has run the token is written into its slot (``write_pending``). The write is ordered after that
+reader's output, so every read of the ring comes first and the compiler updates the ring in place inside the decode
+loop (with the write placed first and the reads after it, XLA on CPU fuses a copy of the write into each reader and
+copies every cache on every step).
 """
 
 from __future__ import annotations
+
+from typing import NamedTuple
 
 import jax
 import jax.numpy as jnp
@@ -21,6 +30,16 @@ from omnijax.decoder.spec import DecoderSpec
 
 KEY_AXES = ("batch", "kv_heads", "head_dim", "cache_len")
 VALUE_AXES = ("batch", "kv_heads", "cache_len", "head_dim")
+
+
+class LayerCache(NamedTuple):
+    """One layer's cache: keys [B, K, H, slots] (transposed) and values [B, K, slots, H]; in a decode step also the
+    step's token, not yet written: keys and values [B, K, 1, H]."""
+
+    k: jax.Array
+    v: jax.Array
+    token_k: jax.Array | None = None
+    token_v: jax.Array | None = None
 
 
 def cache_slots(spec: DecoderSpec, cache_len: int) -> tuple[int | None, ...]:
@@ -49,6 +68,15 @@ def cache_index(spec: DecoderSpec) -> tuple[int | None, ...]:
     return tuple(index)
 
 
+def last_readers(spec: DecoderSpec) -> tuple[int, ...]:
+    """For each cache (in ``cache_index`` order), the last layer that reads it."""
+    index = cache_index(spec)
+    last: dict[int, int] = {}
+    for i in range(spec.num_layers):
+        last[index[spec.kv_layer(i)]] = i
+    return tuple(last[j] for j in range(len(last)))
+
+
 def init_cache(spec: DecoderSpec, batch: int, cache_len: int, dtype=jnp.float32) -> dict:
     keys, values = [], []
     for layer, slots in zip(spec.layers, cache_slots(spec, cache_len)):
@@ -58,15 +86,6 @@ def init_cache(spec: DecoderSpec, batch: int, cache_len: int, dtype=jnp.float32)
         keys.append(constrain(jnp.zeros((batch, att.kv_heads, att.head_dim, slots), dtype), KEY_AXES))
         values.append(constrain(jnp.zeros((batch, att.kv_heads, slots, att.head_dim), dtype), VALUE_AXES))
     return {"length": jnp.zeros((batch,), jnp.int32), "k": tuple(keys), "v": tuple(values)}
-
-
-def cache_bytes(spec: DecoderSpec, batch: int, cache_len: int, itemsize: int) -> int:
-    """Bytes of keys and values ``init_cache`` allocates."""
-    total = 0
-    for layer, slots in zip(spec.layers, cache_slots(spec, cache_len)):
-        if slots is not None:
-            total += 2 * batch * layer.attention.kv_heads * layer.attention.head_dim * slots * itemsize
-    return total
 
 
 def slot_positions(length_B: jax.Array, slots: int) -> jax.Array:
@@ -115,11 +134,19 @@ def write_token(cache_k_BKHS: jax.Array, cache_v_BKSH: jax.Array, k_BK1H: jax.Ar
     return constrain(k, KEY_AXES), constrain(v, VALUE_AXES)
 
 
+def write_pending(cache: LayerCache, length_B: jax.Array, after_BLD: jax.Array) -> LayerCache:
+    """The cache with its pending token written at slot length % slots, the write ordered after ``after_BLD`` (the
+    output of the cache's last reader in this step)."""
+    dep = after_BLD[:, None, :1, :1]  # [B, 1, 1, 1]: replicated over the model axis, so the dependency stays local
+    k, v = write_token(cache.k, cache.v, after(cache.token_k, dep), after(cache.token_v, dep), length_B)
+    return LayerCache(k, v)
+
+
 def after(x: jax.Array, dep: jax.Array) -> jax.Array:
     """``x`` unchanged, but computed from ``dep`` (broadcastable to ``x``) as far as the compiler can tell.
 
-    A cache update that depends on the attention output is scheduled after the cache has been read, so XLA can
-    write the cache in place inside a loop; without the dependency it may schedule the write first and copy every
-    cache buffer on every step. The added term is min(|dep|, 0) = 0 (NaN only where ``dep`` already is).
+    A cache write that depends on the output of the cache's readers is scheduled after them, so XLA writes the cache
+    in place inside a loop; without the dependency it may schedule the write first and copy every cache buffer on
+    every step. The added term is min(|dep|, 0) = 0 (NaN only where ``dep`` already is).
     """
     return x + jnp.minimum(jnp.abs(dep), 0).astype(x.dtype)

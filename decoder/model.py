@@ -17,12 +17,13 @@ from flax import nnx
 
 from omnijax.common.norms import RMSNorm
 from omnijax.common.sharding import constrain
-from omnijax.decoder.attention import KV, PromptContext, StepContext
+from omnijax.decoder.attention import PromptContext, StepContext
 from omnijax.decoder.attention_op import PromptMeta
-from omnijax.decoder.blocks import BLOCKS, LayerCall
+from omnijax.decoder.blocks import take_rows
 from omnijax.decoder.embed import Embedder, add_at_placeholders, merge_media
-from omnijax.decoder.kv_cache import cache_index, cache_slots, fill_from_prompt, slot_positions, write_token
-from omnijax.decoder.layer_inputs import LAYER_INPUTS
+from omnijax.decoder.kv_cache import (LayerCache, cache_index, cache_slots, fill_from_prompt, last_readers,
+                                     slot_positions, write_pending)
+from omnijax.decoder.parts import BUILTIN_PARTS, DecoderParts
 from omnijax.decoder.rope import rope_tables
 from omnijax.decoder.spec import DecoderSpec
 
@@ -74,20 +75,21 @@ def prompt_meta(lengths_B: jax.Array, bidirectional_BL: jax.Array) -> PromptMeta
     return PromptMeta(pos, block, reach)
 
 
-def _take_rows(x_BLD: jax.Array, rows_BQ: jax.Array) -> jax.Array:
-    return jnp.take_along_axis(x_BLD, rows_BQ[:, :, None], axis=1)
-
-
 class DecoderModel(nnx.Module):
-    def __init__(self, spec: DecoderSpec, *, rngs: nnx.Rngs):
+    """The decoder of ``spec``, its blocks, routers and per-layer inputs taken from ``parts`` by the names the spec
+    uses (``BUILTIN_PARTS``: the decoder's own; a model family extends them with its own)."""
+
+    def __init__(self, spec: DecoderSpec, *, rngs: nnx.Rngs, parts: DecoderParts = BUILTIN_PARTS):
+        parts.check(spec)
         self.spec = spec
         self.embedder = Embedder(spec.vocab_size, spec.hidden_size, embed_scale=spec.embed_scale,
                                  tie=spec.tie_embeddings, substitutes=spec.embed_substitutes, rngs=rngs)
-        self.layers = nnx.List([BLOCKS[layer.block](layer, spec, rngs=rngs) for layer in spec.layers])
+        self.layers = nnx.List([parts.block(layer.block)(layer, spec, parts, rngs=rngs) for layer in spec.layers])
         self.final_norm = RMSNorm(spec.hidden_size, eps=spec.rms_norm_eps, plus_one=spec.norm_plus_one,
                                   axis_name="embed")
         # one assignment: an NNX attribute first set to None would stay static and refuse the module
-        self.layer_inputs = None if spec.layer_inputs is None else LAYER_INPUTS[spec.layer_inputs[0]](spec, rngs=rngs)
+        self.layer_inputs = None if spec.layer_inputs is None else \
+            parts.layer_input(spec.layer_inputs.kind)(spec, rngs=rngs)
 
     # ---- pieces --------------------------------------------------------------------------------------------
     def rope_tables(self, rope_pos_ABL: jax.Array) -> dict:
@@ -111,50 +113,50 @@ class DecoderModel(nnx.Module):
 
     # ---- forward passes ------------------------------------------------------------------------------------
     def prefill(self, prompt: Prompt, *, cache_len: int, cache_dtype, all_logits: bool = False,
-                rope: dict | None = None) -> tuple[jax.Array, dict]:
+                rope: dict | None = None, attention: str = "auto") -> tuple[jax.Array, dict]:
         """Run the prompts; returns (logits, cache).
 
         logits: [B, V] at each row's last token, or [B, L, V] at every position with ``all_logits``. The cache
-        holds every layer's keys/values of the prompt (``kv_cache``), ``cache_len`` long. ``rope``: tables for
-        ``prompt.rope_pos`` computed beforehand (``rope_tables``).
+        holds every layer's keys/values of the prompt (``kv_cache``), ``cache_len`` long, each layer's filled as
+        the layer runs. ``rope``: tables for ``prompt.rope_pos`` computed beforehand (``rope_tables``).
+        ``attention``: the attention backend (``attention_op.backend_for``).
         """
         spec = self.spec
         x = self.embed(prompt.tokens, prompt.media)
         meta = prompt_meta(prompt.lengths, prompt.bidirectional)
-        ctx = PromptContext(meta, rope if rope is not None else self.rope_tables(prompt.rope_pos))
+        ctx = PromptContext(meta, rope if rope is not None else self.rope_tables(prompt.rope_pos), backend=attention)
         per_layer = self._layer_inputs(prompt.tokens, x)
         deepstack = () if prompt.deepstack is None else prompt.media[prompt.deepstack].extras
         last_rows = jnp.maximum(prompt.lengths - 1, 0)[:, None]  # [B, 1]
         # from this layer on only each row's last position is needed (later layers compute no keys/values)
         narrow_from = len(spec.layers) if all_logits else max(spec.last_kv_layer, len(deepstack))
-        kvs: dict[int, KV] = {}
+        slots = cache_slots(spec, cache_len)
+        prompt_kv: dict[int, tuple] = {}  # owner layer -> its keys and values [B, L, K, H], for sharing layers
+        caches: list[LayerCache] = []
         for i, layer in enumerate(self.layers):
             layer_ctx = ctx if i < narrow_from else ctx._replace(query_rows=last_rows, narrowed=i > narrow_from)
-            src = spec.kv_layer(i)
-            shared = kvs.get(src) if src != i else None
-            select = (lambda x_: _take_rows(x_, last_rows)) if i == narrow_from else (lambda x_: x_)
             layer_in = None if per_layer is None else per_layer[:, :, i]
-            if layer_in is not None and i > narrow_from:
-                layer_in = _take_rows(layer_in, last_rows)
-            call = LayerCall(lambda attn, h, c=layer_ctx, s=shared: attn.prefill(h, c, s), select, layer_in)
-            x, kv = layer(x, call)
-            if src == i:
-                kvs[i] = kv
+            if layer_in is not None and i >= narrow_from:
+                layer_in = take_rows(layer_in, last_rows)
+            x, kv = layer.prefill(x, layer_ctx, prompt_kv.get(spec.kv_layer(i)), layer_in,
+                                  last_rows if i == narrow_from else None)
+            if kv is not None:
+                prompt_kv[i] = kv
+                caches.append(LayerCache(*fill_from_prompt(*kv, prompt.lengths, slots[i], cache_dtype)))
             if i < len(deepstack):
                 m = prompt.media[prompt.deepstack]
                 x = add_at_placeholders(x, prompt.tokens == prompt.deepstack, deepstack[i], m.valid)
         logits = self.logits(x)
         logits = logits if all_logits else logits[:, 0]
-        keys, values = [], []
-        for i, slots in enumerate(cache_slots(spec, cache_len)):
-            if slots is not None:
-                k, v = fill_from_prompt(kvs[i].k, kvs[i].v, prompt.lengths, slots, cache_dtype)
-                keys.append(k)
-                values.append(v)
-        return logits, {"length": prompt.lengths.astype(jnp.int32), "k": tuple(keys), "v": tuple(values)}
+        return logits, {"length": prompt.lengths.astype(jnp.int32), "k": tuple(c.k for c in caches),
+                        "v": tuple(c.v for c in caches)}
 
     def step(self, tokens_B: jax.Array, rope_pos_AB: jax.Array, cache: dict) -> tuple[jax.Array, dict]:
-        """One token per row at position cache["length"] -> (logits [B, V], the cache with it written)."""
+        """One token per row at position cache["length"] -> (logits [B, V], the cache with it written).
+
+        A layer that owns keys/values takes its cache and returns it holding the token; a layer that shares them
+        reads the owner's cache, token included. Once a cache's last reader has run, its token is written into
+        its ring (``write_pending``)."""
         spec = self.spec
         pos = cache["length"]
         tokens = tokens_B[:, None]
@@ -162,19 +164,14 @@ class DecoderModel(nnx.Module):
         per_layer = self._layer_inputs(tokens, x)
         ctx = StepContext(pos, self.rope_tables(rope_pos_AB[:, :, None]),
                           {s: slot_positions(pos, s) for s in sorted({k.shape[-1] for k in cache["k"]})})
-        index = cache_index(spec)
-        latest: dict[int, KV] = {}  # owner layer -> its new key/value, ordered after its latest reader
+        index, last = cache_index(spec), last_readers(spec)
+        caches = [LayerCache(k, v) for k, v in zip(cache["k"], cache["v"])]
         for i, layer in enumerate(self.layers):
-            src = spec.kv_layer(i)
-            if src == i:
-                kv_in = KV(None, None, cache["k"][index[i]], cache["v"][index[i]])
-            else:
-                kv_in = latest[src]
-            layer_in = None if per_layer is None else per_layer[:, :, i]
-            call = LayerCall(lambda attn, h, c=ctx, kv=kv_in: attn.step(h, c, kv), lambda x_: x_, layer_in)
-            x, latest[src] = layer(x, call)
-        keys, values = list(cache["k"]), list(cache["v"])
-        for i, kv in latest.items():
-            keys[index[i]], values[index[i]] = write_token(kv.cache_k, kv.cache_v, kv.k, kv.v, pos)
-        return self.logits(x)[:, 0], {"length": pos + 1, "k": tuple(keys), "v": tuple(values)}
-
+            j = index[spec.kv_layer(i)]
+            x, mine = layer.step(x, ctx, caches[j], None if per_layer is None else per_layer[:, :, i])
+            if mine is not None:
+                caches[j] = mine
+            if last[j] == i:
+                caches[j] = write_pending(caches[j], pos, x)
+        return self.logits(x)[:, 0], {"length": pos + 1, "k": tuple(c.k for c in caches),
+                                      "v": tuple(c.v for c in caches)}

@@ -1,5 +1,6 @@
-"""Mixture-of-experts feed-forward: a registered router picks top-k experts per token, gated experts compute, an
-optional shared expert adds.
+"""Mixture-of-experts feed-forward: a router picks top-k experts per token, gated experts compute, an optional shared
+expert adds. The built-in routers are here (``FeedForwardSpec.router`` names one: decoder/parts.py); a family adds
+its own.
 
 Exact (no token dropping) and with a cost that follows the *active* experts:
 - few assignments (decode): the selected experts' weights are gathered per (token, k) pair;
@@ -20,6 +21,7 @@ from omnijax.decoder.spec import FeedForwardSpec
 
 GATHER_LIMIT = 64  # assignments (tokens x k) up to which weights are gathered per assignment
 
+
 def route(x_TD, router_ED, k: int, normalize: bool):
     """Softmax routing as a pure function in float32, top-k, optional renormalisation."""
     probs = jax.nn.softmax(matmul_oi(x_TD, router_ED).astype(jnp.float32), axis=-1)
@@ -29,20 +31,6 @@ def route(x_TD, router_ED, k: int, normalize: bool):
     return top_w.astype(x_TD.dtype), top_i
 
 
-ROUTERS: dict[str, type] = {}
-
-
-def register_router(name: str):
-    """Class decorator: make a router module available to ``FeedForwardSpec.router``."""
-
-    def add(cls):
-        ROUTERS[name] = cls
-        return cls
-
-    return add
-
-
-@register_router("softmax")
 class SoftmaxRouter(nnx.Module):
     """Softmax over all experts in float32, top-k, optional renormalisation; the weights scale expert outputs."""
 
@@ -58,7 +46,6 @@ class SoftmaxRouter(nnx.Module):
         return route(x_TD, self.weight[...], self.top_k, self.renormalize)
 
 
-@register_router("sigmoid_input")
 class SigmoidInputRouter(nnx.Module):
     """Top-k of the raw logits; the sigmoid of each chosen logit scales that expert's INPUT (outputs add with
     weight 1)."""
@@ -122,11 +109,11 @@ def run_experts(x_ND: jax.Array, ids_N: jax.Array, wg_EDI, wu_EDI, wd_EID, act) 
 
 class MoEMLP(nnx.Module):
     """x [batch, seq, embed] -> [batch, seq, embed] through top-k of ``num_experts`` gated experts chosen by the
-    spec's registered router, plus an optional shared gated MLP."""
+    router (``router_cls``, the router type the spec names), plus an optional shared gated MLP."""
 
-    def __init__(self, spec: FeedForwardSpec, hidden: int, *, rngs: nnx.Rngs):
+    def __init__(self, spec: FeedForwardSpec, hidden: int, router_cls: type, *, rngs: nnx.Rngs):
         e, i = spec.num_experts, spec.intermediate
-        self.router = ROUTERS[spec.router](spec, hidden, rngs=rngs)
+        self.router = router_cls(spec, hidden, rngs=rngs)
         self.gate_proj = param(rngs, (e, hidden, i), ("expert", "embed", "mlp"))
         self.up_proj = param(rngs, (e, hidden, i), ("expert", "embed", "mlp"))
         self.down_proj = param(rngs, (e, i, hidden), ("expert", "mlp", "embed"))

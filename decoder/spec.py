@@ -1,15 +1,17 @@
 """The decoder described as data: one frozen ``LayerSpec`` per layer, filled in by a family from its HF config.
 
 A layer is an attention block (what it attends to, how positions enter, its own head counts and norms, whose
-keys/values it uses) and a feed-forward block (dense or mixture of experts), wired by a registered block type
-(decoder/blocks.py). Nothing here knows a family: a family writes its layers as data, and adds a genuinely new
-block or router by registering it.
+keys/values it uses) and a feed-forward block (dense or mixture of experts), wired by a named block type
+(decoder/blocks.py). Nothing here knows a family: a family writes its layers as data, and a genuinely new block,
+router or per-layer input is a type the family adds to the decoder's parts (decoder/parts.py) under the name its
+specs use; its settings are a frozen dataclass of its own (``LayerSpec.options``, ``LayerInputsSpec.options``).
 """
 
 from __future__ import annotations
 
 import dataclasses
 import math
+from typing import Any
 
 import numpy as np
 
@@ -164,7 +166,7 @@ class AttentionSpec:
 @dataclasses.dataclass(frozen=True)
 class FeedForwardSpec:
     """kind: "dense" (gated MLP of width ``intermediate``) or "moe" (``num_experts`` gated experts of width
-    ``intermediate``, ``top_k`` per token chosen by the registered ``router``, plus a shared gated MLP of width
+    ``intermediate``, ``top_k`` per token chosen by the named ``router``, plus a shared gated MLP of width
     ``shared_intermediate`` when > 0)."""
 
     kind: str = "dense"
@@ -185,20 +187,42 @@ class FeedForwardSpec:
             raise ValueError(f"MoE needs 1 <= top_k <= num_experts, got {self.top_k} of {self.num_experts}")
 
 
+def check_options(options: Any, owner: str) -> None:
+    """Settings of a block or provider type are a frozen dataclass (hashable: specs are static jit arguments) or
+    None."""
+    if options is None:
+        return
+    params = getattr(options, "__dataclass_params__", None)
+    if isinstance(options, type) or params is None or not params.frozen:
+        raise TypeError(f"{owner} options must be a frozen dataclass instance or None, got {options!r}")
+    hash(options)  # a field that is not hashable fails here, not inside jit
+
+
 @dataclasses.dataclass(frozen=True)
 class LayerSpec:
-    """One decoder layer: its attention, its feed-forward and the registered block type wiring them.
+    """One decoder layer: its attention, its feed-forward and the named block type wiring them.
 
-    options: block-specific settings as (name, value) pairs (hashable), read by that block type.
+    options: the block type's own settings (a frozen dataclass that block type defines and reads), or None.
     """
 
     attention: AttentionSpec
     ffn: FeedForwardSpec
     block: str = "pre_norm"
-    options: tuple[tuple[str, object], ...] = ()
+    options: Any = None
 
-    def option(self, name: str, default=None):
-        return dict(self.options).get(name, default)
+    def __post_init__(self):
+        check_options(self.options, f"block {self.block!r}")
+
+
+@dataclasses.dataclass(frozen=True)
+class LayerInputsSpec:
+    """A per-layer input provider: its type's name and its own settings (a frozen dataclass it defines)."""
+
+    kind: str
+    options: Any = None
+
+    def __post_init__(self):
+        check_options(self.options, f"per-layer input {self.kind!r}")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -207,8 +231,8 @@ class DecoderSpec:
 
     norm_plus_one: RMSNorm scales by (1 + w) (Gemma 3) instead of w. embed_scale: token embeddings (not media
     features) are multiplied by it. deepstack_layers: extra media feature maps are added after layers
-    0..deepstack_layers-1. layer_inputs: a registered per-layer input provider (e.g. per-layer token embeddings)
-    and its settings, or None. embed_substitutes: (token id, id whose embedding row it reads) pairs, for token ids
+    0..deepstack_layers-1. layer_inputs: a per-layer input provider (e.g. per-layer token embeddings) and its
+    settings, or None. embed_substitutes: (token id, id whose embedding row it reads) pairs, for token ids
     the reference embeds as another token (e.g. a media placeholder read as the pad token when the model itself
     generates it).
     """
@@ -222,7 +246,7 @@ class DecoderSpec:
     final_logit_softcap: float | None = None
     tie_embeddings: bool = True
     deepstack_layers: int = 0
-    layer_inputs: tuple[str, tuple[tuple[str, object], ...]] | None = None
+    layer_inputs: LayerInputsSpec | None = None
     embed_substitutes: tuple[tuple[int, int], ...] = ()
 
     def __post_init__(self):

@@ -230,9 +230,9 @@ class RowWriter:
         self.close()
 
 
-def read_rows(path: str | os.PathLike) -> tuple[list[dict], int]:
-    """(rows, 0) of a caption output file ([] if missing); CaptionInputError if it is not one."""
-    return read_output(path)[0], 0
+def read_rows(path: str | os.PathLike) -> list[dict]:
+    """The rows of a caption output file ([] if missing); CaptionInputError if it is not one."""
+    return read_output(path)[0]
 
 
 # ---- the run -----------------------------------------------------------------------------------------------------

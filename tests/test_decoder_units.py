@@ -211,7 +211,7 @@ def reference_attention(q, k, v, vis, scale):
 
 @pytest.mark.parametrize("mask", [MaskSpec(), MaskSpec("full", None, True), MaskSpec("sliding", 40, True),
                                   MaskSpec("sliding", 7), MaskSpec("chunked", 96), MaskSpec("chunked", 50, True)])
-def test_blocked_prompt_attention_equals_the_reference(mask, monkeypatch):
+def test_blocked_prompt_attention_equals_the_reference(mask):
     """The looped block backend (query blocks x the key blocks any query can see) and the single-block backend
     both equal plain masked softmax attention, with media blocks crossing block boundaries and padded rows."""
     from omnijax.decoder.attention_op import prompt_attention
@@ -234,8 +234,7 @@ def test_blocked_prompt_attention_equals_the_reference(mask, monkeypatch):
         vis &= (pos[:, :, None] // mask.size) == (pos[:, None, :] // mask.size)
     ref = reference_attention(q, k, v, vis, 0.3)
     for backend in ("blocked", "dense"):
-        monkeypatch.setenv("OMNIJAX_ATTENTION", backend)
-        run = jax.jit(lambda q_, k_, v_, m_: prompt_attention(q_, k_, v_, m_, mask, scale=0.3))
+        run = jax.jit(lambda q_, k_, v_, m_: prompt_attention(q_, k_, v_, m_, mask, scale=0.3, backend=backend))
         got = np.asarray(run(jnp.asarray(q), jnp.asarray(k), jnp.asarray(v), meta))
         for r in range(b):
             np.testing.assert_allclose(got[r, :lengths[r]], ref[r, :lengths[r]], rtol=2e-5, atol=2e-5)
@@ -326,3 +325,69 @@ def test_loaded_scalar_parameters_stay_scalars(tmp_path):
                          {("s",): plain("s"), ("v",): plain("v")}, dtype="float32",
                          mesh=make_mesh(1, jax.devices()[:1]))
     assert params["s"].shape == () and float(params["s"]) == 0.5 and params["v"].shape == (3,)
+
+
+def test_the_attention_backend_is_read_once_from_the_environment():
+    from omnijax.app.generation import attention_backend
+    from omnijax.decoder.attention_op import backend_for
+
+    assert attention_backend({}) == "auto" and attention_backend({"OMNIJAX_ATTENTION": "dense"}) == "dense"
+    with pytest.raises(ValueError, match="OMNIJAX_ATTENTION='flash'"):
+        attention_backend({"OMNIJAX_ATTENTION": "flash"})
+    assert backend_for(10_000, "dense") == "dense" and backend_for(10, "blocked") == "blocked"
+    with pytest.raises(ValueError, match="unknown attention backend"):
+        backend_for(10, "flash")
+
+
+def test_a_spec_naming_an_unknown_part_is_refused_by_name():
+    from flax import nnx
+
+    from omnijax.decoder.gemma4.block import Gemma4Block, Gemma4BlockOptions
+    from omnijax.decoder.model import DecoderModel
+    from omnijax.decoder.parts import BUILTIN_PARTS
+    from omnijax.decoder.spec import AttentionSpec, DecoderSpec, FeedForwardSpec, LayerSpec
+
+    attention = AttentionSpec(4, 2, 8)
+    dense = FeedForwardSpec("dense", 16)
+    gemma4 = DecoderSpec(50, 32, (LayerSpec(attention, dense, block="gemma4", options=Gemma4BlockOptions()),))
+    with pytest.raises(ValueError, match=r"layer 0: unknown block 'gemma4'; known: \['pre_norm', 'sandwich'\]"):
+        DecoderModel(gemma4, rngs=nnx.Rngs(0))
+    parts = BUILTIN_PARTS.extended(blocks={"gemma4": Gemma4Block})
+    assert nnx.eval_shape(lambda: DecoderModel(gemma4, parts=parts, rngs=nnx.Rngs(0))).layers[0].layer_scalar.shape == (1,)
+    routed = DecoderSpec(50, 32, (LayerSpec(attention, FeedForwardSpec("moe", 16, num_experts=4, top_k=1,
+                                                                        router="nope")),))
+    with pytest.raises(ValueError, match="unknown router 'nope'"):
+        DecoderModel(routed, rngs=nnx.Rngs(0))
+    with pytest.raises(ValueError, match="already taken"):
+        BUILTIN_PARTS.extended(blocks={"sandwich": Gemma4Block})
+
+
+def test_block_options_are_typed_and_hashable():
+    from omnijax.decoder.gemma4.block import Gemma4BlockOptions
+    from omnijax.decoder.spec import AttentionSpec, FeedForwardSpec, LayerInputsSpec, LayerSpec
+
+    moe = FeedForwardSpec("moe", 8, num_experts=4, top_k=2, router="gemma4")
+    layer = LayerSpec(AttentionSpec(4, 2, 8), FeedForwardSpec("dense", 16), block="gemma4",
+                      options=Gemma4BlockOptions(moe=moe, layer_input_width=4))
+    assert hash(layer) == hash(LayerSpec(layer.attention, layer.ffn, block="gemma4",
+                                         options=Gemma4BlockOptions(moe=moe, layer_input_width=4)))
+    with pytest.raises(TypeError, match="frozen dataclass"):
+        LayerSpec(layer.attention, layer.ffn, options=(("moe", moe),))
+    with pytest.raises(TypeError, match="frozen dataclass"):
+        LayerInputsSpec("gemma4", {"width": 4})
+
+
+def test_the_family_registry_is_built_from_one_list():
+    from omnijax.app.families import FAMILIES, GGUF_ARCHITECTURES, MODEL_TYPES, family_for_config, gguf_arch_for
+    from omnijax.common.errors import UnsupportedModelError
+
+    assert sorted(MODEL_TYPES) == sorted(t for f in FAMILIES for t in f.model_types)
+    for family in FAMILIES:
+        for model_type in family.model_types:
+            assert family_for_config({"model_type": model_type}) is family
+    assert GGUF_ARCHITECTURES == {f.gguf.architecture: f.gguf for f in FAMILIES if f.gguf is not None}
+    assert gguf_arch_for("gemma3").architecture == "gemma3"
+    with pytest.raises(UnsupportedModelError, match="'llama'"):
+        gguf_arch_for("llama")
+    with pytest.raises(UnsupportedModelError, match="'bert'"):
+        family_for_config({"model_type": "bert"})

@@ -65,7 +65,8 @@ def test_experts_beside_match_transformers():
           ("gate_proj",): TensorSpec("experts.gate_up_proj", fn=expert_gate_up(0)),
           ("up_proj",): TensorSpec("experts.gate_up_proj", fn=expert_gate_up(1)),
           ("down_proj",): TensorSpec("experts.down_proj", transpose=(0, 2, 1))}
-    graphdef, params = load_module(lambda: ExpertsBeside(MOE, HIDDEN, eps=1e-5, rngs=nnx.Rngs(0)), wm, tensors)
+    graphdef, params = load_module(lambda: ExpertsBeside(MOE, HIDDEN, Gemma4Router, eps=1e-5, rngs=nnx.Rngs(0)), wm,
+                                   tensors)
     # many tokens (the tiled path) and few (the gathered path); the router reads another input than the experts
     for n in (70, 5):
         x, route = _tokens(5, n), _tokens(6, n)

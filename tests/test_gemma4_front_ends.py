@@ -26,7 +26,7 @@ def test_captioner_captions_audio_and_images(tmp_path, gemma4_small_pipeline):
     out = tmp_path / "captions.jsonl"
     options = CaptionOptions(max_new_tokens=MAX_NEW, batch_size=1, workers=1, progress=False)
     run_captions(pipe, discover(str(folder)), out, options, log=None)
-    rows = {pathlib.Path(r["path"]).name: r for r in read_rows(out)[0]}
+    rows = {pathlib.Path(r["path"]).name: r for r in read_rows(out)}
     assert set(rows) == {"tone.wav", "a.png"}
     for name, row in rows.items():
         assert row["status"] == "ok", row

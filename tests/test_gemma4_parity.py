@@ -292,7 +292,7 @@ def test_kv_shared_layers_allocate_no_cache(models, prepared):
 
 def test_moe_layers_hold_experts_beside_the_mlp(models):
     layers = models["moe"][0].config.decoder.layers
-    assert all(l.option("moe") is not None and l.ffn.kind == "dense" for l in layers)
+    assert all(l.options.moe is not None and l.ffn.kind == "dense" for l in layers)
     full = [l.attention for l in layers if l.attention.mask.kind == "full"]
     assert all(a.k_eq_v and a.num_kv_heads == 1 and a.head_dim == 32 for a in full)
     assert all(l.attention.mask.media_bidirectional == (l.attention.mask.kind == "sliding") for l in layers)

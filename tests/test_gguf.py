@@ -160,6 +160,7 @@ def test_gemma3_config_from_metadata_follows_llama_cpp():
     big = gguf_config(_meta(**{"gemma3.block_count": 62, "gemma3.embedding_length": 5376,
                                "gemma3.attention.head_count": 32, "gemma3.attention.key_length": 128}))
     assert big["query_pre_attn_scalar"] == 168  # the 27B model: hidden / heads, as llama.cpp scales it
+    assert gguf_config(_meta(**{"gemma3.attention.scale": 0.125}))["query_pre_attn_scalar"] == 64.0  # stated
     with pytest.raises(CheckpointError, match="gemma3.block_count"):
         gguf_config(_meta(**{"gemma3.block_count": None}))
     with pytest.raises(CheckpointError, match="'yarn'"):

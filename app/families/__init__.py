@@ -1,30 +1,45 @@
-"""The registry of model families, keyed by config.json's model_type (and, for GGUF files, by the file's
-general.architecture). A family module is imported on first use."""
+"""The registry of model families, built from one list: ``FAMILIES``. Each ``FamilySpec`` states the config.json
+model types it reads and the GGUF architecture it reads, if any; lookups go by those."""
 
 from __future__ import annotations
 
-import importlib
-
-from omnijax.common.errors import UnsupportedModelError
+from omnijax.app.families.gemma3.spec import SPEC as GEMMA3, TEXT_SPEC as GEMMA3_TEXT
+from omnijax.app.families.gemma4.spec import SPEC as GEMMA4
+from omnijax.app.families.llama4.spec import SPEC as LLAMA4
+from omnijax.app.families.qwen3_omni.spec import SPEC as QWEN3_OMNI
 from omnijax.app.families.spec import FamilySpec
+from omnijax.app.gguf.arch import GGUFArch
+from omnijax.common.errors import UnsupportedModelError
 
-# config.json "model_type" -> the module in app/families holding that family's spec (its SPEC, or the one of its
-# SPECS that reads this model type)
-MODEL_TYPES = {
-    "gemma3": "gemma3",
-    "gemma3_text": "gemma3",
-    "gemma4": "gemma4",
-    "gemma4_text": "gemma4",
-    "qwen3_omni_moe": "qwen3_omni",
-    "qwen3_omni_moe_thinker": "qwen3_omni",
-    "llama4": "llama4",
-    "llama4_text": "llama4",
-}
+FAMILIES: tuple[FamilySpec, ...] = (GEMMA3, GEMMA3_TEXT, GEMMA4, LLAMA4, QWEN3_OMNI)
 
-# GGUF "general.architecture" -> the module in app/families whose GGUF (an app.gguf.arch.GGUFArch) reads it
-GGUF_ARCHITECTURES = {
-    "gemma3": "gemma3",
-}
+
+def by_model_type(families: tuple[FamilySpec, ...]) -> dict[str, FamilySpec]:
+    """config.json "model_type" -> the family spec that reads it; a type claimed twice is refused."""
+    out: dict[str, FamilySpec] = {}
+    for family in families:
+        for model_type in family.model_types:
+            if model_type in out:
+                raise ValueError(f"model_type {model_type!r} is claimed by two family specs "
+                                 f"({out[model_type].name} and {family.name})")
+            out[model_type] = family
+    return out
+
+
+def by_gguf_architecture(families: tuple[FamilySpec, ...]) -> dict[str, GGUFArch]:
+    """GGUF "general.architecture" -> how a family reads such files; an architecture claimed twice is refused."""
+    out: dict[str, GGUFArch] = {}
+    for family in families:
+        if family.gguf is None:
+            continue
+        if family.gguf.architecture in out:
+            raise ValueError(f"GGUF architecture {family.gguf.architecture!r} is claimed by two family specs")
+        out[family.gguf.architecture] = family.gguf
+    return out
+
+
+MODEL_TYPES = by_model_type(FAMILIES)
+GGUF_ARCHITECTURES = by_gguf_architecture(FAMILIES)
 
 
 def family_for_config(hf_config: dict) -> FamilySpec:
@@ -32,19 +47,13 @@ def family_for_config(hf_config: dict) -> FamilySpec:
     if model_type not in MODEL_TYPES:
         raise UnsupportedModelError(f"model_type {model_type!r} (architectures {hf_config.get('architectures')}) "
                                     f"is not supported; supported: {sorted(MODEL_TYPES)}")
-    module = importlib.import_module(f"omnijax.app.families.{MODEL_TYPES[model_type]}.spec")
-    specs = getattr(module, "SPECS", (module.SPEC,))
-    matching = [spec for spec in specs if model_type in spec.model_types]
-    assert len(matching) == 1, (model_type, [spec.name for spec in specs])
-    return matching[0]
+    return MODEL_TYPES[model_type]
 
 
-def gguf_arch_for(architecture: str, path=None):
+def gguf_arch_for(architecture: str, path=None) -> GGUFArch:
     """The ``GGUFArch`` for a GGUF file's ``general.architecture``; UnsupportedModelError names it otherwise."""
     if architecture not in GGUF_ARCHITECTURES:
         where = f"GGUF file {str(path)!r}" if path is not None else "the GGUF file"
         raise UnsupportedModelError(f"{where} holds architecture {architecture!r}, which omnijax does not read "
                                     f"from GGUF; supported GGUF architectures: {sorted(GGUF_ARCHITECTURES)}")
-    arch = importlib.import_module(f"omnijax.app.families.{GGUF_ARCHITECTURES[architecture]}.spec").GGUF
-    assert arch.architecture == architecture, (architecture, arch.architecture)
-    return arch
+    return GGUF_ARCHITECTURES[architecture]

@@ -1,19 +1,21 @@
 """A model family described as data: how to read its config, build its encoders, map its weights, prepare prompts.
 
 Adding a family means writing one module in app/families that returns a ``FamilySpec`` (its decoder as per-layer
-``LayerSpec`` data, its encoders, weight map and processor) and registering it in app/families/__init__.py. A
-genuinely new decoder block, router or per-layer input registers itself in decoder/ (``register_block``,
-``register_router``, ``register_layer_inputs``) and the family's layer specs name it; the model forward,
-generation loop, loader and front ends stay untouched.
+``LayerSpec`` data, its encoders, weight map and processor, the model types and GGUF architecture it reads) and
+adding it to ``FAMILIES`` in app/families/__init__.py. A genuinely new decoder block, router or per-layer input is a
+type in decoder/ that the ``FamilySpec`` adds under the name its layer specs use (``blocks``, ``routers``,
+``layer_inputs``); the model forward, generation loop, loader and front ends stay untouched.
 """
 
 from __future__ import annotations
 
 import dataclasses
-from typing import Any, Callable, Protocol
+from typing import Any, Callable, Mapping, Protocol
 
 import numpy as np
 
+from omnijax.app.gguf.arch import GGUFArch
+from omnijax.decoder.parts import BUILTIN_PARTS, DecoderParts
 from omnijax.decoder.spec import DecoderSpec
 
 
@@ -26,7 +28,6 @@ class ModelConfig:
     deepstack_modality: the modality whose encoder's extra feature maps are added after the first decoder layers.
     """
 
-    family: str
     decoder: DecoderSpec
     encoders: tuple[tuple[str, Any], ...]
     media_token_ids: tuple[tuple[str, int], ...]
@@ -92,6 +93,10 @@ class FamilySpec:
     unused_keys: (ModelConfig, config dict) -> regexes of checkpoint keys present on disk that the model ignores.
     key_aliases: (regex, replacement) rewrites from other published key spellings to the canonical one.
     make_processor: (checkpoint folder, ModelConfig) -> Processor.
+    gguf: how the GGUF files this family reads become its checkpoints (their ``general.architecture`` and config),
+        or None.
+    blocks, routers, layer_inputs: decoder types this family adds to the decoder's own (decoder/parts.py), by the
+        names its specs use.
     """
 
     name: str
@@ -102,3 +107,11 @@ class FamilySpec:
     unused_keys: Callable[[ModelConfig, dict], list[str]]
     key_aliases: tuple[tuple[str, str], ...]
     make_processor: Callable[..., Processor]
+    gguf: GGUFArch | None = None
+    blocks: Mapping[str, type] = dataclasses.field(default_factory=dict)
+    routers: Mapping[str, type] = dataclasses.field(default_factory=dict)
+    layer_inputs: Mapping[str, type] = dataclasses.field(default_factory=dict)
+
+    def decoder_parts(self) -> DecoderParts:
+        """The decoder's own blocks, routers and per-layer inputs plus this family's."""
+        return BUILTIN_PARTS.extended(blocks=self.blocks, routers=self.routers, layer_inputs=self.layer_inputs)

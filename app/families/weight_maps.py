@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+from typing import Callable
+
 from omnijax.common.weights import TensorSpec, linear, plain, prefixed, stacked_linear
 from omnijax.decoder.attention import grouped_qkv
-from omnijax.decoder.spec import DecoderSpec
+from omnijax.decoder.spec import DecoderSpec, LayerSpec
 
 LLAMA_NORMS = {"attn_norm_in": "input_layernorm", "mlp_norm_in": "post_attention_layernorm"}
 GEMMA_NORMS = {"attn_norm_in": "input_layernorm", "attn_norm_out": "post_attention_layernorm",
@@ -40,10 +42,25 @@ def gated_mlp_map(prefix: str, gate: str = "gate_proj", up: str = "up_proj", dow
             ("down_proj", "kernel"): linear(f"{prefix}{down}")}
 
 
-def decoder_weight_map(spec: DecoderSpec, prefix: str, *, norms: dict[str, str], lm_head: str | None) -> dict:
+def feed_forward_map(layer: LayerSpec, p: str) -> dict:
+    """A layer's feed-forward (paths relative to its ``mlp``) <- ``{p}mlp.*``: a gated MLP, or experts
+    ``{p}mlp.experts.{e}.*`` routed by ``{p}mlp.gate``."""
+    if layer.ffn.kind != "moe":
+        return gated_mlp_map(f"{p}mlp.")
+    experts = [f"{p}mlp.experts.{e}" for e in range(layer.ffn.num_experts)]
+    out = {("router", "weight"): linear(f"{p}mlp.gate")}
+    for proj in ("gate_proj", "up_proj", "down_proj"):
+        out[(proj,)] = stacked_linear([f"{x}.{proj}" for x in experts])
+    return out
+
+
+def decoder_weight_map(spec: DecoderSpec, prefix: str, *, norms: dict[str, str], lm_head: str | None,
+                       feed_forward: Callable[[LayerSpec, str], dict] = feed_forward_map) -> dict:
     """Decoder parameter paths (relative to the model's ``decoder``) -> tensors ``{prefix}layers.{i}....``.
 
     norms: our layer norm names -> the checkpoint's. lm_head: key prefix of an untied output projection.
+    feed_forward: (layer spec, layer key prefix ``{prefix}layers.{i}.``) -> the layer's feed-forward tensors, paths
+    relative to its ``mlp`` (default ``feed_forward_map``).
     """
     wm = {("embedder", "embedding"): plain(f"{prefix}embed_tokens.weight"),
           ("final_norm", "weight"): plain(f"{prefix}norm.weight")}
@@ -59,12 +76,6 @@ def decoder_weight_map(spec: DecoderSpec, prefix: str, *, norms: dict[str, str],
             layer[("attn", "q_norm", "weight")] = plain(f"{p}self_attn.q_norm.weight")
             if layer_spec.attention.kv_source is None:
                 layer[("attn", "k_norm", "weight")] = plain(f"{p}self_attn.k_norm.weight")
-        if layer_spec.ffn.kind == "moe":
-            experts = [f"{p}mlp.experts.{e}" for e in range(layer_spec.ffn.num_experts)]
-            layer[("mlp", "router", "weight")] = linear(f"{p}mlp.gate")
-            for proj in ("gate_proj", "up_proj", "down_proj"):
-                layer[("mlp", proj)] = stacked_linear([f"{x}.{proj}" for x in experts])
-        else:
-            layer.update(prefixed(gated_mlp_map(f"{p}mlp."), ("mlp",)))
+        layer.update(prefixed(feed_forward(layer_spec, p), ("mlp",)))
         wm.update(prefixed(layer, ("layers", i)))
     return wm

@@ -1,4 +1,4 @@
-"""Gemma 4's per-layer inputs (per-layer embeddings, "PLE"), registered as the provider "gemma4".
+"""Gemma 4's per-layer inputs (per-layer embeddings, "PLE"), the provider "gemma4" (added by the Gemma 4 family).
 
 For token ids t [B, L] and the merged input embeddings e [B, L, D] (media features already in place), with N layers
 of width P each:
@@ -8,8 +8,8 @@ of width P each:
     ctx   = RMSNorm_P(projection(e) * D**-0.5)                              -> [B, L, N, P]
     out   = (ctx + token) * 2**-0.5
 
-(``Gemma4TextModel.get_per_layer_inputs`` + ``project_per_layer_inputs``). Settings (``DecoderSpec.layer_inputs``
-options): "width" P, "vocab_size" (rows of the table), "pad_id", "placeholder_ids" (tuple of ids to replace).
+(``Gemma4TextModel.get_per_layer_inputs`` + ``project_per_layer_inputs``). Settings: ``Gemma4LayerInputsOptions``
+(``DecoderSpec.layer_inputs.options``).
 
 Parameter tree (paths relative to the provider)::
 
@@ -18,6 +18,8 @@ Parameter tree (paths relative to the provider)::
 
 from __future__ import annotations
 
+import dataclasses
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -25,8 +27,24 @@ from flax import nnx
 
 from omnijax.common.linear import Linear, param
 from omnijax.common.norms import RMSNorm
-from omnijax.decoder.layer_inputs import register_layer_inputs
 from omnijax.decoder.spec import DecoderSpec
+
+
+@dataclasses.dataclass(frozen=True)
+class Gemma4LayerInputsOptions:
+    """width: P per layer; vocab_size: rows of the table; pad_id: the row placeholders read; placeholder_ids: media
+    placeholder ids replaced by pad_id."""
+
+    width: int
+    vocab_size: int
+    pad_id: int
+    placeholder_ids: tuple[int, ...] = ()
+
+    def __post_init__(self):
+        if self.width < 1 or self.vocab_size < 1:
+            raise ValueError(f"per-layer inputs need width and vocab_size >= 1, got {self}")
+        if not 0 <= self.pad_id < self.vocab_size:
+            raise ValueError(f"pad id {self.pad_id} is outside the per-layer table of {self.vocab_size} rows")
 
 
 def table_ids(tokens_BL: jax.Array, placeholder_ids: tuple[int, ...], pad_id: int, vocab_size: int) -> jax.Array:
@@ -37,16 +55,15 @@ def table_ids(tokens_BL: jax.Array, placeholder_ids: tuple[int, ...], pad_id: in
     return jnp.where(keep, tokens_BL, pad_id)
 
 
-@register_layer_inputs("gemma4")
 class Gemma4LayerInputs(nnx.Module):
     def __init__(self, dspec: DecoderSpec, *, rngs: nnx.Rngs):
-        options = dict(dspec.layer_inputs[1])
-        self.width = int(options["width"])
-        self.vocab_size = int(options["vocab_size"])
-        self.pad_id = int(options["pad_id"])
-        self.placeholder_ids = tuple(int(t) for t in options.get("placeholder_ids", ()))
-        if not 0 <= self.pad_id < self.vocab_size:
-            raise ValueError(f"pad id {self.pad_id} is outside the per-layer table of {self.vocab_size} rows")
+        options = dspec.layer_inputs.options
+        if not isinstance(options, Gemma4LayerInputsOptions):
+            raise TypeError(f"gemma4 per-layer inputs take Gemma4LayerInputsOptions, got {options!r}")
+        self.width = options.width
+        self.vocab_size = options.vocab_size
+        self.pad_id = options.pad_id
+        self.placeholder_ids = options.placeholder_ids
         self.num_layers = dspec.num_layers
         self.hidden = dspec.hidden_size
         total = self.num_layers * self.width

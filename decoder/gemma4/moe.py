@@ -1,5 +1,5 @@
-"""Gemma 4's mixture of experts, which runs beside the dense MLP of a layer: its router (registered as "gemma4") and
-the experts whose router reads another input than they do.
+"""Gemma 4's mixture of experts, which runs beside the dense MLP of a layer: its router (the router "gemma4", added
+by the Gemma 4 family) and the experts whose router reads another input than they do.
 
 Router (``Gemma4TextRouter``): r = RMSNorm_without_weight(x) * scale * hidden**-0.5; p = softmax(r @ W.T) in
 float32; the top-k of p, renormalised to sum to 1, times ``per_expert_scale`` of each chosen expert. The router reads
@@ -23,11 +23,10 @@ from flax import nnx
 from omnijax.common.activations import activation
 from omnijax.common.linear import matmul_oi, param
 from omnijax.common.norms import rms_norm
-from omnijax.decoder.moe import ROUTERS, register_router, run_experts
+from omnijax.decoder.moe import run_experts
 from omnijax.decoder.spec import FeedForwardSpec
 
 
-@register_router("gemma4")
 class Gemma4Router(nnx.Module):
     """x [T, D] -> (weights [T, k] in x's dtype, expert ids [T, k]); the weights scale expert outputs."""
 
@@ -53,15 +52,16 @@ class Gemma4Router(nnx.Module):
 
 class ExpertsBeside(nnx.Module):
     """experts(x [B, L, D], route [B, L, D]) -> [B, L, D]: each token through the top-k of ``num_experts`` gated
-    experts that the registered router picks from ``route``, outputs weighted and summed (exact, no token dropping;
-    ``decoder.moe.run_experts`` keeps the cost following the active experts)."""
+    experts that the router (``router_cls``, the router type the spec names) picks from ``route``, outputs weighted
+    and summed (exact, no token dropping; ``decoder.moe.run_experts`` keeps the cost following the active
+    experts)."""
 
-    def __init__(self, spec: FeedForwardSpec, hidden: int, *, eps: float, rngs: nnx.Rngs):
+    def __init__(self, spec: FeedForwardSpec, hidden: int, router_cls: type, *, eps: float, rngs: nnx.Rngs):
         if spec.kind != "moe" or spec.shared_intermediate:
             raise ValueError(f"experts beside a dense MLP need a mixture-of-experts spec without a shared expert, "
                              f"got {spec}")
         e, i = spec.num_experts, spec.intermediate
-        self.router = ROUTERS[spec.router](spec, hidden, eps=eps, rngs=rngs)
+        self.router = router_cls(spec, hidden, eps=eps, rngs=rngs)
         if self.router.scales_input:
             raise ValueError(f"router {spec.router!r} scales the expert inputs; experts beside take output weights")
         self.gate_proj = param(rngs, (e, hidden, i), ("expert", "embed", "mlp"))

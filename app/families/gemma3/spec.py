@@ -10,6 +10,7 @@ from flax import nnx
 
 from omnijax.common.errors import CheckpointError, PromptError
 from omnijax.app.families.spec import FamilySpec, ModelConfig, PreparedPrompt
+from omnijax.app.families.sliding_pattern import GEMMA_SLIDING_PATTERN, sliding_layers
 from omnijax.app.families.weight_maps import GEMMA_NORMS, decoder_weight_map
 from omnijax.app.families.text_only import TextProcessor, no_encoders
 from omnijax.app.gguf.arch import GGUFArch, GGUFMetadata, common_hf_config, subtract_one
@@ -44,8 +45,8 @@ def _layer_types(tc: dict) -> tuple[str, ...]:
     n = tc["num_hidden_layers"]
     if tc.get("layer_types"):
         return tuple(_LAYER_TYPE[t] for t in tc["layer_types"])
-    pattern = tc.get("sliding_window_pattern", tc.get("_sliding_window_pattern", 6))
-    return tuple("full" if (i + 1) % pattern == 0 else "sliding" for i in range(n))
+    pattern = tc.get("sliding_window_pattern", tc.get("_sliding_window_pattern", GEMMA_SLIDING_PATTERN))
+    return tuple("sliding" if s else "full" for s in sliding_layers(n, pattern))
 
 
 def _rope_spec(params: dict | None, default_theta: float) -> RopeSpec:
@@ -93,7 +94,7 @@ def parse_config(hf: dict) -> ModelConfig:
         image_token = hf.get("image_token_index", hf.get("image_token_id"))
         eos = tc.get("eos_token_id", hf.get("eos_token_id", 1))
         return ModelConfig(
-            family="gemma3", decoder=decoder_config(tc),
+            decoder=decoder_config(tc),
             encoders=(("image", (vision, hf.get("mm_tokens_per_image", 256))),),
             media_token_ids=(("image", int(image_token)),),
             eos_ids=tuple(eos) if isinstance(eos, list) else (int(eos),),
@@ -204,7 +205,7 @@ def parse_text_config(hf: dict) -> ModelConfig:
     try:
         eos = hf.get("eos_token_id", 1)
         return ModelConfig(
-            family="gemma3", decoder=decoder_config(hf), encoders=(), media_token_ids=(),
+            decoder=decoder_config(hf), encoders=(), media_token_ids=(),
             eos_ids=tuple(eos) if isinstance(eos, list) else (int(eos),),
             pad_id=int(hf.get("pad_token_id", 0) or 0),
             max_context=int(hf.get("max_position_embeddings", 131072)),
@@ -222,39 +223,45 @@ def text_unused_keys(cfg: ModelConfig, hf: dict) -> list[str]:
     return [r"lm_head\.weight"] if cfg.decoder.tie_embeddings else []  # a tied copy some exports write
 
 
-TEXT_SPEC = FamilySpec(
-    name="gemma3", model_types=("gemma3_text",), parse_config=parse_text_config, build_encoders=no_encoders,
-    weight_map=text_weight_map, unused_keys=text_unused_keys, key_aliases=TEXT_KEY_ALIASES,
-    make_processor=TextProcessor,
-)
-
-SPECS = (SPEC, TEXT_SPEC)
-
 
 # ---- llama.cpp GGUF files (general.architecture "gemma3": the text decoder only) ---------------------------------
 
-GGUF_SLIDING_PATTERN = 6  # llama.cpp's gemma3 default when the file states no sliding_window_pattern
-GGUF_27B_LAYERS = 62
+# llama.cpp recognises Gemma 3 27B by its depth (LLM_TYPE_27B) and scales its queries by 1/sqrt(hidden / heads).
+LLAMA_CPP_27B_LAYERS = 62
+
+
+def gguf_query_scalar(meta: GGUFMetadata, layers: int, hidden: int, heads: int, head_dim: int) -> float:
+    """``query_pre_attn_scalar`` (queries are scaled by its inverse square root) of a gemma3 file.
+
+    The file's own ``attention.scale`` when it states one. llama.cpp's converter writes none for gemma3, and the
+    shapes do not tell: Google's models scale by head_dim except the 27B (hidden / heads = 168, head_dim 128), yet
+    the 1B (288 vs 256) and 4B (320 vs 256) have head_dim below hidden / heads too. So otherwise llama.cpp's own rule
+    decides, giving what llama.cpp computes on every file: hidden / heads for the 62-layer 27B, head_dim else."""
+    scale = meta.arch("attention.scale", None)
+    if scale is not None:
+        if not float(scale) > 0:
+            raise CheckpointError(f"{meta.path}: attention.scale {scale} is not positive")
+        return 1.0 / float(scale) ** 2
+    return hidden // heads if layers == LLAMA_CPP_27B_LAYERS else head_dim
 
 
 def gguf_config(meta: GGUFMetadata) -> dict:
-    """The Gemma3TextConfig of a gemma3 GGUF file, read as llama.cpp reads it: sliding layers unless
-    (i + 1) % 6 == 0 (or the file's sliding_window_pattern), RoPE base rope.freq_base on full layers (with
-    rope.scaling linear when stated) and rope.freq_base_swa (default 10000) on sliding layers, attention scale
-    1/sqrt(head_dim) except 1/sqrt(hidden / heads) for the 62-layer 27B model."""
+    """The Gemma3TextConfig of a gemma3 GGUF file, read as llama.cpp reads it: sliding layers but every 6th (or
+    the file's sliding_window_pattern), RoPE base rope.freq_base on full layers (with rope.scaling linear when
+    stated) and rope.freq_base_swa (default 10000) on sliding layers, the query scale of ``gguf_query_scalar``."""
     config = common_hf_config(meta)
     layers, hidden, heads = config["num_hidden_layers"], config["hidden_size"], config["num_attention_heads"]
     head_dim = config.setdefault("head_dim", hidden // heads)
     config.setdefault("num_key_value_heads", heads)
     config.setdefault("sliding_window", 4096)
     config.setdefault("max_position_embeddings", 131072)
-    pattern = meta.arch("attention.sliding_window_pattern", GGUF_SLIDING_PATTERN)
+    pattern = meta.arch("attention.sliding_window_pattern", GEMMA_SLIDING_PATTERN)
     if isinstance(pattern, (list, np.ndarray)):
         sliding = [bool(x) for x in pattern]
         if len(sliding) != layers:
             raise CheckpointError(f"{meta.path}: sliding_window_pattern has {len(sliding)} entries for {layers} layers")
     else:
-        sliding = [(i + 1) % int(pattern) != 0 for i in range(layers)]
+        sliding = sliding_layers(layers, int(pattern))
     full_rope = {"rope_type": "default", "rope_theta": float(meta.arch("rope.freq_base", 1e6))}
     scaling = meta.arch("rope.scaling.type", None)
     if scaling == "linear":
@@ -267,7 +274,7 @@ def gguf_config(meta: GGUFMetadata) -> dict:
         rope_parameters={"full_attention": full_rope,
                          "sliding_attention": {"rope_type": "default",
                                                "rope_theta": float(meta.arch("rope.freq_base_swa", 1e4))}},
-        query_pre_attn_scalar=hidden // heads if layers == GGUF_27B_LAYERS else head_dim,
+        query_pre_attn_scalar=gguf_query_scalar(meta, layers, hidden, heads, head_dim),
         hidden_activation="gelu_pytorch_tanh",
         attn_logit_softcapping=meta.arch("attn_logit_softcapping", None),
         final_logit_softcapping=meta.arch("final_logit_softcapping", None),
@@ -276,3 +283,10 @@ def gguf_config(meta: GGUFMetadata) -> dict:
 
 
 GGUF = GGUFArch(architecture="gemma3", hf_config=gguf_config, transforms=((r"norm\.weight$", subtract_one),))
+
+
+TEXT_SPEC = FamilySpec(
+    name="gemma3", model_types=("gemma3_text",), parse_config=parse_text_config, build_encoders=no_encoders,
+    weight_map=text_weight_map, unused_keys=text_unused_keys, key_aliases=TEXT_KEY_ALIASES,
+    make_processor=TextProcessor, gguf=GGUF,
+)

@@ -9,7 +9,8 @@ The decoder as data (``decoder_config``), per layer:
   weighted q/k RMSNorm and a weightless v norm, scale 1.0. The last ``num_kv_shared_layers`` layers use the keys /
   values of the last earlier layer of their own type (no projection, no cache). Image blocks attend both ways only
   on sliding layers and only with ``use_bidirectional_attention`` "vision".
-- block "gemma4" (decoder/gemma4/block.py): sandwich norms, the dense gated MLP (twice as wide on KV-sharing layers
+- block "gemma4" (decoder/gemma4/block.py; ``SPEC`` adds it to the decoder's parts, as the router and the per-layer
+  inputs below): sandwich norms, the dense gated MLP (twice as wide on KV-sharing layers
   with ``use_double_wide_mlp``), with ``enable_moe_block`` experts beside it (router "gemma4",
   decoder/gemma4/moe.py), the per-layer-input residual, ``layer_scalar``.
 - per-layer inputs "gemma4" (decoder/gemma4/layer_inputs.py) when ``hidden_size_per_layer_input`` > 0.
@@ -27,14 +28,18 @@ import types
 import numpy as np
 from flax import nnx
 
+from omnijax.app.families.sliding_pattern import sliding_layers
 from omnijax.app.families.weight_maps import GEMMA_NORMS, decoder_weight_map
 from omnijax.app.families.gemma4.processor import Gemma4Processor
 from omnijax.app.families.spec import FamilySpec, ModelConfig
 from omnijax.common.config_values import config_getter
 from omnijax.common.errors import CheckpointError
 from omnijax.common.weights import TensorSpec, linear, plain, prefixed
-from omnijax.decoder.gemma4 import block, layer_inputs, moe  # noqa: F401  (register the block, router, inputs)
-from omnijax.decoder.spec import AttentionSpec, DecoderSpec, FeedForwardSpec, LayerSpec, MaskSpec, RopeSpec
+from omnijax.decoder.gemma4.block import Gemma4Block, Gemma4BlockOptions
+from omnijax.decoder.gemma4.layer_inputs import Gemma4LayerInputs, Gemma4LayerInputsOptions
+from omnijax.decoder.gemma4.moe import Gemma4Router
+from omnijax.decoder.spec import (AttentionSpec, DecoderSpec, FeedForwardSpec, LayerInputsSpec, LayerSpec, MaskSpec,
+                                  RopeSpec)
 from omnijax.encoders.gemma4.audio import Gemma4AudioEncoder, gemma4_audio_weight_map
 from omnijax.encoders.gemma4.audio_config import Gemma4AudioEncoderConfig
 from omnijax.encoders.gemma4.vision import Gemma4VisionConfig, Gemma4VisionEncoder, gemma4_vision_weight_map
@@ -70,7 +75,7 @@ def layer_types(tc: dict, n: int) -> tuple[str, ...]:
     full (transformers forces it)."""
     raw = tc.get("layer_types")
     if raw is None:
-        kinds = ["sliding" if (i + 1) % 6 else "full" for i in range(n)]
+        kinds = ["sliding" if s else "full" for s in sliding_layers(n)]
     else:
         if not isinstance(raw, list) or len(raw) != n or any(t not in _LAYER_TYPES for t in raw):
             raise ValueError(f"layer_types must list {n} of {sorted(_LAYER_TYPES)}, got {raw!r}")
@@ -154,6 +159,7 @@ def decoder_config(tc: dict, placeholder_ids: tuple[int, ...] = ()) -> DecoderSp
         moe = FeedForwardSpec("moe", int(get("moe_intermediate_size")), act, num_experts=int(get("num_experts")),
                               top_k=int(get("top_k_experts")), router="gemma4")
     width = int(get("hidden_size_per_layer_input") or 0)
+    options = Gemma4BlockOptions(moe=moe, layer_input_width=width)
     layers = []
     for i, kind in enumerate(kinds):
         own = overrides.get(i, {})
@@ -165,13 +171,13 @@ def decoder_config(tc: dict, placeholder_ids: tuple[int, ...] = ()) -> DecoderSp
             bias=bool(get("attention_bias")))
         wide = 2 if get("use_double_wide_mlp") and sources[i] is not None else 1
         ffn = FeedForwardSpec("dense", int(get("intermediate_size")) * wide, act)
-        layers.append(LayerSpec(attention, ffn, block="gemma4", options=(("moe", moe), ("layer_input", width))))
+        layers.append(LayerSpec(attention, ffn, block="gemma4", options=options))
     pad = int(get("pad_token_id") or 0)
     layer_inputs = None
     if width:
-        layer_inputs = ("gemma4", (("width", width), ("vocab_size", int(get("vocab_size_per_layer_input"))),
-                                   ("pad_id", pad),
-                                   ("placeholder_ids", tuple(placeholder_ids))))
+        layer_inputs = LayerInputsSpec("gemma4", Gemma4LayerInputsOptions(
+            width=width, vocab_size=int(get("vocab_size_per_layer_input")), pad_id=pad,
+            placeholder_ids=tuple(int(t) for t in placeholder_ids)))
     cap = get("final_logit_softcapping")
     return DecoderSpec(
         vocab_size=int(get("vocab_size")), hidden_size=hidden, layers=tuple(layers),
@@ -199,7 +205,7 @@ def parse_config(hf: dict) -> ModelConfig:
         placeholders = () if text_only else tuple(int(hf.get(k, v)) for k, v in TOKEN_DEFAULTS.items())
         eos = tc.get("eos_token_id", hf.get("eos_token_id", TEXT_DEFAULTS.eos_token_id))
         return ModelConfig(
-            family="gemma4", decoder=decoder_config(tc, placeholders), encoders=tuple(encoders),
+            decoder=decoder_config(tc, placeholders), encoders=tuple(encoders),
             media_token_ids=tuple(media),
             eos_ids=tuple(int(e) for e in eos) if isinstance(eos, list) else (int(eos),),
             pad_id=int(tc.get("pad_token_id", 0) or 0),
@@ -238,7 +244,7 @@ def expert_gate_up(half: int):
 def gemma4_layer_map(layer: LayerSpec, p: str) -> dict:
     """The Gemma 4 block's parameters beyond the sandwich block's (paths relative to the block) <- ``{p}*``."""
     m = {("layer_scalar",): plain(f"{p}layer_scalar")}
-    if layer.option("moe") is not None:
+    if layer.options.moe is not None:
         m.update({
             ("moe", "router", "weight"): linear(f"{p}router.proj"),
             ("moe", "router", "scale"): plain(f"{p}router.scale"),
@@ -250,7 +256,7 @@ def gemma4_layer_map(layer: LayerSpec, p: str) -> dict:
             ("moe_norm_in", "weight"): plain(f"{p}pre_feedforward_layernorm_2.weight"),
             ("moe_norm_out", "weight"): plain(f"{p}post_feedforward_layernorm_2.weight"),
         })
-    if layer.option("layer_input"):
+    if layer.options.layer_input_width:
         m.update({("layer_input_gate", "kernel"): linear(f"{p}per_layer_input_gate"),
                   ("layer_input_proj", "kernel"): linear(f"{p}per_layer_projection"),
                   ("layer_input_norm", "weight"): plain(f"{p}post_per_layer_input_norm.weight")})
@@ -294,4 +300,5 @@ def unused_keys(cfg: ModelConfig, hf: dict) -> list[str]:
 SPEC = FamilySpec(
     name="gemma4", model_types=("gemma4", "gemma4_text"), parse_config=parse_config, build_encoders=build_encoders,
     weight_map=weight_map, unused_keys=unused_keys, key_aliases=KEY_ALIASES, make_processor=Gemma4Processor,
+    blocks={"gemma4": Gemma4Block}, routers={"gemma4": Gemma4Router}, layer_inputs={"gemma4": Gemma4LayerInputs},
 )

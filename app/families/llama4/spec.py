@@ -25,7 +25,7 @@ import pathlib
 import numpy as np
 from flax import nnx
 
-from omnijax.app.families.weight_maps import LLAMA_NORMS, gated_mlp_map, qkv_map
+from omnijax.app.families.weight_maps import LLAMA_NORMS, decoder_weight_map, gated_mlp_map
 from omnijax.app.families.spec import FamilySpec, ModelConfig, PreparedPrompt
 from omnijax.common.errors import CheckpointError, PromptError
 from omnijax.common.weights import TensorSpec, linear, plain, prefixed
@@ -45,10 +45,6 @@ TEXT_ONLY_PREFIX = "model."
 TEXT_ONLY_LM_HEAD = "lm_head"
 VISION_PREFIX = "vision_model."
 PROJECTOR_PREFIX = "multi_modal_projector."
-
-# Bounds on a config: far beyond any published checkpoint, so only a broken config is refused.
-_MAX_LAYERS = 1024
-_MAX_EXPERTS = 4096
 
 LAYER_TYPES = {"chunked_attention": "chunked", "full_attention": "full"}
 ROPE_TYPES = ("default", "linear", "llama3")
@@ -116,9 +112,7 @@ def moe_layer_set(tc: dict, n: int) -> set[int]:
     """Indices of the mixture-of-experts layers: ``moe_layers``, else every ``interleave_moe_layer_step``-th."""
     given = tc.get("moe_layers")
     if given is None:
-        step = int(tc.get("interleave_moe_layer_step", 1))
-        if step < 1:
-            raise ValueError(f"interleave_moe_layer_step must be >= 1, got {step}")
+        step = int(tc.get("interleave_moe_layer_step", 1))  # (bounded by app/config_limits.py)
         return set(range(step - 1, n, step))
     if any(not isinstance(i, int) or not 0 <= i < n for i in given):
         raise ValueError(f"moe_layers must be layer indices in [0, {n}), got {given}")
@@ -128,8 +122,8 @@ def moe_layer_set(tc: dict, n: int) -> set[int]:
 def decoder_config(tc: dict) -> DecoderSpec:
     """Llama 4's text decoder as per-layer data (see the module docstring)."""
     n = int(tc["num_hidden_layers"])
-    if not 1 <= n <= _MAX_LAYERS:
-        raise ValueError(f"num_hidden_layers {n} is not in [1, {_MAX_LAYERS}]")
+    if n < 1:  # (the sanity bounds of every setting are app/config_limits.py's; this one the spec itself needs)
+        raise ValueError(f"num_hidden_layers must be >= 1, got {n}")
     hidden = int(tc["hidden_size"])
     heads = int(tc["num_attention_heads"])
     head_dim = int(tc.get("head_dim") or hidden // heads)
@@ -148,8 +142,6 @@ def decoder_config(tc: dict) -> DecoderSpec:
         raise ValueError(f"floor_scale must be > 0, got {temperature[0]}")
     moe_at = moe_layer_set(tc, n)
     experts = int(tc.get("num_local_experts", 16))
-    if moe_at and not 1 <= experts <= _MAX_EXPERTS:
-        raise ValueError(f"num_local_experts {experts} is not in [1, {_MAX_EXPERTS}]")
     moe = FeedForwardSpec("moe", int(tc["intermediate_size"]), act, num_experts=experts,
                           top_k=int(tc.get("num_experts_per_tok", 1)), router="sigmoid_input",
                           shared_intermediate=int(tc["intermediate_size"])) if moe_at else None
@@ -189,7 +181,7 @@ def parse_config(hf: dict) -> ModelConfig:
                                  f"{decoder.vocab_size}")
             encoders, media = (("image", vision),), (("image", int(image_token)),)
         return ModelConfig(
-            family="llama4", decoder=decoder, encoders=encoders, media_token_ids=media,
+            decoder=decoder, encoders=encoders, media_token_ids=media,
             eos_ids=_ids(tc.get("eos_token_id", hf.get("eos_token_id"))),
             pad_id=int(tc.get("pad_token_id") if tc.get("pad_token_id") is not None else 0),
             max_context=int(tc.get("max_position_embeddings", 131072)),
@@ -237,30 +229,26 @@ def moe_weight_map(prefix: str) -> dict:
     return out
 
 
-def decoder_weight_map(spec: DecoderSpec, prefix: str, lm_head: str) -> dict:
+def feed_forward_map(layer: LayerSpec, p: str) -> dict:
+    """A layer's feed-forward (paths relative to its ``mlp``) <- ``{p}feed_forward.*``."""
+    if layer.ffn.kind == "moe":
+        return moe_weight_map(f"{p}feed_forward.")
+    return gated_mlp_map(f"{p}feed_forward.")
+
+
+def llama4_decoder_weight_map(spec: DecoderSpec, prefix: str, lm_head: str) -> dict:
     """Decoder parameter paths (relative to the model's ``decoder``) -> tensors ``{prefix}...``."""
-    wm = {("embedder", "embedding"): plain(f"{prefix}embed_tokens.weight"),
-          ("final_norm", "weight"): plain(f"{prefix}norm.weight")}
-    if not spec.tie_embeddings:
-        wm[("embedder", "lm_head")] = linear(lm_head)
-    for i, layer_spec in enumerate(spec.layers):
-        p = f"{prefix}layers.{i}."
-        layer = {(ours, "weight"): plain(f"{p}{theirs}.weight") for ours, theirs in LLAMA_NORMS.items()}
-        layer.update(qkv_map(spec, i, f"{p}self_attn."))
-        ffn = moe_weight_map(f"{p}feed_forward.") if layer_spec.ffn.kind == "moe" else \
-            gated_mlp_map(f"{p}feed_forward.")
-        layer.update(prefixed(ffn, ("mlp",)))
-        wm.update(prefixed(layer, ("layers", i)))
-    return wm
+    return decoder_weight_map(spec, prefix, norms=LLAMA_NORMS, lm_head=lm_head, feed_forward=feed_forward_map)
 
 
 def weight_map(cfg: ModelConfig) -> dict:
     if "image" in cfg.modalities:
-        wm = prefixed(decoder_weight_map(cfg.decoder, MULTIMODAL_TEXT_PREFIX, MULTIMODAL_LM_HEAD), ("decoder",))
+        wm = prefixed(llama4_decoder_weight_map(cfg.decoder, MULTIMODAL_TEXT_PREFIX, MULTIMODAL_LM_HEAD),
+                      ("decoder",))
         wm.update(prefixed(llama4_image_encoder_weight_map(cfg.encoder_config("image"), VISION_PREFIX,
                                                            PROJECTOR_PREFIX), ("encoders", "image")))
         return wm
-    return prefixed(decoder_weight_map(cfg.decoder, TEXT_ONLY_PREFIX, TEXT_ONLY_LM_HEAD), ("decoder",))
+    return prefixed(llama4_decoder_weight_map(cfg.decoder, TEXT_ONLY_PREFIX, TEXT_ONLY_LM_HEAD), ("decoder",))
 
 
 def unused_keys(cfg: ModelConfig, hf: dict) -> list[str]:

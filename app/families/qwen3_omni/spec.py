@@ -81,7 +81,6 @@ def parse_config(hf: dict) -> ModelConfig:
         audio = QwenAudioConfig.from_hf(th.get("audio_config") or {})
         eos = tc.get("eos_token_id") or hf.get("eos_token_id") or th.get("eos_token_id") or ()
         return ModelConfig(
-            family="qwen3_omni",
             decoder=decoder_config(tc, len(vision.deepstack_visual_indexes),
                                    tie=bool(th.get("tie_word_embeddings", tc.get("tie_word_embeddings", False)))),
             encoders=(("image", vision), ("audio", audio)),
