@@ -2,7 +2,8 @@
 
 The model's forward lives in decoder/model.py (``prefill`` and ``step``); this module owns what is about running
 it: shape budgets, jit, sampling and the loop. Shapes are fixed by budgets so new prompts rarely compile: prompts
-are right-padded to a bucket length, the KV cache length is a bucket too, and the encoders bucket their inputs.
+are right-padded to a bucket length, the KV cache length is a bucket too, and media inputs are bucketed on the host
+(the processor's ``collate``, one function per modality).
 """
 
 from __future__ import annotations
@@ -80,7 +81,7 @@ class Prefilled:
 class Engine:
     """Compiled prefill/decode for one loaded model. ``params`` is the plain pytree of (sharded) arrays."""
 
-    def __init__(self, cfg: ModelConfig, graphdef: nnx.GraphDef, params: dict, mesh, *, dtype,
+    def __init__(self, cfg: ModelConfig, graphdef: nnx.GraphDef, params: dict, mesh, *, collate: dict, dtype,
                  max_context: int | None = None, buckets: tuple[int, ...] = DEFAULT_BUCKETS):
         self.cfg = cfg
         self.graphdef = graphdef
@@ -90,8 +91,7 @@ class Engine:
         self.max_context = min(max_context or cfg.max_context, cfg.max_context)
         self.buckets = tuple(b for b in buckets if b < self.max_context) + (self.max_context,)
         self.eos_ids = jnp.asarray(cfg.eos_ids or (-1,), jnp.int32)
-        encoders = nnx.merge(graphdef, params).encoders
-        self._collate = {m: encoders[m].collate for m in cfg.modalities}  # host-side batching per modality
+        self._collate = dict(collate)  # host-side batching per modality: media items -> bucketed arrays
         self._encode = jax.jit(self._encode_impl, static_argnames=("modality",))
         self._prefill = jax.jit(self._prefill_impl, static_argnames=("cache_len", "all_logits"))
         self._rope = jax.jit(lambda params, pos_ABL: self._model(params).decoder.rope_tables(pos_ABL))

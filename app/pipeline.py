@@ -98,14 +98,15 @@ class Pipeline:
                                         **ckpt.processor_kwargs)
         mesh = mesh if mesh is not None else make_mesh(model_axis)
         cfg = dataclasses.replace(cfg, decoder=cfg.decoder.with_kv_repeat(mesh.shape["model"]))
-        graphdef, shapes = abstract_params(abstract_model(cfg, spec, getattr(processor, "encoder_options", {})))
+        graphdef, shapes = abstract_params(abstract_model(cfg, spec))
         weight_map = spec.weight_map(cfg)
         start = time.perf_counter()
         tensors = ckpt.open_tensors(spec, weight_map, dtype)
         params = load_params(tensors, shapes, weight_map, dtype=dtype, mesh=mesh,
                              unused_patterns=spec.unused_keys(cfg, ckpt.hf_config))
         log.info("loaded %s (%s, %s) in %.1fs", ckpt.path, spec.name, ckpt.format, time.perf_counter() - start)
-        engine = Engine(cfg, graphdef, params, mesh, dtype=_JAX_DTYPES[dtype], max_context=max_context)
+        engine = Engine(cfg, graphdef, params, mesh, collate=processor.collate, dtype=_JAX_DTYPES[dtype],
+                        max_context=max_context)
         return cls(ckpt.path, spec, cfg, engine, processor, ckpt.hf_config)
 
     def prepare(self, messages) -> PreparedPrompt:

@@ -357,7 +357,7 @@ def initial_params(cfg, seed: int):
     1/sqrt(vision hidden), so that soft tokens have RMS ~1 too), and the vision tower drawn as SigLIP is
     (``siglip_init``). Returns (graphdef, {"model": the model's parameters as a nested dict, "aux": the attribute
     head of ``attribute_loss``, zeros})."""
-    model = MultimodalModel(cfg, gemma3.SPEC, {}, rngs=nnx.Rngs(seed))
+    model = MultimodalModel(cfg, gemma3.SPEC, rngs=nnx.Rngs(seed))
     graphdef, state = nnx.split(model)
     params = nnx.to_pure_dict(state)
     k_embed, k_proj = jax.random.split(jax.random.key(seed + 1))

@@ -52,7 +52,7 @@ class PreparedPrompt:
 
     token_ids: [seq] int32 with media placeholders already expanded.
     media: modality -> encoder inputs, one per media item in order of appearance (e.g. pixel values [3, H, W]
-        per image or crop); the modality's encoder ``collate`` batches them.
+        per image or crop); the processor's ``collate`` of the modality batches them.
     bidirectional: [seq] bool, True for tokens that attend to their whole block both ways (media soft tokens).
     rope_positions: [axes, seq] RoPE positions when they are not 0..seq-1 (e.g. 3-D MRoPE positions).
     rope_delta: added to the sequence position of every generated token to get its RoPE position.
@@ -66,10 +66,11 @@ class PreparedPrompt:
 
 
 class Processor(Protocol):
-    """Turns chat messages into PreparedPrompts and token ids back into text; ``encoder_options`` are the
-    per-modality bounds its encoders must accept (see FamilySpec.build_encoders)."""
+    """Turns chat messages into PreparedPrompts and token ids back into text; ``collate`` holds, per modality, the
+    host-side batching of PreparedPrompt media items: ``collate[modality](items) -> dict[str, np.ndarray]``, the
+    items laid out in bucketed shapes (true sizes as data, so new sizes inside a bucket do not compile again)."""
 
-    encoder_options: dict
+    collate: dict
 
     def prepare(self, messages: list[dict]) -> PreparedPrompt: ...
 
@@ -82,12 +83,9 @@ class FamilySpec:
 
     model_types: values of config.json's "model_type" this family reads.
     parse_config: config.json dict -> ModelConfig.
-    build_encoders: (ModelConfig, options, rngs) -> {modality: encoder module}; ``options`` are the processor's
-        ``encoder_options`` ({modality: keyword arguments}, e.g. the largest image or clip it lets through). An
-        encoder module has a method ``collate(items) -> dict[str, np.ndarray]`` batching PreparedPrompt media
-        items on the host into bucketed shapes (true sizes as data, so new sizes inside a bucket do not compile
-        again) and ``__call__(inputs) -> encoders.output.EncoderOutput`` (features [rows, hidden], valid [rows],
-        extras); the j-th valid row lands at the j-th placeholder.
+    build_encoders: (ModelConfig, rngs) -> {modality: encoder module}. An encoder module's ``__call__(inputs) ->
+        encoders.output.EncoderOutput`` (features [rows, hidden], valid [rows], extras) takes what the processor's
+        ``collate`` of its modality makes; the j-th valid row lands at the j-th placeholder.
     weight_map: ModelConfig -> {param path: TensorSpec} for the whole model (paths start with "decoder"/"encoders").
     unused_keys: (ModelConfig, config dict) -> regexes of checkpoint keys present on disk that the model ignores.
     key_aliases: (regex, replacement) rewrites from other published key spellings to the canonical one.

@@ -14,7 +14,7 @@ from omnijax.preprocess.tokenizer import load_tokenizer
 from omnijax.preprocess.user_text import encode_prompt
 
 
-def no_encoders(cfg: ModelConfig, options: dict, *, rngs) -> dict:
+def no_encoders(cfg: ModelConfig, *, rngs) -> dict:
     return {}
 
 
@@ -27,7 +27,7 @@ class TextProcessor:
     def __init__(self, folder: pathlib.Path, cfg: ModelConfig, *, max_audio_seconds: float | None = None,
                  tokenizer=None):
         self.tokenizer = tokenizer if tokenizer is not None else load_tokenizer(folder)
-        self.encoder_options: dict = {}
+        self.collate: dict = {}
 
     def prepare(self, messages) -> PreparedPrompt:
         messages = normalize_messages(messages)

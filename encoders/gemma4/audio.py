@@ -1,8 +1,8 @@
 """The Gemma 4 audio encoder: conformer tower (``Gemma4AudioModel``) and the embedder into the text width
 (``Gemma4MultimodalEmbedder`` of ``embed_audio``), with their weight maps.
 
-``Gemma4AudioEncoder`` is what the model runs: ``collate(items)`` (host side, :mod:`encoders.gemma4.audio_batch`)
-gives ``{"features": [clips, F, mels], "num_frames": [clips]}`` and the module maps that to ``(features [clips *
+``Gemma4AudioEncoder`` is what the model runs: the host batches clips (preprocess/gemma4/audio_batch.py) into
+``{"features": [clips, F, mels], "num_frames": [clips]}`` and the module maps that to ``(features [clips *
 F/4, text_hidden], valid [clips * F/4] bool, ())``; clip c's tokens are rows c*F/4 .. c*F/4 + tokens_c - 1, so the
 j-th valid row is the j-th ``<|audio|>`` placeholder's. Lengths are data: every clip count and length inside one
 (clip bucket, frame bucket) pair runs the same compiled program, and the valid rows do not depend on the padding.
@@ -29,7 +29,6 @@ from flax import nnx
 from omnijax.common.linear import Linear
 from omnijax.common.weights import ParamPath, TensorSpec, linear, plain, prefixed
 from omnijax.encoders.gemma4.audio_attention import relative_position_embeddings
-from omnijax.encoders.gemma4.audio_batch import collate
 from omnijax.encoders.gemma4.audio_conformer import ConformerLayer, Subsampling, conformer_layer_map, subsampling_map
 from omnijax.encoders.gemma4.audio_config import Gemma4AudioEncoderConfig
 from omnijax.encoders.gemma4.embedder import MultimodalEmbedder, multimodal_embedder_map
@@ -56,10 +55,8 @@ class Gemma4AudioTower(nnx.Module):
 
 
 class Gemma4AudioEncoder(nnx.Module):
-    """Batched clips from :func:`collate` -> (features [clips * F/4, text_hidden], valid [clips * F/4] bool, no
-    extra feature maps)."""
-
-    collate = staticmethod(collate)
+    """Batched clips (preprocess/gemma4/audio_batch.py) -> (features [clips * F/4, text_hidden], valid [clips * F/4]
+    bool, no extra feature maps)."""
 
     def __init__(self, cfg: Gemma4AudioEncoderConfig, *, rngs: nnx.Rngs):
         self.tower = Gemma4AudioTower(cfg, rngs=rngs)

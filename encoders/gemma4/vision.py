@@ -3,20 +3,14 @@
 
 Encoder contract (what the integrator calls):
 
-* :func:`collate` (host side, pure numpy): the images of a batch (``preprocess.gemma4.image.Gemma4ImagePatches``,
-  unpadded) -> ``{"pixel_values": float32 [N, max_patches, 3 p**2], "position_ids": int32 [N, max_patches, 2],
-  "num_soft_tokens": int32 [N]}``. Every image is padded to the budget of the configured ``max_soft_tokens``
-  (``max_patches = max_soft_tokens * k**2``; zero pixels, position (-1, -1)) and the image count to N, the next
-  power of two (padding images have no patches and 0 soft tokens). True sizes are data, so new image sizes and
-  aspect ratios reuse one compiled program; only a new N bucket compiles again.
+* inputs: ``{"pixel_values": float32 [N, max_patches, 3 p**2], "position_ids": int32 [N, max_patches, 2],
+  "num_soft_tokens": int32 [N]}``, the images of a batch padded to one patch budget and N a power of two, batched on
+  the host by preprocess/gemma4/image_batch.py.
 * :class:`Gemma4VisionEncoder` ``(inputs) -> (features [N * max_soft_tokens, text_hidden], valid [N *
   max_soft_tokens] bool, ())``: rows image-major, image i's soft tokens in rows ``i * max_soft_tokens + j`` for
   ``j < num_soft_tokens[i]`` (row-major over its pooled grid); ``valid`` is False (and the row zero) for the rest.
-  The j-th valid row is what the j-th ``<|image|>`` placeholder of the prompt receives.
-* ``Gemma4VisionEncoder.collate(items)``: :func:`collate` with the patch budget of the smallest supported soft-token
-  budget (:data:`preprocess.gemma4.image.SUPPORTED_SOFT_TOKENS`) that holds the batch's largest image
-  (:func:`budget_for`): a batch of small images runs a small program, and the result does not depend on the
-  budget (padding patches are masked out and pool into nothing).
+  The j-th valid row is what the j-th ``<|image|>`` placeholder of the prompt receives. The result does not depend
+  on the patch budget (padding patches are masked out and pool into nothing).
 
 Per image (the reference's steps):
 
@@ -52,28 +46,22 @@ Parameter tree (paths in the NNX state) and logical axes (Linear axes given as (
 from __future__ import annotations
 
 import dataclasses
-from typing import Sequence
-
 import jax
 import jax.numpy as jnp
-import numpy as np
 from flax import nnx
 
 from omnijax.common.activations import activation
 from omnijax.common.config_values import config_getter, uniform_int
-from omnijax.common.errors import CheckpointError, MediaError
+from omnijax.common.errors import CheckpointError
 from omnijax.common.linear import Linear, param
 from omnijax.common.norms import RMSNorm, rms_norm
 from omnijax.common.weights import ParamPath, TensorSpec, linear, plain
 from omnijax.encoders.gemma4.clippable_linear import ClippableLinear, clippable_linear_map
 from omnijax.encoders.gemma4.embedder import MultimodalEmbedder, multimodal_embedder_map
-from omnijax.preprocess.gemma4.image import SUPPORTED_SOFT_TOKENS, Gemma4ImageConfig, Gemma4ImagePatches
 
 # Queries are attended in blocks of this many patches when an image has more, so that the scores of one layer take
 # batch x heads x block x max_patches values instead of batch x heads x max_patches**2.
 ATTENTION_QUERY_BLOCK = 1024
-# The most images one collated batch may hold (before padding to a power of two).
-MAX_IMAGES_PER_BATCH = 256
 
 
 @dataclasses.dataclass(frozen=True)
@@ -159,74 +147,8 @@ class Gemma4VisionConfig:
         return 3 * self.patch_size ** 2
 
 
-def check_image_config(cfg: Gemma4VisionConfig, image_cfg: Gemma4ImageConfig) -> None:
-    """Raise ``CheckpointError`` when the image processor's settings do not fit the vision tower: another patch
-    size or pooling kernel, or a soft-token budget whose longest patch row (``max_soft_tokens * k`` patches) does
-    not fit the learned position tables."""
-    if image_cfg.patch_size != cfg.patch_size:
-        raise CheckpointError(f"the image processor cuts {image_cfg.patch_size}-pixel patches but the vision tower "
-                              f"takes {cfg.patch_size}-pixel patches")
-    if image_cfg.pooling_kernel_size != cfg.pooling_kernel_size:
-        raise CheckpointError(f"the image processor pools {image_cfg.pooling_kernel_size} patches per side but the "
-                              f"vision tower pools {cfg.pooling_kernel_size}")
-    longest = image_cfg.max_soft_tokens * image_cfg.pooling_kernel_size
-    if longest > cfg.position_embedding_size:
-        raise CheckpointError(f"max_soft_tokens {image_cfg.max_soft_tokens} allows images {longest} patches long, "
-                              f"beyond the vision tower's {cfg.position_embedding_size} learned positions")
-
-
 # ---------------------------------------------------------------------------------------------------------------
-# Host side: batching.
-
-
-def padded_image_count(n: int) -> int:
-    """The image-count bucket for n images: the next power of two (at least 1)."""
-    return 1 << max(0, int(n) - 1).bit_length()
-
-
-def collate(items: Sequence[Gemma4ImagePatches], image_cfg: Gemma4ImageConfig) -> dict[str, np.ndarray]:
-    """The encoder's inputs for ``items`` (one per image, in prompt order): see the module docstring.
-
-    Raises ``MediaError`` for no images, too many images, or an item that does not match ``image_cfg``."""
-    items = list(items)
-    if not items:
-        raise MediaError("no images to encode")
-    if len(items) > MAX_IMAGES_PER_BATCH:
-        raise MediaError(f"{len(items)} images in one batch, above the limit of {MAX_IMAGES_PER_BATCH}")
-    n = padded_image_count(len(items))
-    max_patches, patch_dim, k2 = image_cfg.max_patches, image_cfg.patch_dim, image_cfg.pooling_kernel_size ** 2
-    pixel_values = np.zeros((n, max_patches, patch_dim), np.float32)
-    position_ids = np.full((n, max_patches, 2), -1, np.int32)
-    num_soft_tokens = np.zeros((n,), np.int32)
-    for i, item in enumerate(items):
-        rows = item.pixel_values.shape[0]
-        if (item.pixel_values.ndim != 2 or item.pixel_values.shape[1] != patch_dim or rows > max_patches
-                or item.position_ids.shape != (rows, 2) or item.num_soft_tokens * k2 != rows or rows == 0):
-            raise MediaError(
-                f"image {i}: {tuple(item.pixel_values.shape)} patches with {tuple(item.position_ids.shape)} positions "
-                f"and {item.num_soft_tokens} soft tokens do not fit patches of {patch_dim} values, at most "
-                f"{max_patches} of them, {k2} per soft token")
-        pixel_values[i, :rows] = item.pixel_values
-        position_ids[i, :rows] = item.position_ids
-        num_soft_tokens[i] = item.num_soft_tokens
-    return {"pixel_values": pixel_values, "position_ids": position_ids, "num_soft_tokens": num_soft_tokens}
-
-
-def budget_for(items: Sequence[Gemma4ImagePatches], cfg: Gemma4VisionConfig) -> Gemma4ImageConfig:
-    """The image settings whose padded patch budget batches ``items``: the tower's patch and pooling sizes and the
-    smallest supported ``max_soft_tokens`` holding the largest item. Raises ``MediaError`` when an item has more
-    soft tokens than the largest supported budget."""
-    largest = max((int(item.num_soft_tokens) for item in items), default=0)
-    for budget in SUPPORTED_SOFT_TOKENS:
-        if largest <= budget:
-            return Gemma4ImageConfig(patch_size=cfg.patch_size, pooling_kernel_size=cfg.pooling_kernel_size,
-                                     max_soft_tokens=budget)
-    raise MediaError(f"an image of {largest} soft tokens is above the largest supported budget of "
-                     f"{SUPPORTED_SOFT_TOKENS[-1]}")
-
-
-# ---------------------------------------------------------------------------------------------------------------
-# Device side.
+# Modules.
 
 
 def rotate_half(x: jax.Array) -> jax.Array:
@@ -375,13 +297,8 @@ class Gemma4VisionEncoder(nnx.Module):
         self.embedder = MultimodalEmbedder(d, cfg.text_hidden_size, eps=cfg.rms_norm_eps, axis_in="vision_embed",
                                            rngs=rngs)
 
-    def collate(self, items: Sequence[Gemma4ImagePatches]) -> dict[str, np.ndarray]:
-        """The images of a batch (in placeholder order) as this encoder's inputs, at the budget
-        :func:`budget_for` picks (host side; see the module docstring)."""
-        return collate(items, budget_for(items, self.cfg))  # the module-level function
-
     def __call__(self, inputs: dict) -> tuple[jax.Array, jax.Array, tuple]:
-        """inputs: :func:`collate`'s dict (``num_soft_tokens`` is not needed: validity follows from the positions).
+        """inputs: see the module docstring (``num_soft_tokens`` is not needed: validity follows from the positions).
         Returns (features [N * L, text_hidden] in the weights' dtype, valid [N * L] bool, no extra feature maps),
         L = max_patches / k**2."""
         cfg = self.cfg

@@ -17,9 +17,9 @@ Per tile [3, S, S] (S = image_size, the processor's tile size):
 Every LayerNorm uses eps 1e-5 (``nn.LayerNorm``'s default; the reference ignores the config's ``norm_eps``), and
 every GELU is the exact (erf) one (the reference ignores ``hidden_act``).
 
-Encoder contract (:class:`Llama4ImageEncoder`): :meth:`~Llama4ImageEncoder.collate` batches on the host the
-tiles of all images of a prompt (each image's tiles row-major, then its global tile; images in prompt order),
-padding the tile count to a power of two; ``__call__`` returns features [padded_tiles * tokens_per_tile,
+Encoder contract (:class:`Llama4ImageEncoder`): the host batches the tiles of all images of a prompt (each image's
+tiles row-major, then its global tile; images in prompt order), padding the tile count to a power of two
+(preprocess/llama4/image_batch.py); ``__call__`` returns features [padded_tiles * tokens_per_tile,
 text_hidden] and ``valid`` [same rows] bool. The j-th valid row is what the j-th ``<|patch|>`` placeholder of the
 prompt receives (transformers ``masked_scatter``s the flattened projected features into the ``<|patch|>``
 positions in order, and the processor writes each image's tiles in that same order, global tile last).
@@ -42,7 +42,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
-from typing import Any, Sequence
+from typing import Any
 
 import jax
 import jax.numpy as jnp
@@ -50,7 +50,7 @@ import numpy as np
 from flax import nnx
 
 from omnijax.common.config_values import as_float, as_int, uniform_int
-from omnijax.common.errors import CheckpointError, MediaError
+from omnijax.common.errors import CheckpointError
 from omnijax.common.linear import Linear, param
 from omnijax.common.norms import LayerNorm
 from omnijax.common.weights import ParamPath, TensorSpec, linear, plain, prefixed
@@ -59,8 +59,6 @@ from omnijax.encoders.blocks import (FeedForward, MultiHeadProjections, PreLNBlo
 from omnijax.encoders.gemma3.siglip import dense_attention, unfold_patches
 
 LAYER_NORM_EPS = 1e-5
-# Bounds on a batch: the most tiles one encoder call takes (a prompt of 30 images of 17 tiles fits).
-DEFAULT_MAX_TILES = 512
 # Bounds on the config: depth and widths far beyond any published checkpoint are refused as broken configs.
 _MAX_LAYERS = 256
 _MAX_WIDTH = 1 << 16
@@ -235,11 +233,6 @@ def pixel_shuffle(x_TND: jax.Array, ratio: float) -> jax.Array:
     return x.reshape(t, -1, x.shape[-1])
 
 
-def _bucket(n: int) -> int:
-    """The power of two >= n (n >= 1)."""
-    return 1 << max(0, int(n) - 1).bit_length()
-
-
 # ---------------------------------------------------------------------------------------------------------------
 # Modules.
 
@@ -315,32 +308,9 @@ class Llama4ImageEncoder(nnx.Module):
         self.tower = Llama4VisionTower(cfg, rngs=rngs)
         self.projector = Linear(cfg.vision_output_dim, cfg.text_hidden_size, axes=("vision_out", "embed"), rngs=rngs)
 
-    @staticmethod
-    def collate(items: Sequence[Any], max_tiles: int = DEFAULT_MAX_TILES) -> dict[str, np.ndarray]:
-        """Host-side batching of a prompt's images, in prompt order.
-
-        ``items``: per image, its tiles float32 [n_i, 3, S, S] (or a ``Llama4ImageTiles``, whose ``tiles`` are
-        taken). Returns ``{"pixel_values": float32 [bucket, 3, S, S], "num_tiles": int32 []}``: the tiles of all
-        images concatenated, zero tiles after them up to ``bucket``, the power of two >= sum(n_i). Raises
-        ``MediaError`` for no items, tiles of different shapes, or more than ``max_tiles`` tiles.
-        """
-        arrays = [np.asarray(getattr(item, "tiles", item)) for item in items]
-        if not arrays:
-            raise MediaError("no images to encode")
-        shapes = {a.shape[1:] for a in arrays}
-        if any(a.ndim != 4 or a.shape[0] < 1 for a in arrays) or len(shapes) != 1:
-            raise MediaError(f"image tiles must be [n, 3, S, S] arrays of one tile size, got shapes "
-                             f"{[a.shape for a in arrays]}")
-        total = sum(a.shape[0] for a in arrays)
-        if total > max_tiles:
-            raise MediaError(f"{total} image tiles in one prompt is over the limit of {max_tiles}")
-        bucket = _bucket(total)
-        pixels = np.zeros((bucket, *arrays[0].shape[1:]), np.float32)
-        pixels[:total] = np.concatenate(arrays, axis=0)
-        return {"pixel_values": pixels, "num_tiles": np.asarray(total, np.int32)}
-
     def __call__(self, inputs: dict[str, jax.Array]) -> tuple[jax.Array, jax.Array]:
-        """``inputs`` from :meth:`collate` -> (features [bucket * tokens_per_tile, text_hidden], valid [same] bool).
+        """``inputs`` (preprocess/llama4/image_batch.py) -> (features [bucket * tokens_per_tile, text_hidden], valid
+        [same] bool).
 
         Rows come tile after tile, each tile's tokens in the pixel-shuffle order; ``valid`` is False on the rows of
         padding tiles (index >= num_tiles)."""

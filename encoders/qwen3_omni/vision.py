@@ -4,9 +4,9 @@ Input layout (``QwenVisionTower.encode``): frame blocks. Attention is restricted
 (``cu_seqlens`` in the reference: t segments of h*w patches per grid entry), so every frame of the batch gets its
 own block of a [frames, frame_patches] array: its patches first, in the processor's 2x2 spatial-merge-block order
 (each patch flattened in (channel, frame, row, column) order), then padding. Everything that depends on the grids
-is data laid out the same way (:func:`vision_frame_blocks`): learned-position interpolation taps and weights, 2-D
-RoPE positions, a valid mask. Attention runs per block over its valid patches (``block_attention``), so a
-program compiled for one (frames, frame_patches) bucket serves every grid that fits it.
+is data laid out the same way (preprocess/qwen3_omni/image_batch.py): learned-position interpolation taps and
+weights, 2-D RoPE positions, a valid mask. Attention runs per block over its valid patches, so a program compiled
+for one (frames, frame_patches) bucket serves every grid that fits it.
 
 Output: merged tokens [frames * frame_patches / merge**2, out_hidden] and one such array per deepstack layer, row
 r of block f being the r-th merged token of frame f (rows past a frame's tokens are padding).
@@ -35,7 +35,6 @@ import dataclasses
 
 import jax
 import jax.numpy as jnp
-import numpy as np
 from flax import nnx
 
 from omnijax.common.weights import ParamPath, TensorSpec, plain
@@ -45,8 +44,6 @@ from omnijax.common.norms import LayerNorm
 from omnijax.common.config_values import config_getter, uniform_int
 from omnijax.encoders.blocks import (FeedForward, PreLNBlock, biased_linear_map, block_attention, feed_forward_map,
                              layer_norm_map, pre_ln_block_norms_map)
-
-Grid = tuple[tuple[int, int, int], ...]
 
 @dataclasses.dataclass(frozen=True)
 class QwenVisionConfig:
@@ -115,121 +112,6 @@ class QwenVisionConfig:
     @property
     def num_grid_per_side(self) -> int:
         return int(self.num_position_embeddings ** 0.5)
-
-
-# ---------------------------------------------------------------------------------------------------------------
-# Host-side (numpy) helpers: everything that depends only on the grids.
-
-
-def check_grid(grid_thw, merge: int) -> Grid:
-    """``grid_thw`` as a tuple of (t, h, w) Python ints; h and w must be multiples of the merge size."""
-    try:
-        grid = tuple((int(t), int(h), int(w)) for t, h, w in grid_thw)
-    except (TypeError, ValueError):
-        raise ValueError(f"grid_thw must be a sequence of (t, h, w) triples, got {grid_thw!r}") from None
-    if not grid:
-        raise ValueError("grid_thw is empty: at least one image is needed")
-    for t, h, w in grid:
-        if t < 1 or h < 1 or w < 1:
-            raise ValueError(f"grid {(t, h, w)} has a non-positive size")
-        if h % merge or w % merge:
-            raise ValueError(f"grid {(t, h, w)}: h and w must be multiples of spatial_merge_size {merge}")
-    return grid
-
-
-def vision_patch_count(grid_thw: Grid) -> int:
-    return sum(t * h * w for t, h, w in grid_thw)
-
-
-def vision_token_count(grid_thw: Grid, merge: int) -> int:
-    """Merged tokens for all grids: sum(t*h*w) / merge**2."""
-    return vision_patch_count(grid_thw) // (merge * merge)
-
-
-def vision_segments(grid_thw: Grid) -> tuple[int, ...]:
-    """Attention segment lengths: each of the t frames of each grid entry is one segment of h*w patches."""
-    return tuple(h * w for t, h, w in grid_thw for _ in range(t))
-
-
-def _merge_block_rows_cols(h: int, w: int, merge: int) -> tuple[np.ndarray, np.ndarray]:
-    """(row, col) of each of one frame's h*w patches, in spatial-merge-block order."""
-    rows, cols = np.meshgrid(np.arange(h), np.arange(w), indexing="ij")
-    shape = (h // merge, merge, w // merge, merge)
-    return (rows.reshape(shape).transpose(0, 2, 1, 3).reshape(-1),
-            cols.reshape(shape).transpose(0, 2, 1, 3).reshape(-1))
-
-
-def vision_rope_positions(grid_thw: Grid, merge: int) -> np.ndarray:
-    """[total_patches, 2] int32 (row, col) of every patch, frames repeating the same positions."""
-    out = []
-    for t, h, w in grid_thw:
-        rows, cols = _merge_block_rows_cols(h, w, merge)
-        out.append(np.tile(np.stack([rows, cols], axis=-1), (t, 1)))
-    return np.concatenate(out, axis=0).astype(np.int32)
-
-
-def _axis_taps(index: np.ndarray, size: int, side: int) -> tuple[np.ndarray, np.ndarray]:
-    """Bilinear (align_corners=True) taps [n, 2] into a ``side``-long axis and their float32 weights [n, 2], with
-    the reference's float32 operation order (``index * (side-1) / max(size-1, 1)``, border clamping)."""
-    index = index.astype(np.float32)
-    src = index * np.float32(side - 1) / np.float32(max(size - 1, 1))
-    floor = np.floor(src)
-    offsets = np.arange(2)
-    taps = np.clip(floor.astype(np.int64)[:, None] + offsets, 0, side - 1)
-    distance = np.abs(src[:, None] - floor[:, None] - offsets.astype(np.float32))
-    weights = np.maximum(np.float32(1) - distance, np.float32(0)).astype(np.float32)
-    return taps, weights
-
-
-def vision_pos_interpolation(grid_thw: Grid, side: int, merge: int) -> tuple[np.ndarray, np.ndarray]:
-    """Indices [total_patches, 4] int32 into the flattened (side x side) learned position table and float32 weights
-    [total_patches, 4] that resample it bilinearly (align_corners=True) to each grid, in merge-block order."""
-    indices, weights = [], []
-    for t, h, w in grid_thw:
-        rows, cols = _merge_block_rows_cols(h, w, merge)
-        h_taps, h_w = _axis_taps(rows, h, side)
-        w_taps, w_w = _axis_taps(cols, w, side)
-        idx = (h_taps[:, :, None] * side + w_taps[:, None, :]).reshape(-1, 4)
-        wts = (h_w[:, :, None] * w_w[:, None, :]).reshape(-1, 4)
-        indices.append(np.tile(idx, (t, 1)))
-        weights.append(np.tile(wts, (t, 1)))
-    return np.concatenate(indices).astype(np.int32), np.concatenate(weights).astype(np.float32)
-
-
-def vision_frame_blocks(grid_thw: Grid, side: int, merge: int, frames: int, frame_patches: int) -> dict:
-    """Frame-block layout of the images ``grid_thw``: frame f of the batch (the frames of each image in order)
-    fills row f of [frames, frame_patches] patch slots with its h*w patches (merge-block order), then padding.
-
-    ``frames`` >= the number of frames, ``frame_patches`` >= the largest h*w and a multiple of merge**2. Returns
-    numpy arrays:
-      source [frames, frame_patches] int32: index of each slot's patch in the packed [total_patches, ...] input,
-          ``total_patches`` for padding;
-      pos_index [frames, frame_patches, 4] int32, pos_weight [..., 4] float32: bilinear taps into the flattened
-          (side x side) learned position table (:func:`vision_pos_interpolation`), 0 / 0.0 for padding;
-      rope_pos [frames, frame_patches, 2] int32: (row, col) RoPE positions, 0 for padding;
-      patch_valid [frames, frame_patches] bool.
-    """
-    segments = vision_segments(grid_thw)
-    if len(segments) > frames or max(segments) > frame_patches or frame_patches % (merge * merge):
-        raise ValueError(f"{len(segments)} frames of up to {max(segments)} patches do not fit {frames} blocks of "
-                         f"{frame_patches} patches (a multiple of {merge * merge})")
-    total = sum(segments)
-    source = np.full((frames, frame_patches), total, np.int32)
-    pos_index = np.zeros((frames, frame_patches, 4), np.int32)
-    pos_weight = np.zeros((frames, frame_patches, 4), np.float32)
-    rope_pos = np.zeros((frames, frame_patches, 2), np.int32)
-    valid = np.zeros((frames, frame_patches), bool)
-    f, start = 0, 0
-    for t, h, w in grid_thw:
-        one = ((1, h, w),)
-        idx, wts = vision_pos_interpolation(one, side, merge)
-        rope = vision_rope_positions(one, merge)
-        n = h * w
-        for _ in range(t):
-            source[f, :n] = np.arange(start, start + n)
-            pos_index[f, :n], pos_weight[f, :n], rope_pos[f, :n], valid[f, :n] = idx, wts, rope, True
-            f, start = f + 1, start + n
-    return dict(source=source, pos_index=pos_index, pos_weight=pos_weight, rope_pos=rope_pos, patch_valid=valid)
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -321,7 +203,7 @@ class QwenPatchMerger(nnx.Module):
 
 class QwenVisionTower(nnx.Module):
     """Patch embedding + interpolated learned positions, 2-D RoPE blocks with per-frame attention, final merger and
-    deepstack mergers. ``encode`` takes frame blocks, ``__call__`` packed patches and static grids."""
+    deepstack mergers. ``encode`` takes frame blocks."""
 
     def __init__(self, cfg: QwenVisionConfig, *, rngs: nnx.Rngs):
         cfg.validate()
@@ -336,7 +218,7 @@ class QwenVisionTower(nnx.Module):
 
     def encode(self, patches_FLC: jax.Array, pos_index_FL4: jax.Array, pos_weight_FL4: jax.Array,
                rope_pos_FL2: jax.Array, valid_FL: jax.Array) -> tuple[jax.Array, list[jax.Array]]:
-        """Frame blocks (:func:`vision_frame_blocks`) -> (merged tokens [F*L/merge**2, out_hidden], [deepstack
+        """Frame blocks (preprocess/qwen3_omni/image_batch.py) -> (merged tokens [F*L/merge**2, out_hidden], [deepstack
         features of the same shape per deepstack layer]). patches [F, L, C*T*p*p]; L a multiple of merge**2."""
         cfg = self.cfg
         f, l = valid_FL.shape

@@ -3,6 +3,7 @@ Gemma3ForCausalLM (model_type gemma3_text: the 270M and 1B checkpoints), and lla
 
 from __future__ import annotations
 
+import functools
 import pathlib
 
 import numpy as np
@@ -19,6 +20,7 @@ from omnijax.encoders.gemma3.image_encoder import Gemma3ImageEncoder
 from omnijax.encoders.gemma3.projector import gemma3_projector_weight_map
 from omnijax.encoders.gemma3.siglip import SiglipVisionConfig, siglip_unused_keys, siglip_weight_map
 from omnijax.preprocess.gemma3.image import Gemma3ImageConfig, process_images
+from omnijax.preprocess.gemma3.image_batch import collate as collate_images
 from omnijax.preprocess.images import load_image
 from omnijax.preprocess.prompts import media_of, normalize_messages, render_chat
 from omnijax.preprocess.user_text import encode_prompt
@@ -104,7 +106,7 @@ def parse_config(hf: dict) -> ModelConfig:
         raise CheckpointError(f"config.json is not a valid Gemma 3 config: {e!r}") from e
 
 
-def build_encoders(cfg: ModelConfig, options: dict, *, rngs: nnx.Rngs) -> dict:
+def build_encoders(cfg: ModelConfig, *, rngs: nnx.Rngs) -> dict:
     vision, mm_tokens = cfg.encoder_config("image")
     return {"image": Gemma3ImageEncoder(vision, mm_tokens, cfg.decoder.hidden_size, rngs=rngs)}
 
@@ -145,7 +147,9 @@ class Gemma3Processor:
             if token not in vocab:
                 raise CheckpointError(f"the tokenizer has no {token!r} token")
         self.full_image = f"\n\n{self.boi}{self.image_token * self.mm_tokens}{self.eoi}\n\n"
-        self.encoder_options: dict = {}
+        vision, _ = cfg.encoder_config("image")
+        self.collate = {"image": functools.partial(collate_images, pixel_shape=(vision.num_channels, vision.image_size,
+                                                                              vision.image_size))}
 
     def image_text(self, num_crops: int) -> str:
         if not num_crops:

@@ -17,13 +17,15 @@ Per conversation (what ``Gemma4Processor`` of transformers produces, checked by 
 
 from __future__ import annotations
 
+import functools
 import pathlib
 
 import numpy as np
 
 from omnijax.app.families.spec import ModelConfig, PreparedPrompt
 from omnijax.common.errors import CheckpointError, PromptError
-from omnijax.encoders.gemma4.vision import check_image_config
+from omnijax.preprocess.gemma4.audio_batch import collate as collate_clips
+from omnijax.preprocess.gemma4.image_batch import collate_smallest_budget
 from omnijax.preprocess.gemma4.audio_features import Gemma4AudioFeatureConfig, load_clip_features, tokens_from_frames
 from omnijax.preprocess.gemma4.image import Gemma4ImageConfig, process_image
 from omnijax.preprocess.gemma4.prompt import Gemma4MediaTokens, expand_placeholders
@@ -36,7 +38,7 @@ from omnijax.preprocess.user_text import encode_prompt
 class Gemma4Processor:
     def __init__(self, folder: pathlib.Path, cfg: ModelConfig, *, max_audio_seconds: float | None = None):
         self.tokenizer = load_tokenizer(folder)
-        self.encoder_options: dict = {}
+        self.collate: dict = {}
         self.tokens = Gemma4MediaTokens.from_tokenizer(self.tokenizer)
         self.modalities = cfg.modalities
         self.token_ids = {m: cfg.media_token_id(m) for m in self.modalities}
@@ -53,7 +55,7 @@ class Gemma4Processor:
         self.image_cfg = self.audio_cfg = None
         if "image" in self.modalities:
             self.image_cfg = Gemma4ImageConfig.from_folder(folder)
-            check_image_config(cfg.encoder_config("image"), self.image_cfg)
+            self.collate["image"] = functools.partial(collate_smallest_budget, image_cfg=self.image_cfg)
         self.max_audio_seconds = None
         if "audio" in self.modalities:
             self.audio_cfg = Gemma4AudioFeatureConfig.from_folder(folder)
@@ -61,6 +63,7 @@ class Gemma4Processor:
                 raise ValueError(f"max_audio_seconds must be positive, got {max_audio_seconds!r}")
             self.max_audio_seconds = self.audio_cfg.max_seconds if max_audio_seconds is None else \
                 min(float(max_audio_seconds), self.audio_cfg.max_seconds)
+            self.collate["audio"] = collate_clips
         self.bidirectional = any(layer.attention.mask.media_bidirectional for layer in cfg.decoder.layers)
 
     def prepare(self, messages) -> PreparedPrompt:

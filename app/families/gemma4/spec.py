@@ -38,6 +38,7 @@ from omnijax.decoder.spec import AttentionSpec, DecoderSpec, FeedForwardSpec, La
 from omnijax.encoders.gemma4.audio import Gemma4AudioEncoder, gemma4_audio_weight_map
 from omnijax.encoders.gemma4.audio_config import Gemma4AudioEncoderConfig
 from omnijax.encoders.gemma4.vision import Gemma4VisionConfig, Gemma4VisionEncoder, gemma4_vision_weight_map
+from omnijax.preprocess.gemma4.image import Gemma4ImageConfig
 
 TEXT_PREFIX = "model."
 # The multimodal model's text decoder keys -> the text-only model's spelling (one canonical text prefix).
@@ -215,7 +216,7 @@ def parse_config(hf: dict) -> ModelConfig:
 # Encoders and weights
 
 
-def build_encoders(cfg: ModelConfig, options: dict, *, rngs: nnx.Rngs) -> dict:
+def build_encoders(cfg: ModelConfig, *, rngs: nnx.Rngs) -> dict:
     out = {}
     if "image" in cfg.modalities:
         out["image"] = Gemma4VisionEncoder(cfg.encoder_config("image"), rngs=rngs)
@@ -291,7 +292,35 @@ def unused_keys(cfg: ModelConfig, hf: dict) -> list[str]:
     return patterns
 
 
+# ---------------------------------------------------------------------------------------------------------------
+# Prompts
+
+
+def check_image_config(cfg: Gemma4VisionConfig, image_cfg: Gemma4ImageConfig) -> None:
+    """Raise ``CheckpointError`` when the image processor's settings do not fit the vision tower: another patch
+    size or pooling kernel, or a soft-token budget whose longest patch row (``max_soft_tokens * k`` patches) does
+    not fit the learned position tables."""
+    if image_cfg.patch_size != cfg.patch_size:
+        raise CheckpointError(f"the image processor cuts {image_cfg.patch_size}-pixel patches but the vision tower "
+                              f"takes {cfg.patch_size}-pixel patches")
+    if image_cfg.pooling_kernel_size != cfg.pooling_kernel_size:
+        raise CheckpointError(f"the image processor pools {image_cfg.pooling_kernel_size} patches per side but the "
+                              f"vision tower pools {cfg.pooling_kernel_size}")
+    longest = image_cfg.max_soft_tokens * image_cfg.pooling_kernel_size
+    if longest > cfg.position_embedding_size:
+        raise CheckpointError(f"max_soft_tokens {image_cfg.max_soft_tokens} allows images {longest} patches long, "
+                              f"beyond the vision tower's {cfg.position_embedding_size} learned positions")
+
+
+def make_processor(folder, cfg: ModelConfig, *, max_audio_seconds: float | None = None) -> Gemma4Processor:
+    """The checkpoint's processor, its image settings checked against the vision tower."""
+    processor = Gemma4Processor(folder, cfg, max_audio_seconds=max_audio_seconds)
+    if "image" in cfg.modalities:
+        check_image_config(cfg.encoder_config("image"), processor.image_cfg)
+    return processor
+
+
 SPEC = FamilySpec(
     name="gemma4", model_types=("gemma4", "gemma4_text"), parse_config=parse_config, build_encoders=build_encoders,
-    weight_map=weight_map, unused_keys=unused_keys, key_aliases=KEY_ALIASES, make_processor=Gemma4Processor,
+    weight_map=weight_map, unused_keys=unused_keys, key_aliases=KEY_ALIASES, make_processor=make_processor,
 )

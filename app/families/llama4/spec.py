@@ -33,6 +33,7 @@ from omnijax.decoder.spec import AttentionSpec, DecoderSpec, FeedForwardSpec, La
 from omnijax.encoders.llama4.vision import Llama4ImageEncoder, Llama4VisionConfig, llama4_image_encoder_weight_map
 from omnijax.preprocess.images import load_image
 from omnijax.preprocess.llama4.image import Llama4ImageConfig, process_images
+from omnijax.preprocess.llama4.image_batch import collate as collate_tiles
 from omnijax.preprocess.llama4.prompt import (IMAGE_END, IMAGE_START, PATCH, TILE_X_SEPARATOR, TILE_Y_SEPARATOR,
                                       Llama4PromptConfig, expand_image_placeholders)
 from omnijax.preprocess.prompts import media_of, normalize_messages, render_chat
@@ -200,7 +201,7 @@ def parse_config(hf: dict) -> ModelConfig:
         raise CheckpointError(f"config.json is not a valid Llama 4 config: {e!r}") from e
 
 
-def build_encoders(cfg: ModelConfig, options: dict, *, rngs: nnx.Rngs) -> dict:
+def build_encoders(cfg: ModelConfig, *, rngs: nnx.Rngs) -> dict:
     if "image" not in cfg.modalities:
         return {}
     return {"image": Llama4ImageEncoder(cfg.encoder_config("image"), rngs=rngs)}
@@ -280,8 +281,8 @@ class Llama4Processor:
         self.tokenizer = load_tokenizer(folder)  # (Llama 4 takes no audio: max_audio_seconds has no effect)
         if not getattr(self.tokenizer, "chat_template", None):
             raise CheckpointError(f"no chat template found in {str(folder)!r}")
-        self.encoder_options: dict = {}
         self.takes_images = "image" in cfg.modalities
+        self.collate = {"image": collate_tiles} if self.takes_images else {}
         if not self.takes_images:
             return
         vision: Llama4VisionConfig = cfg.encoder_config("image")

@@ -6,6 +6,7 @@ checkpoint (thinker + talker + code2wav) loads its thinker; the speech-output we
 
 from __future__ import annotations
 
+import functools
 import logging
 import math
 import pathlib
@@ -31,6 +32,8 @@ from omnijax.preprocess.user_text import encode_prompt
 from omnijax.preprocess.qwen3_omni.image import QwenImageConfig, process_images
 from omnijax.preprocess.tokenizer import load_tokenizer
 from omnijax.preprocess.qwen3_omni.audio_features import WhisperFeatureConfig, batch_features
+from omnijax.preprocess.qwen3_omni.audio_batch import AudioInput, collate as collate_clips
+from omnijax.preprocess.qwen3_omni.image_batch import VisionInput, collate as collate_images
 
 log = logging.getLogger(__name__)
 
@@ -95,10 +98,20 @@ def parse_config(hf: dict) -> ModelConfig:
         raise CheckpointError(f"config.json is not a valid Qwen3-Omni config: {e!r}") from e
 
 
-def build_encoders(cfg: ModelConfig, options: dict, *, rngs: nnx.Rngs) -> dict:
-    """options: the processor's bounds ({"image": {"max_pixels": ...}, "audio": {"max_frames": ...}})."""
-    return {"image": QwenImageEncoder(cfg.encoder_config("image"), **options.get("image", {}), rngs=rngs),
-            "audio": QwenAudioEncoder(cfg.encoder_config("audio"), **options.get("audio", {}), rngs=rngs)}
+def build_encoders(cfg: ModelConfig, *, rngs: nnx.Rngs) -> dict:
+    return {"image": QwenImageEncoder(cfg.encoder_config("image"), rngs=rngs),
+            "audio": QwenAudioEncoder(cfg.encoder_config("audio"), rngs=rngs)}
+
+
+def vision_input(cfg: QwenVisionConfig) -> VisionInput:
+    """The vision tower's input layout, as the host-side batching needs it."""
+    return VisionInput(patch_size=cfg.patch_size, patch_dim=cfg.patch_dim, merge_size=cfg.spatial_merge_size,
+                       grid_side=cfg.num_grid_per_side)
+
+
+def audio_input(cfg: QwenAudioConfig) -> AudioInput:
+    """The audio tower's input layout, as the host-side batching needs it."""
+    return AudioInput(num_mel_bins=cfg.num_mel_bins, n_window=cfg.n_window, n_window_infer=cfg.n_window_infer)
 
 
 def weight_map(cfg: ModelConfig) -> dict:
@@ -144,8 +157,13 @@ class Qwen3OmniProcessor:
         self.split = re.compile(f"({re.escape(self.image_token)}|{re.escape(self.audio_token)})")
         # the encoders' largest inputs: the biggest resized image and the longest accepted clip
         max_frames = math.ceil(self.max_audio_seconds * self.audio_cfg.sampling_rate / self.audio_cfg.hop_length) + 1
-        self.encoder_options = {"image": {"max_pixels": self.image_cfg.max_pixels},
-                                "audio": {"max_frames": max_frames}}
+        vision = vision_input(cfg.encoder_config("image"))
+        if self.image_cfg.max_pixels < (vision.patch_size * vision.merge_size) ** 2:
+            raise ValueError(f"max_pixels {self.image_cfg.max_pixels} is smaller than one merge block of patches")
+        self.collate = {
+            "image": functools.partial(collate_images, vision=vision, max_pixels=self.image_cfg.max_pixels),
+            "audio": functools.partial(collate_clips, audio=audio_input(cfg.encoder_config("audio")),
+                                       max_frames=max_frames)}
 
     def prepare(self, messages) -> PreparedPrompt:
         messages = normalize_messages(messages)

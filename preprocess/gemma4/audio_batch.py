@@ -1,4 +1,5 @@
-"""Host-side batching of Gemma 4 audio clips for the audio encoder: fixed shape budgets, true lengths as data.
+"""Host-side batching of Gemma 4 audio clips for the audio encoder (encoders/gemma4/audio.py): fixed shape budgets,
+true lengths as data.
 
 Each clip's features (``preprocess.gemma4.audio_features.clip_features``: its valid frames, float32 [frames, mels])
 are zero-padded to a frame bucket shared by the batch, and the clip count is rounded up to a power of two with
