@@ -16,11 +16,12 @@ import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
-from omnijax.app.families.spec import ModelConfig, PreparedPrompt
+from omnijax.app.families.spec import ModelConfig
 from omnijax.app.sampling import SamplingParams, choose
 from omnijax.common.errors import PromptError
 from omnijax.common.sharding import host_array, named_sharding, put, use_mesh
 from omnijax.decoder.model import Media, Prompt
+from omnijax.preprocess.processor import PreparedPrompt
 
 # Prompt and cache lengths: powers of two and the halfway points between them (at most a third is padding).
 DEFAULT_BUCKETS = tuple(sorted({b for k in range(6, 18) for b in (1 << k, 3 << (k - 1))}))

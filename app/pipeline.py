@@ -19,11 +19,11 @@ from omnijax.app.compilation_cache import enable_compilation_cache
 from omnijax.app.config_limits import check_config_limits
 from omnijax.common.errors import PromptError
 from omnijax.app.families import family_for_config
-from omnijax.app.families.spec import PreparedPrompt
 from omnijax.app.generation import Engine
 from omnijax.app.model import abstract_model
 from omnijax.app.sampling import check_settings
 from omnijax.common.sharding import make_mesh
+from omnijax.preprocess.processor import PreparedPrompt
 from omnijax.preprocess.raw_prompt import raw_prompt_ids
 
 log = logging.getLogger(__name__)

@@ -441,7 +441,7 @@ def main(argv=None) -> int:
     out = pathlib.Path(args.out)
     cfg = gemma3.parse_config(CONFIG)
     with tempfile.TemporaryDirectory() as tmp:  # the processor reads the tokenizer and processor files
-        processor = gemma3.Gemma3Processor(write_folder_files(pathlib.Path(tmp)), cfg)
+        processor = gemma3.make_processor(write_folder_files(pathlib.Path(tmp)), cfg)
     graphdef, params = initial_params(cfg, args.seed)
     if args.init:
         from omnijax.app.pipeline import Pipeline

@@ -1,20 +1,20 @@
 """A model family described as data: how to read its config, build its encoders, map its weights, prepare prompts.
 
 Adding a family means writing one module in app/families that returns a ``FamilySpec`` (its decoder as per-layer
-``LayerSpec`` data, its encoders, weight map and processor) and registering it in app/families/__init__.py. A
-genuinely new decoder block, router or per-layer input registers itself in decoder/ (``register_block``,
-``register_router``, ``register_layer_inputs``) and the family's layer specs name it; the model forward,
-generation loop, loader and front ends stay untouched.
+``LayerSpec`` data, its encoders, weight map and processor) and registering it in app/families/__init__.py; its
+processor is a ``preprocess.processor.Processor`` (the shared steps) with the family's hooks in
+preprocess/<family>/processor.py. A genuinely new decoder block, router or per-layer input registers itself in
+decoder/ (``register_block``, ``register_router``, ``register_layer_inputs``) and the family's layer specs name it;
+the model forward, generation loop, loader and front ends stay untouched.
 """
 
 from __future__ import annotations
 
 import dataclasses
-from typing import Any, Callable, Protocol
-
-import numpy as np
+from typing import Any, Callable
 
 from omnijax.decoder.spec import DecoderSpec
+from omnijax.preprocess.processor import Processor
 
 
 @dataclasses.dataclass(frozen=True)
@@ -46,37 +46,6 @@ class ModelConfig:
         return dict(self.media_token_ids)[modality]
 
 
-@dataclasses.dataclass
-class PreparedPrompt:
-    """One conversation ready for the model.
-
-    token_ids: [seq] int32 with media placeholders already expanded.
-    media: modality -> encoder inputs, one per media item in order of appearance (e.g. pixel values [3, H, W]
-        per image or crop); the processor's ``collate`` of the modality batches them.
-    bidirectional: [seq] bool, True for tokens that attend to their whole block both ways (media soft tokens).
-    rope_positions: [axes, seq] RoPE positions when they are not 0..seq-1 (e.g. 3-D MRoPE positions).
-    rope_delta: added to the sequence position of every generated token to get its RoPE position.
-    """
-
-    token_ids: np.ndarray
-    media: dict[str, list]
-    bidirectional: np.ndarray
-    rope_positions: np.ndarray | None = None
-    rope_delta: int = 0
-
-
-class Processor(Protocol):
-    """Turns chat messages into PreparedPrompts and token ids back into text; ``collate`` holds, per modality, the
-    host-side batching of PreparedPrompt media items: ``collate[modality](items) -> dict[str, np.ndarray]``, the
-    items laid out in bucketed shapes (true sizes as data, so new sizes inside a bucket do not compile again)."""
-
-    collate: dict
-
-    def prepare(self, messages: list[dict]) -> PreparedPrompt: ...
-
-    def decode(self, token_ids) -> str: ...
-
-
 @dataclasses.dataclass(frozen=True)
 class FamilySpec:
     """Everything family-specific, as data and small pure functions.
@@ -85,11 +54,14 @@ class FamilySpec:
     parse_config: config.json dict -> ModelConfig.
     build_encoders: (ModelConfig, rngs) -> {modality: encoder module}. An encoder module's ``__call__(inputs) ->
         encoders.output.EncoderOutput`` (features [rows, hidden], valid [rows], extras) takes what the processor's
-        ``collate`` of its modality makes; the j-th valid row lands at the j-th placeholder.
+        ``collate`` of its modality makes (host-side batching into bucketed shapes, true sizes as data, so new sizes
+        inside a bucket do not compile again); the j-th valid row lands at the j-th placeholder.
     weight_map: ModelConfig -> {param path: TensorSpec} for the whole model (paths start with "decoder"/"encoders").
     unused_keys: (ModelConfig, config dict) -> regexes of checkpoint keys present on disk that the model ignores.
     key_aliases: (regex, replacement) rewrites from other published key spellings to the canonical one.
-    make_processor: (checkpoint folder, ModelConfig) -> Processor.
+    make_processor: (checkpoint folder, ModelConfig, *, max_audio_seconds, ...) -> Processor: the family's
+        processor, given what it needs from the model config as plain values (placeholder ids, tokens per image,
+        the encoders' input layouts); it checks the processor's settings against the encoder configs.
     """
 
     name: str

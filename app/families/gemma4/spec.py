@@ -17,18 +17,18 @@ The decoder as data (``decoder_config``), per layer:
 RMSNorm scales by w; embeddings are scaled by sqrt(hidden); logits are soft-capped by ``final_logit_softcapping``.
 Checkpoint keys: ``model.language_model.*`` (multimodal) and ``model.*`` (text-only) are one canonical ``model.*``
 (``KEY_ALIASES``); the towers' keys ``model.vision_tower.*`` / ``model.embed_vision.*`` / ``model.audio_tower.*`` /
-``model.embed_audio.*``. Prompts: app/families/gemma4/processor.py.
+``model.embed_audio.*``. Prompts: preprocess/gemma4/processor.py.
 """
 
 from __future__ import annotations
 
+import pathlib
 import types
 
 import numpy as np
 from flax import nnx
 
 from omnijax.app.families.weight_maps import GEMMA_NORMS, decoder_weight_map
-from omnijax.app.families.gemma4.processor import Gemma4Processor
 from omnijax.app.families.spec import FamilySpec, ModelConfig
 from omnijax.common.config_values import config_getter
 from omnijax.common.errors import CheckpointError
@@ -39,6 +39,7 @@ from omnijax.encoders.gemma4.audio import Gemma4AudioEncoder, gemma4_audio_weigh
 from omnijax.encoders.gemma4.audio_config import Gemma4AudioEncoderConfig
 from omnijax.encoders.gemma4.vision import Gemma4VisionConfig, Gemma4VisionEncoder, gemma4_vision_weight_map
 from omnijax.preprocess.gemma4.image import Gemma4ImageConfig
+from omnijax.preprocess.gemma4.processor import Gemma4Processor
 
 TEXT_PREFIX = "model."
 # The multimodal model's text decoder keys -> the text-only model's spelling (one canonical text prefix).
@@ -312,9 +313,14 @@ def check_image_config(cfg: Gemma4VisionConfig, image_cfg: Gemma4ImageConfig) ->
                               f"beyond the vision tower's {cfg.position_embedding_size} learned positions")
 
 
-def make_processor(folder, cfg: ModelConfig, *, max_audio_seconds: float | None = None) -> Gemma4Processor:
-    """The checkpoint's processor, its image settings checked against the vision tower."""
-    processor = Gemma4Processor(folder, cfg, max_audio_seconds=max_audio_seconds)
+def make_processor(folder: pathlib.Path, cfg: ModelConfig, *, max_audio_seconds: float | None = None
+                   ) -> Gemma4Processor:
+    """The checkpoint's processor (preprocess/gemma4/processor.py), its image settings checked against the vision
+    tower."""
+    processor = Gemma4Processor(
+        folder, token_ids={m: cfg.media_token_id(m) for m in cfg.modalities},
+        image_bidirectional=any(layer.attention.mask.media_bidirectional for layer in cfg.decoder.layers),
+        max_audio_seconds=max_audio_seconds)
     if "image" in cfg.modalities:
         check_image_config(cfg.encoder_config("image"), processor.image_cfg)
     return processor
