@@ -20,9 +20,10 @@ from transformers.models.gemma4.configuration_gemma4 import Gemma4VisionConfig a
 
 from omnijax.common.errors import CheckpointError, MediaError
 from omnijax.app.families.gemma4.spec import check_image_config
-from omnijax.encoders.gemma4.vision import (Gemma4VisionConfig, Gemma4VisionEncoder, apply_vision_rope,
-                                            gemma4_vision_weight_map, image_attention, pool_by_position,
-                                            vision_rope_cos_sin)
+from omnijax.encoders.attention import attention
+from omnijax.encoders.gemma4.vision import (ROPE_SECTIONS, Gemma4VisionConfig, Gemma4VisionEncoder,
+                                            gemma4_vision_weight_map, pool_by_position)
+from omnijax.encoders.rope_2d import apply_rope_2d, rope_2d_angles, rope_2d_cos_sin
 from omnijax.preprocess.gemma4.image_batch import budget_for, collate, collate_smallest_budget, padded_image_count
 from omnijax.preprocess.gemma4.image import Gemma4ImageConfig, process_image, process_images
 
@@ -152,8 +153,8 @@ def test_rope_matches_reference():
 
     @jax.jit
     def ours(x, positions):
-        c, s = vision_rope_cos_sin(positions, head_dim, theta)
-        return c, apply_vision_rope(x, c, s)
+        c, s = rope_2d_cos_sin(rope_2d_angles(positions, head_dim, theta), sections=ROPE_SECTIONS)
+        return c, apply_rope_2d(x, c, s, sections=ROPE_SECTIONS)
 
     ours_cos, rotated = ours(jnp.asarray(x), jnp.asarray(positions))
     np.testing.assert_allclose(np.asarray(ours_cos), cos.numpy(), atol=1e-6)
@@ -199,9 +200,9 @@ def test_attention_blocks_and_grouped_heads():
                                         torch.from_numpy(k).transpose(1, 2), torch.from_numpy(v).transpose(1, 2),
                                         mask, scaling=1.0)
     ref = ref.numpy()
-    run = jax.jit(image_attention, static_argnames="block")
+    run = jax.jit(attention, static_argnames=("scale", "query_block"))
     for block in (64, 7):  # one block, then 8 blocks (the last one padded)
-        ours = np.asarray(run(jnp.asarray(q), jnp.asarray(k), jnp.asarray(v), jnp.asarray(valid), block=block))
+        ours = np.asarray(run(jnp.asarray(q), jnp.asarray(k), jnp.asarray(v), jnp.asarray(valid), query_block=block))
         assert np.isfinite(ours).all()
         assert_close(ours[:2], ref[:2])
 

@@ -24,12 +24,12 @@ from transformers.vision_utils import (get_vision_cu_seqlens, get_vision_interpo
 from omnijax.common.errors import MediaError
 from omnijax.common.weights import prefixed
 from omnijax.app.families.qwen3_omni.spec import audio_input, vision_input
-from omnijax.encoders.blocks import block_attention
+from omnijax.encoders.attention import attention
 from omnijax.encoders.qwen3_omni.audio import QwenAudioConfig, QwenAudioTower, qwen_audio_weight_map
 from omnijax.encoders.qwen3_omni.audio_encoder import QwenAudioEncoder
 from omnijax.encoders.qwen3_omni.image_encoder import QwenImageEncoder
-from omnijax.encoders.qwen3_omni.vision import (QwenVisionConfig, QwenVisionTower, qwen_vision_weight_map,
-                                                vision_rope_cos_sin)
+from omnijax.encoders.qwen3_omni.vision import QwenVisionConfig, QwenVisionTower, qwen_vision_weight_map
+from omnijax.encoders.rope_2d import rope_2d_angles, rope_2d_cos_sin
 from omnijax.preprocess.qwen3_omni import audio_batch, image_batch
 from omnijax.preprocess.qwen3_omni.audio_batch import audio_attention_seqlens, audio_chunk_lengths, audio_windows
 from omnijax.preprocess.qwen3_omni.image_batch import (frame_token_buckets, vision_pos_interpolation,
@@ -253,7 +253,7 @@ def test_vision_static_helpers_match_reference():
 def test_vision_rope_matches_reference(vision):
     ref, _, cfg = vision
     pos = vision_rope_positions(((1, 6, 8),), 2)
-    cos, sin = vision_rope_cos_sin(pos, cfg.head_dim, cfg.rope_theta)
+    cos, sin = rope_2d_cos_sin(rope_2d_angles(pos, cfg.head_dim, cfg.rope_theta))
     ref_cos, ref_sin = ref.rotary_pos_emb(torch.zeros(1), torch.from_numpy(pos).long())
     np.testing.assert_allclose(np.asarray(cos), ref_cos.numpy(), rtol=0, atol=1e-6)
     np.testing.assert_allclose(np.asarray(sin), ref_sin.numpy(), rtol=0, atol=1e-6)
@@ -370,7 +370,7 @@ def test_audio_windows_are_runs_of_chunks():
 # shared attention, configs, weight maps, bad input
 
 
-def test_block_attention_equals_block_diagonal_mask():
+def test_attention_per_block_equals_block_diagonal_mask():
     seqlens = (5, 3, 5, 1, 3, 5)  # the segments laid out one per block of 8, padded with NaN and junk
     s, h, d, width = sum(seqlens), 2, 4, 8
     rng = np.random.default_rng(0)
@@ -388,7 +388,7 @@ def test_block_attention_equals_block_diagonal_mask():
         b[~valid] = np.nan
         b[valid] = x
         blocks.append(b)
-    got = np.asarray(jax.jit(lambda q, k, v, m: block_attention(q, k, v, m, 0.5))(*blocks, valid))
+    got = np.asarray(jax.jit(lambda q, k, v, m: attention(q, k, v, m, scale=0.5))(*blocks, valid))
     np.testing.assert_allclose(got[valid], expected, rtol=0, atol=1e-5)
 
 

@@ -31,8 +31,9 @@ from omnijax.common.weights import ParamPath, TensorSpec, plain
 from omnijax.common.linear import Linear, param
 from omnijax.common.norms import LayerNorm
 from omnijax.common.config_values import uniform_int
+from omnijax.encoders.attention import attention
 from omnijax.encoders.blocks import (FeedForward, MultiHeadProjections, PreLNBlock, feed_forward_map, layer_norm_map,
-                             multi_head_projections_map, pre_ln_block_norms_map)
+                                     multi_head_projections_map, pre_ln_block_norms_map)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -77,13 +78,6 @@ class SiglipVisionConfig:
         return self.patches_per_side ** 2
 
 
-def dense_attention(q_NTHK: jax.Array, k_NTHK: jax.Array, v_NTHK: jax.Array, scale: float) -> jax.Array:
-    """Bidirectional attention over all T tokens of each item; [N, T, heads, head_dim] -> same. Softmax in float32."""
-    scores = jnp.einsum("nqhd,nkhd->nhqk", q_NTHK, k_NTHK) * scale
-    probs = jax.nn.softmax(scores.astype(jnp.float32), axis=-1).astype(v_NTHK.dtype)
-    return jnp.einsum("nhqk,nkhd->nqhd", probs, v_NTHK)
-
-
 class SiglipAttention(MultiHeadProjections):
     """Bidirectional multi-head self-attention with biases; scores scaled by head_dim**-0.5, softmax in float32."""
 
@@ -91,7 +85,7 @@ class SiglipAttention(MultiHeadProjections):
         super().__init__(cfg.hidden_size, cfg.num_attention_heads, "vision_embed", "vision_heads", rngs=rngs)
 
     def __call__(self, x_NTD: jax.Array) -> jax.Array:
-        return super().__call__(x_NTD, lambda q, k, v: dense_attention(q, k, v, self.head_dim ** -0.5))
+        return super().__call__(x_NTD, lambda q, k, v: attention(q, k, v, scale=self.head_dim ** -0.5))
 
 
 def siglip_encoder_layer(cfg: SiglipVisionConfig, *, rngs: nnx.Rngs) -> PreLNBlock:

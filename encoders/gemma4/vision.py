@@ -20,7 +20,8 @@ Per image (the reference's steps):
    RMSNorms (``x + post_attention_norm(attn(input_norm(x)))``, then the same around the MLP), q / k RMSNorms with
    weights and a weightless v RMSNorm over head_dim, 2-D RoPE (theta ``rope_parameters.rope_theta``, 100): the first
    half of every head rotated by the patch's x, the second half by its y (each half by ``rotate_half`` with
-   head_dim / 4 frequencies), attention scale 1, GQA when ``num_key_value_heads < num_attention_heads``;
+   head_dim / 4 frequencies; encoders/rope_2d.py, two sections), attention scale 1 (encoders/attention.py), GQA
+   when ``num_key_value_heads < num_attention_heads``;
    GeGLU MLP ``down(gelu_tanh(gate(x)) * up(x))``. Every projection is a :class:`ClippableLinear`.
 3. Pooling by position: padding patches zeroed, each k x k block of patches averaged into one soft token (pooled
    grid row-major), then multiplied by sqrt(hidden_size) in float32.
@@ -56,12 +57,16 @@ from omnijax.common.errors import CheckpointError
 from omnijax.common.linear import Linear, param
 from omnijax.common.norms import RMSNorm, rms_norm
 from omnijax.common.weights import ParamPath, TensorSpec, linear, plain
+from omnijax.encoders.attention import attention
 from omnijax.encoders.gemma4.clippable_linear import ClippableLinear, clippable_linear_map
 from omnijax.encoders.gemma4.embedder import MultimodalEmbedder, multimodal_embedder_map
+from omnijax.encoders.rope_2d import apply_rope_2d, rope_2d_angles, rope_2d_cos_sin
 
 # Queries are attended in blocks of this many patches when an image has more, so that the scores of one layer take
 # batch x heads x block x max_patches values instead of batch x heads x max_patches**2.
 ATTENTION_QUERY_BLOCK = 1024
+# The 2-D RoPE turns each half of a head by itself: the first half by x, the second by y (encoders/rope_2d.py).
+ROPE_SECTIONS = 2
 
 
 @dataclasses.dataclass(frozen=True)
@@ -151,61 +156,6 @@ class Gemma4VisionConfig:
 # Modules.
 
 
-def rotate_half(x: jax.Array) -> jax.Array:
-    half = x.shape[-1] // 2
-    return jnp.concatenate([-x[..., half:], x[..., :half]], axis=-1)
-
-
-def vision_rope_cos_sin(positions_BP2: jax.Array, head_dim: int, theta: float) -> tuple[jax.Array, jax.Array]:
-    """cos, sin [B, P, head_dim] float32 of the 2-D RoPE: for the first half of the head the x frequencies twice
-    (head_dim / 4 of them), for the second half the y frequencies twice."""
-    spatial = head_dim // 2
-    inv_freq = 1.0 / (theta ** (jnp.arange(0, spatial, 2, dtype=jnp.float32) / spatial))
-    freqs = positions_BP2.astype(jnp.float32)[..., None] * inv_freq  # [B, P, 2, head_dim/4]
-    fx, fy = freqs[..., 0, :], freqs[..., 1, :]
-    angles = jnp.concatenate([fx, fx, fy, fy], axis=-1)
-    return jnp.cos(angles), jnp.sin(angles)
-
-
-def apply_vision_rope(x_BPHK: jax.Array, cos_BPK: jax.Array, sin_BPK: jax.Array) -> jax.Array:
-    """Rotate each half of every head by its own axis: x [B, P, heads, head_dim]."""
-    half = x_BPHK.shape[-1] // 2
-    cos, sin = cos_BPK[:, :, None, :].astype(x_BPHK.dtype), sin_BPK[:, :, None, :].astype(x_BPHK.dtype)
-    parts = []
-    for lo in (0, half):
-        xp = x_BPHK[..., lo:lo + half]
-        parts.append(xp * cos[..., lo:lo + half] + rotate_half(xp) * sin[..., lo:lo + half])
-    return jnp.concatenate(parts, axis=-1)
-
-
-def _attend(q_BQKGD: jax.Array, k_BSKD: jax.Array, v_BSKD: jax.Array, key_valid_BS: jax.Array) -> jax.Array:
-    """Scale-1 attention of the query block over all keys; padding keys masked; softmax in float32."""
-    scores = jnp.einsum("bqkgd,bskd->bkgqs", q_BQKGD, k_BSKD).astype(jnp.float32)
-    scores = jnp.where(key_valid_BS[:, None, None, None, :], scores, jnp.finfo(jnp.float32).min)
-    probs = jax.nn.softmax(scores, axis=-1).astype(v_BSKD.dtype)
-    return jnp.einsum("bkgqs,bskd->bqkgd", probs, v_BSKD)
-
-
-def image_attention(q_BPHD: jax.Array, k_BPKD: jax.Array, v_BPKD: jax.Array, key_valid_BP: jax.Array,
-                    block: int = ATTENTION_QUERY_BLOCK) -> jax.Array:
-    """Bidirectional attention of every image's patches over its own non-padding patches, scale 1.
-
-    q [B, P, heads, head_dim], k / v [B, P, kv_heads, head_dim] (heads a multiple of kv_heads), key_valid [B, P].
-    Returns [B, P, heads, head_dim]. More than ``block`` queries are attended block by block (``lax.map``)."""
-    b, p, h, d = q_BPHD.shape
-    kv = k_BPKD.shape[2]
-    q = q_BPHD.reshape(b, p, kv, h // kv, d)
-    if p <= block:
-        out = _attend(q, k_BPKD, v_BPKD, key_valid_BP)
-    else:
-        n_blocks = -(-p // block)
-        q = jnp.pad(q, ((0, 0), (0, n_blocks * block - p), (0, 0), (0, 0), (0, 0)))
-        q = jnp.moveaxis(q.reshape(b, n_blocks, block, kv, h // kv, d), 1, 0)
-        out = jax.lax.map(lambda qb: _attend(qb, k_BPKD, v_BPKD, key_valid_BP), q)
-        out = jnp.moveaxis(out, 0, 1).reshape(b, n_blocks * block, kv, h // kv, d)[:, :p]
-    return out.reshape(b, p, h, d)
-
-
 class Gemma4VisionAttention(nnx.Module):
     def __init__(self, cfg: Gemma4VisionConfig, *, rngs: nnx.Rngs):
         d, hd, clip = cfg.hidden_size, cfg.head_dim, cfg.use_clipped_linears
@@ -225,8 +175,8 @@ class Gemma4VisionAttention(nnx.Module):
         k = self.k_norm(self.k_proj(x_BPD).reshape(b, p, self.num_kv_heads, self.head_dim))
         v = rms_norm(self.v_proj(x_BPD).reshape(b, p, self.num_kv_heads, self.head_dim), None, eps=self.eps,
                      plus_one=False)
-        q, k = apply_vision_rope(q, cos, sin), apply_vision_rope(k, cos, sin)
-        out = image_attention(q, k, v, key_valid_BP)
+        q, k = (apply_rope_2d(x, cos, sin, sections=ROPE_SECTIONS) for x in (q, k))
+        out = attention(q, k, v, key_valid_BP, query_block=ATTENTION_QUERY_BLOCK)
         return self.o_proj(out.reshape(b, p, self.num_heads * self.head_dim))
 
 
@@ -325,7 +275,7 @@ class Gemma4VisionEncoder(nnx.Module):
         pos = table[0][clamped[..., 0]] + table[1][clamped[..., 1]]
         x = x + jnp.where(padding[..., None], 0.0, pos).astype(x.dtype)
 
-        cos, sin = vision_rope_cos_sin(positions, cfg.head_dim, cfg.rope_theta)
+        cos, sin = rope_2d_cos_sin(rope_2d_angles(positions, cfg.head_dim, cfg.rope_theta), sections=ROPE_SECTIONS)
         key_valid = ~padding
         for layer in self.layers:
             x = layer(x, cos, sin, key_valid)

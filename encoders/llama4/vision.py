@@ -54,9 +54,11 @@ from omnijax.common.errors import CheckpointError
 from omnijax.common.linear import Linear, param
 from omnijax.common.norms import LayerNorm
 from omnijax.common.weights import ParamPath, TensorSpec, linear, plain, prefixed
+from omnijax.encoders.attention import attention
 from omnijax.encoders.blocks import (FeedForward, MultiHeadProjections, PreLNBlock, biased_linear_map, feed_forward_map,
-                             layer_norm_map, pre_ln_block_norms_map)
-from omnijax.encoders.gemma3.siglip import dense_attention, unfold_patches
+                                     layer_norm_map, pre_ln_block_norms_map)
+from omnijax.encoders.gemma3.siglip import unfold_patches
+from omnijax.encoders.rope_2d import apply_rope_2d, rope_2d_angles, rope_2d_cos_sin
 
 LAYER_NORM_EPS = 1e-5
 # Bounds on the config: depth and widths far beyond any published checkpoint are refused as broken configs.
@@ -190,33 +192,21 @@ class Llama4VisionConfig:
 # Pure helpers.
 
 
-def vision_rope_angles(cfg: Llama4VisionConfig) -> np.ndarray:
-    """float32 [num_patches + 1, head_dim / 2]: the rotation angle of each (2j, 2j+1) pair of each token.
-
-    ``Llama4VisionRotaryEmbedding``: patch i sits at column x = i % side and row y = i // side; pairs
-    0 .. head_dim/4 - 1 turn by (x + 1) * f_j, the next head_dim/4 by (y + 1) * f_j, with
-    f_j = 1 / theta**(2j / (head_dim / 2)) in float32. The class token (last) gets angle 0.
-    """
+def vision_rope_positions(cfg: Llama4VisionConfig) -> np.ndarray:
+    """int32 [num_patches + 1, 2]: (x + 1, y + 1) of each patch, patch i at column x = i % side and row
+    y = i // side (``Llama4VisionRotaryEmbedding``); (0, 0) for the class token (last), which is not rotated."""
     side = cfg.patches_per_side
-    freq_dim = cfg.head_dim // 2
-    freqs = np.float32(1.0) / (np.float32(cfg.rope_theta) ** (
-        np.arange(0, freq_dim, 2, dtype=np.float32)[: freq_dim // 2] / np.float32(freq_dim)))
     idx = np.arange(side * side)
-    x = (idx % side + 1).astype(np.float32)[:, None] * freqs[None, :]
-    y = (idx // side + 1).astype(np.float32)[:, None] * freqs[None, :]
-    angles = np.concatenate([x, y], axis=-1)
-    return np.concatenate([angles, np.zeros((1, angles.shape[1]), np.float32)], axis=0).astype(np.float32)
+    patches = np.stack([idx % side + 1, idx // side + 1], axis=-1)
+    return np.concatenate([patches, np.zeros((1, 2), patches.dtype)], axis=0).astype(np.int32)
 
 
-def apply_pair_rotation(x_TLHK: jax.Array, cos_LJ: jax.Array, sin_LJ: jax.Array) -> jax.Array:
-    """x [tiles, L, heads, head_dim] with each pair (2j, 2j+1) taken as the complex number x_2j + i x_2j+1 and
-    multiplied by cos + i sin of its angle [L, head_dim / 2]; in float32, cast back to x's dtype."""
-    shape = x_TLHK.shape
-    pairs = x_TLHK.astype(jnp.float32).reshape(*shape[:-1], shape[-1] // 2, 2)
-    a, b = pairs[..., 0], pairs[..., 1]
-    cos, sin = cos_LJ[None, :, None, :], sin_LJ[None, :, None, :]
-    out = jnp.stack([a * cos - b * sin, a * sin + b * cos], axis=-1)
-    return out.reshape(shape).astype(x_TLHK.dtype)
+def vision_rope_angles(cfg: Llama4VisionConfig) -> np.ndarray:
+    """float32 [num_patches + 1, head_dim / 2]: the rotation angle of each (2j, 2j+1) pair of each token, a table
+    of constants built on the host: pairs 0 .. head_dim/4 - 1 turn by (x + 1) * f_j, the next head_dim/4 by
+    (y + 1) * f_j, with f_j = 1 / theta**(2j / (head_dim / 2)) in float32 (encoders/rope_2d.py). The class token
+    (last) gets angle 0."""
+    return rope_2d_angles(vision_rope_positions(cfg), cfg.head_dim, cfg.rope_theta, xp=np)
 
 
 def pixel_shuffle(x_TND: jax.Array, ratio: float) -> jax.Array:
@@ -245,8 +235,8 @@ class Llama4VisionAttention(MultiHeadProjections):
 
     def __call__(self, x_TLD: jax.Array, cos_LJ: jax.Array, sin_LJ: jax.Array) -> jax.Array:
         def core(q, k, v):
-            q, k = apply_pair_rotation(q, cos_LJ, sin_LJ), apply_pair_rotation(k, cos_LJ, sin_LJ)
-            return dense_attention(q, k, v, self.head_dim ** -0.5)
+            q, k = (apply_rope_2d(x, cos_LJ, sin_LJ, interleaved=True, float32=True) for x in (q, k))
+            return attention(q, k, v, scale=self.head_dim ** -0.5)
 
         return super().__call__(x_TLD, core)
 
@@ -292,8 +282,7 @@ class Llama4VisionTower(nnx.Module):
         cls = jnp.broadcast_to(self.class_embedding[...].astype(x.dtype), (x.shape[0], 1, x.shape[2]))
         x = jnp.concatenate([x, cls], axis=1)
         x = self.layernorm_pre(x + self.pos_embed[...].astype(x.dtype)[None])
-        angles = jnp.asarray(vision_rope_angles(cfg))
-        cos, sin = jnp.cos(angles), jnp.sin(angles)
+        cos, sin = rope_2d_cos_sin(vision_rope_angles(cfg), interleaved=True)
         for layer in self.layers:
             x = layer(x, cos, sin)
         x = self.layernorm_post(x)[:, :-1]

@@ -51,9 +51,10 @@ from omnijax.common.linear import Linear, param
 from omnijax.common.activations import activation
 from omnijax.common.norms import LayerNorm
 from omnijax.common.config_values import config_getter
+from omnijax.encoders.attention import attention
+from omnijax.encoders.blocks import (FeedForward, MultiHeadProjections, PreLNBlock, feed_forward_map, layer_norm_map,
+                                     multi_head_projections_map, pre_ln_block_norms_map)
 from omnijax.preprocess.qwen3_omni.mrope import audio_tokens_from_frames
-from omnijax.encoders.blocks import (FeedForward, MultiHeadProjections, PreLNBlock, block_attention, feed_forward_map,
-                             layer_norm_map, multi_head_projections_map, pre_ln_block_norms_map)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -170,7 +171,7 @@ class QwenAudioAttention(MultiHeadProjections):
         super().__init__(cfg.d_model, cfg.encoder_attention_heads, "audio_embed", "audio_heads", rngs=rngs)
 
     def __call__(self, x_WLD: jax.Array, valid_WL: jax.Array) -> jax.Array:
-        return super().__call__(x_WLD, lambda q, k, v: block_attention(q, k, v, valid_WL, self.head_dim ** -0.5))
+        return super().__call__(x_WLD, lambda q, k, v: attention(q, k, v, valid_WL, scale=self.head_dim ** -0.5))
 
 
 def qwen_audio_encoder_layer(cfg: QwenAudioConfig, *, rngs: nnx.Rngs) -> PreLNBlock:

@@ -42,8 +42,11 @@ from omnijax.common.linear import Linear, param
 from omnijax.common.activations import activation
 from omnijax.common.norms import LayerNorm
 from omnijax.common.config_values import config_getter, uniform_int
-from omnijax.encoders.blocks import (FeedForward, PreLNBlock, biased_linear_map, block_attention, feed_forward_map,
-                             layer_norm_map, pre_ln_block_norms_map)
+from omnijax.encoders.attention import attention
+from omnijax.encoders.blocks import (FeedForward, PreLNBlock, biased_linear_map, feed_forward_map, layer_norm_map,
+                                     pre_ln_block_norms_map)
+from omnijax.encoders.rope_2d import apply_rope_2d, rope_2d_angles, rope_2d_cos_sin
+
 
 @dataclasses.dataclass(frozen=True)
 class QwenVisionConfig:
@@ -118,30 +121,6 @@ class QwenVisionConfig:
 # Modules.
 
 
-def rotate_half(x: jax.Array) -> jax.Array:
-    half = x.shape[-1] // 2
-    return jnp.concatenate([-x[..., half:], x[..., :half]], axis=-1)
-
-
-def vision_rope_cos_sin(positions_P2, head_dim: int, theta: float) -> tuple[jax.Array, jax.Array]:
-    """cos, sin [..., head_dim] float32 of the axial 2-D RoPE for (row, col) positions [..., 2] (numpy or jax):
-    head_dim/4 frequencies for rows, then the same for columns, that half repeated twice
-    (``Qwen3OmniMoeVisionRotaryEmbedding``)."""
-    spatial = head_dim // 2
-    inv_freq = 1.0 / (theta ** (jnp.arange(0, spatial, 2, dtype=jnp.float32) / spatial))
-    freqs = jnp.asarray(positions_P2, jnp.float32)[..., None] * inv_freq  # [..., 2, head_dim/4]
-    freqs = freqs.reshape(*freqs.shape[:-2], -1)  # rows' frequencies, then columns'
-    freqs = jnp.concatenate([freqs, freqs], axis=-1)
-    return jnp.cos(freqs), jnp.sin(freqs)
-
-
-def apply_vision_rope(x_SHK: jax.Array, cos_SK: jax.Array, sin_SK: jax.Array) -> jax.Array:
-    """x * cos + rotate_half(x) * sin in float32, cast back to x's dtype; x [..., S, heads, head_dim], cos and sin
-    [..., S, head_dim]."""
-    xf = x_SHK.astype(jnp.float32)
-    return (xf * cos_SK[..., None, :] + rotate_half(xf) * sin_SK[..., None, :]).astype(x_SHK.dtype)
-
-
 class QKVLinear(nnx.Module):
     """Fused q/k/v projection: kernel [D, 3, D] (torch's [3D, D] weight transposed), bias [3, D]."""
 
@@ -168,8 +147,8 @@ class QwenVisionAttention(nnx.Module):
         f, l = x_FLD.shape[:2]
         qkv = self.qkv(x_FLD).reshape(f, l, 3, self.num_heads, self.head_dim)
         q, k, v = qkv[:, :, 0], qkv[:, :, 1], qkv[:, :, 2]
-        q, k = apply_vision_rope(q, cos_FLK, sin_FLK), apply_vision_rope(k, cos_FLK, sin_FLK)
-        out = block_attention(q, k, v, valid_FL, self.head_dim ** -0.5)
+        q, k = (apply_rope_2d(x, cos_FLK, sin_FLK, float32=True) for x in (q, k))
+        out = attention(q, k, v, valid_FL, scale=self.head_dim ** -0.5)
         return self.proj(out.reshape(f, l, self.num_heads * self.head_dim))
 
 
@@ -230,7 +209,7 @@ class QwenVisionTower(nnx.Module):
         table = self.pos_embed[...].astype(jnp.float32)
         pos = jnp.sum(table[pos_index_FL4] * pos_weight_FL4[..., None].astype(jnp.float32), axis=-2)
         x = x + pos.astype(x.dtype)
-        cos, sin = vision_rope_cos_sin(rope_pos_FL2, cfg.head_dim, cfg.rope_theta)
+        cos, sin = rope_2d_cos_sin(rope_2d_angles(rope_pos_FL2, cfg.head_dim, cfg.rope_theta))
         deepstack = []
         for i, block in enumerate(self.blocks):
             x = block(x, cos, sin, valid_FL)
