@@ -3,10 +3,10 @@
 
 Encoder contract (what the integrator calls):
 
-* inputs: ``{"pixel_values": float32 [N, max_patches, 3 p**2], "position_ids": int32 [N, max_patches, 2],
-  "num_soft_tokens": int32 [N]}``, the images of a batch padded to one patch budget and N a power of two, batched on
-  the host by preprocess/gemma4/image_batch.py.
-* :class:`Gemma4VisionEncoder` ``(inputs) -> (features [N * max_soft_tokens, text_hidden], valid [N *
+* inputs: ``{"pixel_values": float32 [B, L, 3 p**2], "position_ids": int32 [B, L, 2], "num_soft_tokens": int32
+  [B]}``, the B images of a batch padded to one patch budget (L = max_patches) and B a power of two, batched on the
+  host by preprocess/gemma4/image_batch.py.
+* :class:`Gemma4VisionEncoder` ``(inputs) -> (features [B * max_soft_tokens, text_hidden], valid [B *
   max_soft_tokens] bool, ())``: rows image-major, image i's soft tokens in rows ``i * max_soft_tokens + j`` for
   ``j < num_soft_tokens[i]`` (row-major over its pooled grid); ``valid`` is False (and the row zero) for the rest.
   The j-th valid row is what the j-th ``<|image|>`` placeholder of the prompt receives. The result does not depend
@@ -169,14 +169,15 @@ class Gemma4VisionAttention(nnx.Module):
         self.q_norm = RMSNorm(hd, eps=cfg.rms_norm_eps, axis_name="head_dim")
         self.k_norm = RMSNorm(hd, eps=cfg.rms_norm_eps, axis_name="head_dim")
 
-    def __call__(self, x_BPD: jax.Array, cos: jax.Array, sin: jax.Array, key_valid_BP: jax.Array) -> jax.Array:
-        b, p, _ = x_BPD.shape
-        q = self.q_norm(self.q_proj(x_BPD).reshape(b, p, self.num_heads, self.head_dim))
-        k = self.k_norm(self.k_proj(x_BPD).reshape(b, p, self.num_kv_heads, self.head_dim))
-        v = rms_norm(self.v_proj(x_BPD).reshape(b, p, self.num_kv_heads, self.head_dim), None, eps=self.eps,
+    def __call__(self, x_BLD: jax.Array, cos_BLH: jax.Array, sin_BLH: jax.Array, key_valid_BL: jax.Array
+                 ) -> jax.Array:
+        b, p, _ = x_BLD.shape
+        q = self.q_norm(self.q_proj(x_BLD).reshape(b, p, self.num_heads, self.head_dim))
+        k = self.k_norm(self.k_proj(x_BLD).reshape(b, p, self.num_kv_heads, self.head_dim))
+        v = rms_norm(self.v_proj(x_BLD).reshape(b, p, self.num_kv_heads, self.head_dim), None, eps=self.eps,
                      plus_one=False)
-        q, k = (apply_rope_2d(x, cos, sin, sections=ROPE_SECTIONS) for x in (q, k))
-        out = attention(q, k, v, key_valid_BP, query_block=ATTENTION_QUERY_BLOCK)
+        q, k = (apply_rope_2d(x, cos_BLH, sin_BLH, sections=ROPE_SECTIONS) for x in (q, k))
+        out = attention(q, k, v, key_valid_BL, query_block=ATTENTION_QUERY_BLOCK)
         return self.o_proj(out.reshape(b, p, self.num_heads * self.head_dim))
 
 
@@ -193,7 +194,7 @@ class Gemma4VisionMLP(nnx.Module):
 
 
 class Gemma4VisionLayer(nnx.Module):
-    """x + post_attn_norm(attn(input_norm(x))), then x + post_ff_norm(mlp(pre_ff_norm(x))); [B, P, D]."""
+    """x + post_attn_norm(attn(input_norm(x))), then x + post_ff_norm(mlp(pre_ff_norm(x))); [B, L, D]."""
 
     def __init__(self, cfg: Gemma4VisionConfig, *, rngs: nnx.Rngs):
         d, eps = cfg.hidden_size, cfg.rms_norm_eps
@@ -204,27 +205,29 @@ class Gemma4VisionLayer(nnx.Module):
         self.mlp = Gemma4VisionMLP(cfg, rngs=rngs)
         self.post_ff_norm = RMSNorm(d, eps=eps, axis_name="vision_embed")
 
-    def __call__(self, x: jax.Array, cos: jax.Array, sin: jax.Array, key_valid_BP: jax.Array) -> jax.Array:
-        x = x + self.post_attn_norm(self.attn(self.input_norm(x), cos, sin, key_valid_BP))
+    def __call__(self, x_BLD: jax.Array, cos_BLH: jax.Array, sin_BLH: jax.Array, key_valid_BL: jax.Array
+                 ) -> jax.Array:
+        x = x_BLD + self.post_attn_norm(self.attn(self.input_norm(x_BLD), cos_BLH, sin_BLH, key_valid_BL))
         return x + self.post_ff_norm(self.mlp(self.pre_ff_norm(x)))
 
 
-def pool_by_position(x_BPD: jax.Array, positions_BP2: jax.Array, padding_BP: jax.Array, k: int,
+def pool_by_position(x_BLD: jax.Array, positions_BL2: jax.Array, padding_BL: jax.Array, k: int,
                      output_length: int) -> tuple[jax.Array, jax.Array]:
-    """Average every k x k block of patches into one soft token: (pooled float32 [B, L, D], valid [B, L]).
+    """Average every k x k block of the L patches into one soft token: (pooled float32 [B, output_length, D], valid
+    [B, output_length]).
 
     A patch at (x, y) of an image w patches wide goes to soft token ``floor(x/k) + (w/k) * floor(y/k)`` (the
     pooled grid row-major; w is the image's largest x + 1). Padding patches contribute nothing; a soft token is
     valid when some patch of the image falls into it."""
-    b, p, d = x_BPD.shape
-    pos = jnp.maximum(positions_BP2, 0)
+    b, p, d = x_BLD.shape
+    pos = jnp.maximum(positions_BL2, 0)
     width = jnp.max(pos[..., 0], axis=-1, keepdims=True) + 1  # [B, 1]
     kernel = pos // k
-    token = kernel[..., 0] + (width // k) * kernel[..., 1]  # [B, P]
-    token = jnp.where(padding_BP | (token >= output_length), output_length, token)  # out of range: dropped
+    token = kernel[..., 0] + (width // k) * kernel[..., 1]  # [B, L]
+    token = jnp.where(padding_BL | (token >= output_length), output_length, token)  # out of range: dropped
     segment = (jnp.arange(b, dtype=token.dtype)[:, None] * (output_length + 1) + token).reshape(-1)
     num_segments = b * (output_length + 1)
-    xf = jnp.where(padding_BP[..., None], 0.0, x_BPD.astype(jnp.float32)).reshape(b * p, d)
+    xf = jnp.where(padding_BL[..., None], 0.0, x_BLD.astype(jnp.float32)).reshape(b * p, d)
     pooled = jax.ops.segment_sum(xf, segment, num_segments=num_segments) * (1.0 / (k * k))
     counts = jax.ops.segment_sum(jnp.ones((b * p,), jnp.int32), segment, num_segments=num_segments)
     pooled = pooled.reshape(b, output_length + 1, d)[:, :output_length]
@@ -249,8 +252,8 @@ class Gemma4VisionEncoder(nnx.Module):
 
     def __call__(self, inputs: dict) -> tuple[jax.Array, jax.Array, tuple]:
         """inputs: see the module docstring (``num_soft_tokens`` is not needed: validity follows from the positions).
-        Returns (features [N * L, text_hidden] in the weights' dtype, valid [N * L] bool, no extra feature maps),
-        L = max_patches / k**2."""
+        Returns (features [B * output_length, text_hidden] in the weights' dtype, valid [B * output_length] bool,
+        no extra feature maps), output_length = max_patches / k**2."""
         cfg = self.cfg
         pixel_values, positions = inputs["pixel_values"], inputs["position_ids"]
         if pixel_values.ndim != 3 or pixel_values.shape[2] != cfg.patch_dim:
@@ -267,7 +270,7 @@ class Gemma4VisionEncoder(nnx.Module):
                              f"beyond the {cfg.position_embedding_size} learned positions")
         dtype = self.patch_embed.kernel[...].dtype
         positions = positions.astype(jnp.int32)
-        padding = jnp.all(positions == -1, axis=-1)  # [B, P]
+        padding = jnp.all(positions == -1, axis=-1)  # [B, L]
 
         x = self.patch_embed((2.0 * (pixel_values.astype(jnp.float32) - 0.5)).astype(dtype))
         table = self.pos_embed[...]

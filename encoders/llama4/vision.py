@@ -28,7 +28,7 @@ Parameter tree (paths in the NNX state) and logical axes; Linear kernels are [ou
 
     ("tower", "patch_embed", "kernel")             [D, C*p*p]       (None, "vision_embed")
     ("tower", "class_embedding",)                  [D]              ("vision_embed",)
-    ("tower", "pos_embed",)                        [P + 1, D]       (None, "vision_embed")
+    ("tower", "pos_embed",)                        [patches + 1, D] (None, "vision_embed")
     ("tower", "layernorm_pre" | "layernorm_post", "weight" | "bias")
     ("tower", "layers", i, "norm1" | "norm2", "weight" | "bias")       <- input_layernorm | post_attention_layernorm
     ("tower", "layers", i, "attn", "q_proj" | "k_proj" | "v_proj" | "out_proj", "kernel" | "bias")  <- o_proj
@@ -209,13 +209,13 @@ def vision_rope_angles(cfg: Llama4VisionConfig) -> np.ndarray:
     return rope_2d_angles(vision_rope_positions(cfg), cfg.head_dim, cfg.rope_theta, xp=np)
 
 
-def pixel_shuffle(x_TND: jax.Array, ratio: float) -> jax.Array:
-    """[T, side*side, C] -> [T, (ratio*side)**2, C / ratio**2] in the reference's reshape / permute order."""
-    t, n, c = x_TND.shape
+def pixel_shuffle(x_BLD: jax.Array, ratio: float) -> jax.Array:
+    """[B, side*side, D] -> [B, (ratio*side)**2, D / ratio**2] in the reference's reshape / permute order."""
+    t, n, c = x_BLD.shape
     side = math.isqrt(n)
     if side * side != n:
         raise ValueError(f"pixel shuffle needs a square number of tokens, got {n}")
-    x = x_TND.reshape(t, side, side, c)
+    x = x_BLD.reshape(t, side, side, c)
     x = x.reshape(t, side, int(side * ratio), int(c / ratio))
     x = jnp.transpose(x, (0, 2, 1, 3))
     x = x.reshape(t, int(side * ratio), int(side * ratio), int(c / ratio ** 2))
@@ -233,12 +233,12 @@ class Llama4VisionAttention(MultiHeadProjections):
     def __init__(self, cfg: Llama4VisionConfig, *, rngs: nnx.Rngs):
         super().__init__(cfg.hidden_size, cfg.num_attention_heads, "vision_embed", "vision_heads", rngs=rngs)
 
-    def __call__(self, x_TLD: jax.Array, cos_LJ: jax.Array, sin_LJ: jax.Array) -> jax.Array:
+    def __call__(self, x_BLD: jax.Array, cos_LJ: jax.Array, sin_LJ: jax.Array) -> jax.Array:
         def core(q, k, v):
             q, k = (apply_rope_2d(x, cos_LJ, sin_LJ, interleaved=True, float32=True) for x in (q, k))
             return attention(q, k, v, scale=self.head_dim ** -0.5)
 
-        return super().__call__(x_TLD, core)
+        return super().__call__(x_BLD, core)
 
 
 class Llama4VisionAdapter(nnx.Module):
@@ -255,7 +255,7 @@ class Llama4VisionAdapter(nnx.Module):
 
 
 class Llama4VisionTower(nnx.Module):
-    """Tiles [T, 3, S, S] -> adapter features [T, tokens_per_tile, projector_output_dim]."""
+    """Tiles [B, 3, image_size, image_size] -> adapter features [B, tokens_per_tile, projector_output_dim]."""
 
     def __init__(self, cfg: Llama4VisionConfig, *, rngs: nnx.Rngs):
         cfg.validate()
@@ -272,13 +272,13 @@ class Llama4VisionTower(nnx.Module):
         self.layernorm_post = LayerNorm(d, eps=LAYER_NORM_EPS, axis_name="vision_embed")
         self.adapter = Llama4VisionAdapter(cfg, rngs=rngs)
 
-    def __call__(self, pixels_TCHW: jax.Array) -> jax.Array:
+    def __call__(self, pixels_BCYX: jax.Array) -> jax.Array:
         cfg = self.cfg
         expected = (cfg.num_channels, cfg.image_size, cfg.image_size)
-        if pixels_TCHW.ndim != 4 or pixels_TCHW.shape[1:] != expected:
-            raise ValueError(f"expected tiles [T, {', '.join(map(str, expected))}], got {pixels_TCHW.shape}")
+        if pixels_BCYX.ndim != 4 or pixels_BCYX.shape[1:] != expected:
+            raise ValueError(f"expected tiles [tiles, {', '.join(map(str, expected))}], got {pixels_BCYX.shape}")
         dtype = self.patch_embed.kernel[...].dtype
-        x = self.patch_embed(unfold_patches(pixels_TCHW.astype(dtype), cfg.patch_size))
+        x = self.patch_embed(unfold_patches(pixels_BCYX.astype(dtype), cfg.patch_size))
         cls = jnp.broadcast_to(self.class_embedding[...].astype(x.dtype), (x.shape[0], 1, x.shape[2]))
         x = jnp.concatenate([x, cls], axis=1)
         x = self.layernorm_pre(x + self.pos_embed[...].astype(x.dtype)[None])

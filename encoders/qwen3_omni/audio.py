@@ -23,7 +23,7 @@ Parameter tree (paths in the NNX state) and logical axes::
 
     ("conv2d1" | "conv2d2" | "conv2d3", "kernel")   [O, I, 3, 3] torch OIHW layout  ("audio_conv", None, None, None)
     ("conv2d1" | "conv2d2" | "conv2d3", "bias")     [O]  ("audio_conv",)
-    ("conv_out", "kernel")                          [d_model, C * F]  ("audio_embed", None), no bias
+    ("conv_out", "kernel")                          [d_model, C * mel_after_convs]  ("audio_embed", None), no bias
     ("layers", i, "norm1" | "norm2", "weight" | "bias")   [d_model]  ("audio_embed",)
                                                     <- self_attn_layer_norm | final_layer_norm
     ("layers", i, "attn", "q_proj" | "k_proj" | "v_proj", "kernel" | "bias")   ("audio_embed", "audio_heads")
@@ -151,31 +151,31 @@ def sinusoid_positions(length: int, channels: int, max_timescale: float = 10000.
 
 
 class StridedConv2d(nnx.Module):
-    """Conv2d(kernel 3, stride 2, padding 1) on [N, C, H, W]; kernel kept in torch's [O, I, 3, 3] layout."""
+    """Conv2d(kernel 3, stride 2, padding 1) on [B, C, Y, X]; kernel kept in torch's [O, I, 3, 3] layout."""
 
     def __init__(self, in_channels: int, out_channels: int, *, rngs: nnx.Rngs):
         self.kernel = param(rngs, (out_channels, in_channels, 3, 3), ("audio_conv", None, None, None))
         self.bias = nnx.Param(jnp.zeros((out_channels,)), axes=("audio_conv",))
 
-    def __call__(self, x_NCHW: jax.Array) -> jax.Array:
-        y = jax.lax.conv_general_dilated(x_NCHW, self.kernel[...].astype(x_NCHW.dtype), window_strides=(2, 2),
+    def __call__(self, x_BCYX: jax.Array) -> jax.Array:
+        y = jax.lax.conv_general_dilated(x_BCYX, self.kernel[...].astype(x_BCYX.dtype), window_strides=(2, 2),
                                          padding=((1, 1), (1, 1)), dimension_numbers=("NCHW", "OIHW", "NCHW"))
         return y + self.bias[...].astype(y.dtype)[None, :, None, None]
 
 
 class QwenAudioAttention(MultiHeadProjections):
     """Multi-head self-attention with biases within each window block over its valid tokens;
-    x [windows, L, D] -> [windows, L, D]."""
+    x [B, L, D] (B window blocks) -> [B, L, D]."""
 
     def __init__(self, cfg: QwenAudioConfig, *, rngs: nnx.Rngs):
         super().__init__(cfg.d_model, cfg.encoder_attention_heads, "audio_embed", "audio_heads", rngs=rngs)
 
-    def __call__(self, x_WLD: jax.Array, valid_WL: jax.Array) -> jax.Array:
-        return super().__call__(x_WLD, lambda q, k, v: attention(q, k, v, valid_WL, scale=self.head_dim ** -0.5))
+    def __call__(self, x_BLD: jax.Array, valid_BL: jax.Array) -> jax.Array:
+        return super().__call__(x_BLD, lambda q, k, v: attention(q, k, v, valid_BL, scale=self.head_dim ** -0.5))
 
 
 def qwen_audio_encoder_layer(cfg: QwenAudioConfig, *, rngs: nnx.Rngs) -> PreLNBlock:
-    """Pre-LN block: x + attn(norm1(x), valid), then x + fc2(act(fc1(norm2(x)))); [W, L, D] -> [W, L, D]."""
+    """Pre-LN block: x + attn(norm1(x), valid), then x + fc2(act(fc1(norm2(x)))); [B, L, D] -> [B, L, D]."""
     d = cfg.d_model
     return PreLNBlock(d, cfg.layer_norm_eps, "audio_embed", QwenAudioAttention(cfg, rngs=rngs),
                       FeedForward(d, cfg.encoder_ffn_dim, cfg.activation_function, "audio_embed", "audio_mlp",
@@ -212,19 +212,19 @@ class QwenAudioTower(nnx.Module):
         self.proj = FeedForward(d, d, cfg.activation_function, "audio_embed", "audio_mlp", rngs=rngs,
                                 out_dim=cfg.output_dim, axes_out="embed")
 
-    def encode(self, features_WCMT: jax.Array, chunk_frames_WC: jax.Array,
+    def encode(self, features_BUML: jax.Array, chunk_frames_BU: jax.Array,
                padded_frames: jax.Array) -> tuple[jax.Array, jax.Array]:
-        """Window blocks (preprocess/qwen3_omni/audio_batch.py) -> (tokens [W*C*chunk_tokens, output_dim], valid
-        [W*C*chunk_tokens] bool). features [W, C, n_mels, 2*n_window] (frames past a chunk's ``chunk_frames`` are
-        ignored), chunk_frames [W, C] int, padded_frames [] int: the batch's longest chunk."""
+        """B window blocks of U chunk slots (preprocess/qwen3_omni/audio_batch.py) -> (tokens [B*U*chunk_tokens,
+        output_dim], valid [B*U*chunk_tokens] bool). features [B, U, M, 2*n_window] (frames past a chunk's
+        ``chunk_frames`` are ignored), chunk_frames [B, U] int, padded_frames [] int: the batch's longest chunk."""
         cfg = self.cfg
-        w, c = chunk_frames_WC.shape
-        if features_WCMT.shape != (w, c, cfg.num_mel_bins, cfg.chunk_frames):
+        w, c = chunk_frames_BU.shape
+        if features_BUML.shape != (w, c, cfg.num_mel_bins, cfg.chunk_frames):
             raise ValueError(f"expected audio chunk blocks [{w}, {c}, {cfg.num_mel_bins}, {cfg.chunk_frames}], got "
-                             f"{tuple(features_WCMT.shape)}")
+                             f"{tuple(features_BUML.shape)}")
         dtype = self.conv_out.kernel[...].dtype
-        frames = chunk_frames_WC.reshape(w * c, 1, 1, 1)
-        x = features_WCMT.reshape(w * c, 1, cfg.num_mel_bins, cfg.chunk_frames).astype(dtype)
+        frames = chunk_frames_BU.reshape(w * c, 1, 1, 1)
+        x = features_BUML.reshape(w * c, 1, cfg.num_mel_bins, cfg.chunk_frames).astype(dtype)
         x = jnp.where(jnp.arange(cfg.chunk_frames) < frames, x, jnp.zeros((), dtype))
 
         # Convolutions; outputs past the padded length's are the reference's zero padding of the next layer.
@@ -234,10 +234,10 @@ class QwenAudioTower(nnx.Module):
             x = gelu(conv(x))
             length = _conv_length(length)
             x = jnp.where(jnp.arange(x.shape[-1]) < length, x, jnp.zeros((), x.dtype))
-        n, ch, f, t = x.shape  # [chunks, C, F, chunk_tokens]
+        n, ch, f, t = x.shape  # [chunks, C, mel_after_convs, chunk_tokens]
         x = self.conv_out(jnp.transpose(x, (0, 3, 1, 2)).reshape(n, t, ch * f))
         x = x + jnp.asarray(sinusoid_positions(t, cfg.d_model), x.dtype)[None]
-        valid = jnp.arange(t) < _conv_length(_conv_length(_conv_length(chunk_frames_WC)))[..., None]
+        valid = jnp.arange(t) < _conv_length(_conv_length(_conv_length(chunk_frames_BU)))[..., None]
 
         # Windowed encoder layers: one block per window.
         x = x.reshape(w, c * t, cfg.d_model)

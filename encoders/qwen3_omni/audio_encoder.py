@@ -5,13 +5,13 @@ attention window of every clip, the window count and the chunks per block bucket
 (preprocess/qwen3_omni/audio_batch.py). Frame counts and the batch's longest chunk are data, so clips of new lengths
 inside a bucket reuse the compiled program. Parameter tree: ("tower", ...) as ``QwenAudioTower``.
 
-Inputs (W windows, C chunks per window)::
+Inputs (B window blocks of U chunk slots, M mel bins)::
 
-    "features"       [W, C, n_mels, 2*n_window] float32   each chunk's frames, zeros after them and in empty slots
-    "chunk_frames"   [W, C] int32                         frames of each chunk, 0 for an empty slot
-    "padded_frames"  [] int32                             the batch's longest chunk (the reference pads to it)
+    "features"       [B, U, M, 2*n_window] float32   each chunk's frames, zeros after them and in empty slots
+    "chunk_frames"   [B, U] int32                    frames of each chunk, 0 for an empty slot
+    "padded_frames"  [] int32                        the batch's longest chunk (the reference pads to it)
 
-Output: ``EncoderOutput(features [W*C*chunk_tokens, output_dim], valid, extras=())``; the valid rows are the clips'
+Output: ``EncoderOutput(features [B*U*chunk_tokens, output_dim], valid, extras=())``; the valid rows are the clips'
 tokens in order (``audio_tokens_from_frames(frames)`` per clip, preprocess/qwen3_omni/mrope.py).
 """
 

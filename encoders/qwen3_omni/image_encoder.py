@@ -1,19 +1,19 @@
 """Qwen3-Omni's image encoder for the generation engine: the vision tower on bucketed frame blocks.
 
-The host lays the processor's items ({"patches": [t*h*w, C*T*p*p], "grid": (t, h, w)}) out as frame blocks, one
+The host lays the processor's items ({"patches": [t*h*w, F], "grid": (t, h, w)}) out as frame blocks, one
 block per frame of every image, the frame count and the block length bucketed (preprocess/qwen3_omni/image_batch.py).
 Every grid-dependent value is data, so images of new sizes inside a bucket reuse the compiled program. Parameter
 tree: ("tower", ...) as ``QwenVisionTower``.
 
-Inputs (F frames, L patches per frame)::
+Inputs (B frame blocks of L patches, F = C*t*p*p values per patch)::
 
-    "patches"      [F, L, C*T*p*p] float32   each frame's patches in merge-block order, zeros for padding
-    "pos_index"    [F, L, 4] int32           learned-position interpolation taps (flattened side x side table)
-    "pos_weight"   [F, L, 4] float32         their bilinear weights
-    "rope_pos"     [F, L, 2] int32           (row, col) of each patch for the 2-D RoPE
-    "patch_valid"  [F, L] bool
+    "patches"      [B, L, F] float32   each frame's patches in merge-block order, zeros for padding
+    "pos_index"    [B, L, 4] int32     learned-position interpolation taps (flattened side x side table)
+    "pos_weight"   [B, L, 4] float32   their bilinear weights
+    "rope_pos"     [B, L, 2] int32     (row, col) of each patch for the 2-D RoPE
+    "patch_valid"  [B, L] bool
 
-Output: ``EncoderOutput(features [F*L/merge**2, out_hidden], valid, extras)``, extras holding one deepstack feature
+Output: ``EncoderOutput(features [B*L/merge**2, out_hidden], valid, extras)``, extras holding one deepstack feature
 map per deepstack layer, row-aligned with ``features``; the valid rows are the images' tokens in order.
 """
 

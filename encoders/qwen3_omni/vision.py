@@ -13,7 +13,7 @@ r of block f being the r-th merged token of frame f (rows past a frame's tokens 
 
 Parameter tree (paths in the NNX state) and logical axes::
 
-    ("patch_embed", "kernel")              [D, C*T*p*p]  ("vision_embed", None)   conv3d weight [D, C, T, p, p]
+    ("patch_embed", "kernel")              [D, F]  ("vision_embed", None)   conv3d weight [D, C, t, p, p], F = C*t*p*p
     ("patch_embed", "bias")                [D]
     ("pos_embed",)                         [num_position_embeddings, D]  (None, "vision_embed")
     ("blocks", i, "norm1" | "norm2", "weight" | "bias")        [D]  ("vision_embed",)
@@ -128,9 +128,9 @@ class QKVLinear(nnx.Module):
         self.kernel = param(rngs, (dim, 3, dim), ("vision_embed", None, "vision_heads"))
         self.bias = nnx.Param(jnp.zeros((3, dim)), axes=(None, "vision_heads"))
 
-    def __call__(self, x_SD: jax.Array) -> jax.Array:
+    def __call__(self, x_BLD: jax.Array) -> jax.Array:
         """[..., D] -> [..., 3, D] (q, k, v)."""
-        y = jnp.einsum("...d,dtf->...tf", x_SD, self.kernel[...].astype(x_SD.dtype))
+        y = jnp.einsum("...d,dtf->...tf", x_BLD, self.kernel[...].astype(x_BLD.dtype))
         return y + self.bias[...].astype(y.dtype)
 
 
@@ -142,18 +142,18 @@ class QwenVisionAttention(nnx.Module):
         self.qkv = QKVLinear(d, rngs=rngs)
         self.proj = Linear(d, d, axes=("vision_heads", "vision_embed"), use_bias=True, rngs=rngs)
 
-    def __call__(self, x_FLD: jax.Array, cos_FLK: jax.Array, sin_FLK: jax.Array, valid_FL: jax.Array):
-        """Attention within each frame block over its valid patches; x [frames, L, D] -> [frames, L, D]."""
-        f, l = x_FLD.shape[:2]
-        qkv = self.qkv(x_FLD).reshape(f, l, 3, self.num_heads, self.head_dim)
+    def __call__(self, x_BLD: jax.Array, cos_BLH: jax.Array, sin_BLH: jax.Array, valid_BL: jax.Array):
+        """Attention within each frame block over its valid patches; x [B, L, D] (B frame blocks) -> [B, L, D]."""
+        f, l = x_BLD.shape[:2]
+        qkv = self.qkv(x_BLD).reshape(f, l, 3, self.num_heads, self.head_dim)
         q, k, v = qkv[:, :, 0], qkv[:, :, 1], qkv[:, :, 2]
-        q, k = (apply_rope_2d(x, cos_FLK, sin_FLK, float32=True) for x in (q, k))
-        out = attention(q, k, v, valid_FL, scale=self.head_dim ** -0.5)
+        q, k = (apply_rope_2d(x, cos_BLH, sin_BLH, float32=True) for x in (q, k))
+        out = attention(q, k, v, valid_BL, scale=self.head_dim ** -0.5)
         return self.proj(out.reshape(f, l, self.num_heads * self.head_dim))
 
 
 def qwen_vision_block(cfg: QwenVisionConfig, *, rngs: nnx.Rngs) -> PreLNBlock:
-    """Pre-LN block: x + attn(norm1(x), cos, sin, valid), then x + mlp(norm2(x)); [F, L, D] -> [F, L, D]."""
+    """Pre-LN block: x + attn(norm1(x), cos, sin, valid), then x + mlp(norm2(x)); [B, L, D] -> [B, L, D]."""
     d = cfg.hidden_size
     return PreLNBlock(d, cfg.layer_norm_eps, "vision_embed", QwenVisionAttention(cfg, rngs=rngs),
                       FeedForward(d, cfg.intermediate_size, cfg.hidden_act, "vision_embed", "vision_mlp", rngs=rngs))
@@ -171,12 +171,12 @@ class QwenPatchMerger(nnx.Module):
         self.mlp = FeedForward(self.merged, self.merged, "gelu", "vision_merge", "vision_mlp", rngs=rngs,
                                out_dim=cfg.out_hidden_size, axes_out="embed")
 
-    def __call__(self, x_PD: jax.Array) -> jax.Array:
-        """[P, D] patches in merge-block order -> [P / merge**2, out_hidden]."""
+    def __call__(self, x_RD: jax.Array) -> jax.Array:
+        """[R, D] patches in merge-block order -> [R / merge**2, out_hidden]."""
         if self.postshuffle_norm:
-            x = self.ln_q(x_PD.reshape(-1, self.merged))
+            x = self.ln_q(x_RD.reshape(-1, self.merged))
         else:
-            x = self.ln_q(x_PD).reshape(-1, self.merged)
+            x = self.ln_q(x_RD).reshape(-1, self.merged)
         return self.mlp(x)
 
 
@@ -195,24 +195,24 @@ class QwenVisionTower(nnx.Module):
         self.deepstack_mergers = nnx.List([QwenPatchMerger(cfg, postshuffle_norm=True, rngs=rngs)
                                            for _ in cfg.deepstack_visual_indexes])
 
-    def encode(self, patches_FLC: jax.Array, pos_index_FL4: jax.Array, pos_weight_FL4: jax.Array,
-               rope_pos_FL2: jax.Array, valid_FL: jax.Array) -> tuple[jax.Array, list[jax.Array]]:
-        """Frame blocks (preprocess/qwen3_omni/image_batch.py) -> (merged tokens [F*L/merge**2, out_hidden], [deepstack
-        features of the same shape per deepstack layer]). patches [F, L, C*T*p*p]; L a multiple of merge**2."""
+    def encode(self, patches_BLF: jax.Array, pos_index_BL4: jax.Array, pos_weight_BL4: jax.Array,
+               rope_pos_BL2: jax.Array, valid_BL: jax.Array) -> tuple[jax.Array, list[jax.Array]]:
+        """B frame blocks (preprocess/qwen3_omni/image_batch.py) -> (merged tokens [B*L/merge**2, out_hidden],
+        [deepstack features of the same shape per deepstack layer]). patches [B, L, F]; L a multiple of merge**2."""
         cfg = self.cfg
-        f, l = valid_FL.shape
-        if patches_FLC.shape != (f, l, cfg.patch_dim) or l % cfg.merge_unit:
+        f, l = valid_BL.shape
+        if patches_BLF.shape != (f, l, cfg.patch_dim) or l % cfg.merge_unit:
             raise ValueError(f"expected patch blocks [{f}, {l}, {cfg.patch_dim}] with {l} a multiple of "
-                             f"{cfg.merge_unit}, got {tuple(patches_FLC.shape)}")
+                             f"{cfg.merge_unit}, got {tuple(patches_BLF.shape)}")
         dtype = self.patch_embed.kernel[...].dtype
-        x = self.patch_embed(patches_FLC.astype(dtype))
+        x = self.patch_embed(patches_BLF.astype(dtype))
         table = self.pos_embed[...].astype(jnp.float32)
-        pos = jnp.sum(table[pos_index_FL4] * pos_weight_FL4[..., None].astype(jnp.float32), axis=-2)
+        pos = jnp.sum(table[pos_index_BL4] * pos_weight_BL4[..., None].astype(jnp.float32), axis=-2)
         x = x + pos.astype(x.dtype)
-        cos, sin = rope_2d_cos_sin(rope_2d_angles(rope_pos_FL2, cfg.head_dim, cfg.rope_theta))
+        cos, sin = rope_2d_cos_sin(rope_2d_angles(rope_pos_BL2, cfg.head_dim, cfg.rope_theta))
         deepstack = []
         for i, block in enumerate(self.blocks):
-            x = block(x, cos, sin, valid_FL)
+            x = block(x, cos, sin, valid_BL)
             if i in cfg.deepstack_visual_indexes:
                 merger = self.deepstack_mergers[cfg.deepstack_visual_indexes.index(i)]
                 deepstack.append(merger(x.reshape(f * l, -1)))

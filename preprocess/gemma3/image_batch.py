@@ -1,11 +1,11 @@
 """Host-side batching of Gemma 3 images for the image encoder (encoders/gemma3/image_encoder.py).
 
-Every image (or pan-and-scan crop) is one fixed-size [C, S, S] pixel array (C channels, S the vision tower's
+Every image (or pan-and-scan crop) is one fixed-size [C, Y, X] pixel array (C channels, Y = X the vision tower's
 ``image_size``) giving the same number of soft tokens, so the only size that varies is the number of images:
 :func:`collate` rounds it up to a power of two. The encoder's inputs::
 
-    "pixels"       [images, C, S, S] float32   (zeros for padding images)
-    "image_valid"  [images] bool
+    "pixels"       [B, C, Y, X] float32   (B images, zeros for padding images)
+    "image_valid"  [B] bool
 """
 
 from __future__ import annotations
@@ -17,7 +17,7 @@ from omnijax.preprocess.buckets import pow2_at_least
 
 
 def collate(items: list, pixel_shape: tuple[int, int, int]) -> dict[str, np.ndarray]:
-    """Pixel values of ``pixel_shape`` (C, S, S) per image -> the encoder's inputs, the image count rounded up to a
+    """Pixel values of ``pixel_shape`` (C, Y, X) per image -> the encoder's inputs, the image count rounded up to a
     power of two. Raises MediaError for an item of another shape (before any device work)."""
     if not items:
         raise ValueError("no images to collate")

@@ -1,11 +1,11 @@
 """Host-side batching of Gemma 4 images for the vision encoder (encoders/gemma4/vision.py), in pure numpy.
 
 :func:`collate`: the images of a batch (``preprocess.gemma4.image.Gemma4ImagePatches``, unpadded) ->
-``{"pixel_values": float32 [N, max_patches, 3 p**2], "position_ids": int32 [N, max_patches, 2],
-"num_soft_tokens": int32 [N]}``. Every image is padded to the patch budget of the settings' ``max_soft_tokens``
-(``max_patches = max_soft_tokens * k**2``; zero pixels, position (-1, -1)) and the image count to N, the next power
-of two (padding images have no patches and 0 soft tokens). True sizes are data, so new image sizes and aspect ratios
-reuse one compiled program; only a new N bucket compiles again.
+``{"pixel_values": float32 [B, L, 3 p**2], "position_ids": int32 [B, L, 2], "num_soft_tokens": int32 [B]}``. Every
+image is padded to the patch budget of the settings' ``max_soft_tokens`` (L = ``max_patches = max_soft_tokens *
+k**2``; zero pixels, position (-1, -1)) and the image count to B, the next power of two (padding images have no
+patches and 0 soft tokens). True sizes are data, so new image sizes and aspect ratios reuse one compiled program;
+only a new B bucket compiles again.
 
 :func:`collate_smallest_budget`: :func:`collate` at the smallest supported soft-token budget
 (:data:`preprocess.gemma4.image.SUPPORTED_SOFT_TOKENS`) that holds the batch's largest image (:func:`budget_for`),

@@ -4,8 +4,8 @@ The tiles of all images of a batch (each image's tiles row-major, then its globa
 concatenated and padded with zero tiles to a power of two, so a new tile count inside a bucket reuses the compiled
 program. The encoder's inputs::
 
-    "pixel_values"  [bucket, 3, S, S] float32   (S the tile size)
-    "num_tiles"     [] int32                    tiles before the padding
+    "pixel_values"  [B, 3, Y, X] float32   (B tiles, Y = X the tile size)
+    "num_tiles"     [] int32               tiles before the padding
 """
 
 from __future__ import annotations
@@ -24,9 +24,9 @@ DEFAULT_MAX_TILES = 512
 def collate(items: Sequence[Any], max_tiles: int = DEFAULT_MAX_TILES) -> dict[str, np.ndarray]:
     """Host-side batching of a prompt's images, in prompt order.
 
-    ``items``: per image, its tiles float32 [n_i, 3, S, S] (or a ``Llama4ImageTiles``, whose ``tiles`` are taken).
-    Returns ``{"pixel_values": float32 [bucket, 3, S, S], "num_tiles": int32 []}``: the tiles of all images
-    concatenated, zero tiles after them up to ``bucket``, the power of two >= sum(n_i). Raises ``MediaError`` for no
+    ``items``: per image, its tiles float32 [n_i, 3, Y, X] (or a ``Llama4ImageTiles``, whose ``tiles`` are taken).
+    Returns ``{"pixel_values": float32 [B, 3, Y, X], "num_tiles": int32 []}``: the tiles of all images
+    concatenated, zero tiles after them up to B, the power of two >= sum(n_i). Raises ``MediaError`` for no
     items, tiles of different shapes, or more than ``max_tiles`` tiles.
     """
     arrays = [np.asarray(getattr(item, "tiles", item)) for item in items]

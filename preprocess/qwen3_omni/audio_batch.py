@@ -8,11 +8,11 @@ up to a length bucket (powers of two and their 1.5x midpoints) and the chunks pe
 ``chunks_per_window``, n_window_infer // (2 * n_window)). Frame counts and the batch's longest chunk are data, so
 clips of new lengths inside a bucket reuse the compiled program.
 
-The encoder's inputs (W windows, C chunks per window)::
+The encoder's inputs (B window blocks of U chunk slots, M mel bins; letters as in encoders/__init__.py)::
 
-    "features"       [W, C, n_mels, 2*n_window] float32   each chunk's frames, zeros after them and in empty slots
-    "chunk_frames"   [W, C] int32                         frames of each chunk, 0 for an empty slot
-    "padded_frames"  [] int32                             the batch's longest chunk (the reference pads to it)
+    "features"       [B, U, M, 2*n_window] float32   each chunk's frames, zeros after them and in empty slots
+    "chunk_frames"   [B, U] int32                    frames of each chunk, 0 for an empty slot
+    "padded_frames"  [] int32                        the batch's longest chunk (the reference pads to it)
 
 Token counts per clip or chunk: ``preprocess.qwen3_omni.mrope.audio_tokens_from_frames``.
 """
@@ -140,6 +140,6 @@ def collate(items: list[dict], audio: AudioInput, max_frames: int) -> dict[str, 
     per_block = min(audio.chunks_per_window, pow2_at_least(max(len(w) for w in windows)))
     blocks = audio_window_blocks(lengths, audio.n_window, windows, length_bucket(len(windows)), per_block)
     packed.append(np.zeros((audio.num_mel_bins, 1), np.float32))
-    frames = np.concatenate(packed, axis=1)[:, blocks["source"]]  # [n_mels, W, C, chunk_frames]
+    frames = np.concatenate(packed, axis=1)[:, blocks["source"]]  # [M, B, U, 2*n_window]
     return {"features": np.ascontiguousarray(np.transpose(frames, (1, 2, 0, 3))),
             "chunk_frames": blocks["chunk_frames"], "padded_frames": blocks["padded_frames"]}

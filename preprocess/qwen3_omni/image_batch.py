@@ -9,13 +9,14 @@ weights, 2-D RoPE positions, a valid mask. :func:`collate` rounds the frame coun
 block length (patches per frame) to a length bucket of merged tokens (powers of two and their 1.5x midpoints, at
 least ``MIN_FRAME_TOKENS``) times merge**2, so images of new sizes inside a bucket reuse the compiled program.
 
-The encoder's inputs (F frames, L patches per frame)::
+The encoder's inputs (B frame blocks of L patches, F = C*t*p*p values per patch; letters as in
+encoders/__init__.py)::
 
-    "patches"      [F, L, C*T*p*p] float32   each frame's patches in merge-block order, zeros for padding
-    "pos_index"    [F, L, 4] int32           learned-position interpolation taps (flattened side x side table)
-    "pos_weight"   [F, L, 4] float32         their bilinear weights
-    "rope_pos"     [F, L, 2] int32           (row, col) of each patch for the 2-D RoPE
-    "patch_valid"  [F, L] bool
+    "patches"      [B, L, F] float32   each frame's patches in merge-block order, zeros for padding
+    "pos_index"    [B, L, 4] int32     learned-position interpolation taps (flattened side x side table)
+    "pos_weight"   [B, L, 4] float32   their bilinear weights
+    "rope_pos"     [B, L, 2] int32     (row, col) of each patch for the 2-D RoPE
+    "patch_valid"  [B, L] bool
 """
 
 from __future__ import annotations
@@ -169,7 +170,7 @@ def frame_token_buckets(vision: VisionInput, max_pixels: int) -> tuple[int, ...]
 
 
 def collate(items: list[dict], vision: VisionInput, max_pixels: int) -> dict[str, np.ndarray]:
-    """The processor's image items ({"patches": [t*h*w, C*T*p*p], "grid": (t, h, w)}) -> the encoder's inputs
+    """The processor's image items ({"patches": [t*h*w, F], "grid": (t, h, w)}) -> the encoder's inputs
     (module docstring). Raises MediaError, before any device work, for a malformed item or a frame of more patches
     than ``max_pixels`` allows."""
     if not items:
