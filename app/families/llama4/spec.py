@@ -1,8 +1,8 @@
 """Llama 4 (Llama4ForConditionalGeneration, and the text-only Llama4ForCausalLM).
 
 Image side: tiles of the processor's tile size (preprocess/llama4/image.py), one placeholder run per image
-(preprocess/llama4/prompt.py; prompts: preprocess/llama4/processor.py), the vision tower + projector (encoders/llama4/vision.py); the j-th projected feature
-row lands at the j-th ``<|patch|>`` token.
+(preprocess/llama4/prompt.py; prompts: preprocess/llama4/processor.py), the vision tower + projector
+(encoders/llama4/vision.py); the j-th projected feature row lands at the j-th ``<|patch|>`` token.
 
 Text decoder, as data (decoder/spec.py): pre-norm layers with RMSNorm w * x, no embedding scale, RoPE on interleaved
 pairs (llama3 scaling), chunked causal attention and a weightless L2 q/k norm after RoPE on RoPE layers, NoPE
