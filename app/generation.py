@@ -2,7 +2,8 @@
 
 The model's forward lives in decoder/model.py (``prefill`` and ``step``); this module owns what is about running
 it: shape budgets, jit, sampling and the loop. Shapes are fixed by budgets so new prompts rarely compile: prompts
-are right-padded to a bucket length, the KV cache length is a bucket too, and the encoders bucket their inputs.
+are right-padded to a bucket length, the KV cache length is a bucket too, and media inputs are bucketed on the host
+(the processor's ``collate``, one function per modality).
 """
 
 from __future__ import annotations
@@ -16,12 +17,13 @@ import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
-from omnijax.app.families.spec import ModelConfig, PreparedPrompt
+from omnijax.app.families.spec import ModelConfig
 from omnijax.app.sampling import SamplingParams, choose
 from omnijax.common.errors import PromptError
 from omnijax.common.sharding import host_array, named_sharding, put, use_mesh
 from omnijax.decoder.attention_op import BACKENDS
 from omnijax.decoder.model import DecoderModel, Media, Prompt
+from omnijax.preprocess.processor import PreparedPrompt
 
 # Prompt and cache lengths: powers of two and the halfway points between them (at most a third is padding).
 DEFAULT_BUCKETS = tuple(sorted({b for k in range(6, 18) for b in (1 << k, 3 << (k - 1))}))
@@ -122,11 +124,12 @@ class Prefilled:
 class Engine:
     """Compiled prefill/decode for one loaded model. ``params`` is the plain pytree of (sharded) arrays."""
 
-    def __init__(self, cfg: ModelConfig, graphdef: nnx.GraphDef, params: dict, mesh, *, dtype,
+    def __init__(self, cfg: ModelConfig, graphdef: nnx.GraphDef, params: dict, mesh, *, collate: dict, dtype,
                  max_context: int | None = None, buckets: tuple[int, ...] = DEFAULT_BUCKETS,
                  attention: str | None = None):
-        """attention: the prompt attention backend (``decoder.attention_op.BACKENDS``); default: what
-        ``OMNIJAX_ATTENTION`` forces, else "auto"."""
+        """collate: {modality: the processor's host-side batching of its media items}. attention: the prompt
+        attention backend (``decoder.attention_op.BACKENDS``); default: what ``OMNIJAX_ATTENTION`` forces, else
+        "auto"."""
         self.cfg = cfg
         self.attention = attention_backend() if attention is None else attention
         if self.attention not in BACKENDS:
@@ -138,8 +141,7 @@ class Engine:
         self.max_context = min(max_context or cfg.max_context, cfg.max_context)
         self.buckets = tuple(b for b in buckets if b < self.max_context) + (self.max_context,)
         self.eos_ids = jnp.asarray(cfg.eos_ids or (-1,), jnp.int32)
-        encoders = nnx.merge(graphdef, params).encoders
-        self._collate = {m: encoders[m].collate for m in cfg.modalities}  # host-side batching per modality
+        self._collate = dict(collate)  # host-side batching per modality: media items -> bucketed arrays
         self._encode = jax.jit(self._encode_impl, static_argnames=("modality",))
         self._prefill = jax.jit(self._prefill_impl, static_argnames=("cache_len", "all_logits"))
         self._rope = jax.jit(lambda params, pos_ABL: self._model(params).decoder.rope_tables(pos_ABL))

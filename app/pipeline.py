@@ -19,11 +19,11 @@ from omnijax.app.compilation_cache import enable_compilation_cache
 from omnijax.app.config_limits import check_config_limits
 from omnijax.common.errors import PromptError
 from omnijax.app.families import family_for_config
-from omnijax.app.families.spec import PreparedPrompt
 from omnijax.app.generation import Engine
 from omnijax.app.model import abstract_model
 from omnijax.app.sampling import check_settings
 from omnijax.common.sharding import make_mesh
+from omnijax.preprocess.processor import PreparedPrompt
 from omnijax.preprocess.raw_prompt import raw_prompt_ids
 
 log = logging.getLogger(__name__)
@@ -98,14 +98,15 @@ class Pipeline:
                                         **ckpt.processor_kwargs)
         mesh = mesh if mesh is not None else make_mesh(model_axis)
         cfg = dataclasses.replace(cfg, decoder=cfg.decoder.with_kv_repeat(mesh.shape["model"]))
-        graphdef, shapes = abstract_params(abstract_model(cfg, spec, getattr(processor, "encoder_options", {})))
+        graphdef, shapes = abstract_params(abstract_model(cfg, spec))
         weight_map = spec.weight_map(cfg)
         start = time.perf_counter()
         tensors = ckpt.open_tensors(spec, weight_map, dtype)
         params = load_params(tensors, shapes, weight_map, dtype=dtype, mesh=mesh,
                              unused_patterns=spec.unused_keys(cfg, ckpt.hf_config))
         log.info("loaded %s (%s, %s) in %.1fs", ckpt.path, spec.name, ckpt.format, time.perf_counter() - start)
-        engine = Engine(cfg, graphdef, params, mesh, dtype=_JAX_DTYPES[dtype], max_context=max_context)
+        engine = Engine(cfg, graphdef, params, mesh, collate=processor.collate, dtype=_JAX_DTYPES[dtype],
+                        max_context=max_context)
         return cls(ckpt.path, spec, cfg, engine, processor, ckpt.hf_config)
 
     def prepare(self, messages) -> PreparedPrompt:

@@ -20,7 +20,7 @@ from omnijax.decoder.kv_cache import init_cache
 
 def _prefill_args(engine, length: int):
     """Abstract-free concrete inputs for one text prompt of ``length`` tokens (bucketed as the engine would)."""
-    from omnijax.app.families.spec import PreparedPrompt
+    from omnijax.preprocess.processor import PreparedPrompt
     from omnijax.app.generation import make_batch
 
     tokens = np.full(length, 1, np.int32)

@@ -7,7 +7,7 @@ Parameter tree of each module (paths relative to the module)::
     MultiHeadProjections ("q_proj" | "k_proj" | "v_proj" | "out_proj", "kernel" | "bias")
     PreLNBlock           ("norm1" | "norm2", "weight" | "bias"), ("attn", ...), ("mlp", ...)
 
-``block_attention`` is the masked per-block attention of the bucketed Qwen3-Omni towers.
+The attention core the towers put into ``MultiHeadProjections`` is encoders/attention.py's.
 """
 
 from __future__ import annotations
@@ -15,7 +15,6 @@ from __future__ import annotations
 from typing import Callable
 
 import jax
-import jax.numpy as jnp
 from flax import nnx
 
 from omnijax.common.weights import ParamPath, TensorSpec, linear, plain
@@ -75,22 +74,6 @@ class PreLNBlock(nnx.Module):
     def __call__(self, x: jax.Array, *attn_args) -> jax.Array:
         x = x + self.attn(self.norm1(x), *attn_args)
         return x + self.mlp(self.norm2(x))
-
-
-def block_attention(q_BLHK: jax.Array, k_BLHK: jax.Array, v_BLHK: jax.Array, valid_BL: jax.Array,
-                    scale: float) -> jax.Array:
-    """Bidirectional attention inside each block, over the block's valid tokens only.
-
-    q, k, v: [blocks, L, heads, head_dim], one attention segment per block (an image frame, an audio window) padded
-    to the bucket length L; valid [blocks, L] bool. Returns [blocks, L, heads, head_dim]. A valid query sees
-    exactly the valid keys of its block, so padding (whatever its values, NaN included) never reaches a valid row;
-    rows of a block with no valid key get finite values. Cost: blocks x heads x L x L. Softmax in float32.
-    """
-    v_BLHK = jnp.where(valid_BL[:, :, None, None], v_BLHK, jnp.zeros((), v_BLHK.dtype))
-    scores = (jnp.einsum("bqhd,bkhd->bhqk", q_BLHK, k_BLHK) * scale).astype(jnp.float32)
-    scores = jnp.where(valid_BL[:, None, None, :], scores, jnp.finfo(jnp.float32).min)
-    probs = jax.nn.softmax(scores, axis=-1).astype(v_BLHK.dtype)
-    return jnp.einsum("bhqk,bkhd->bqhd", probs, v_BLHK)
 
 
 # ---------------------------------------------------------------------------------------------------------------

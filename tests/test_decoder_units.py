@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 
 from omnijax.app.generation import bucket_for, make_batch
-from omnijax.app.families.spec import PreparedPrompt
+from omnijax.preprocess.processor import PreparedPrompt
 from omnijax.app.sampling import SamplingParams, choose
 from omnijax.app.stops import StopChecker
 from omnijax.decoder.attention_op import visible

@@ -3,7 +3,7 @@
 import jax
 import numpy as np
 
-from omnijax.encoders.buckets import length_bucket, length_buckets, pow2_at_least
+from omnijax.preprocess.buckets import length_bucket, length_buckets, pow2_at_least
 from omnijax.encoders.output import EncoderOutput
 
 

@@ -21,7 +21,7 @@ from transformers.models.gemma4 import modeling_gemma4 as hf
 from omnijax.encoders.gemma4.audio import (Gemma4AudioEncoder, gemma4_audio_embedder_weight_map,
                                    gemma4_audio_tower_weight_map, gemma4_audio_weight_map)
 from omnijax.encoders.gemma4.audio_attention import relative_position_embeddings
-from omnijax.encoders.gemma4.audio_batch import clip_bucket, collate, frame_bucket, token_rows_per_clip
+from omnijax.preprocess.gemma4.audio_batch import clip_bucket, collate, frame_bucket, token_rows_per_clip
 from omnijax.encoders.gemma4.audio_config import Gemma4AudioEncoderConfig
 from fixtures.module_parity import assert_close, flat_paths, load_module
 from omnijax.preprocess.gemma4.audio_features import tokens_from_frames

@@ -323,17 +323,17 @@ def test_text_only_class_matches_transformers(gemma4_text_pipeline, hf_gemma4_te
 
 
 def test_audio_past_the_model_limit_is_refused(models, tiny_gemma4_small_dir):
-    from omnijax.app.families.gemma4.processor import Gemma4Processor
+    from omnijax.app.families.gemma4.spec import make_processor
 
     pipe = models["small"][0]
     long_clip = np.zeros(480_001, np.float32)
     with pytest.raises(MediaError, match="longer than the limit of 30 s"):
         pipe.prepare(user(long_clip, "What is it?"))
     assert len(pipe.prepare(user(long_clip[:480_000] + 0.1, "What is it?")).media["audio"][0]) == 2999
-    shorter = Gemma4Processor(tiny_gemma4_small_dir, pipe.config, max_audio_seconds=2.0)
+    shorter = make_processor(tiny_gemma4_small_dir, pipe.config, max_audio_seconds=2.0)
     with pytest.raises(MediaError, match="longer than the limit of 2 s"):
         shorter.prepare(user(clip(1, 2.5), "What is it?"))
-    assert Gemma4Processor(tiny_gemma4_small_dir, pipe.config, max_audio_seconds=600).max_audio_seconds == 30.0
+    assert make_processor(tiny_gemma4_small_dir, pipe.config, max_audio_seconds=600).max_audio_seconds == 30.0
 
 
 def test_media_the_checkpoint_cannot_read_is_refused(models):

@@ -19,9 +19,12 @@ from transformers.models.gemma4 import modeling_gemma4 as hf
 from transformers.models.gemma4.configuration_gemma4 import Gemma4VisionConfig as HFVisionConfig
 
 from omnijax.common.errors import CheckpointError, MediaError
-from omnijax.encoders.gemma4.vision import (Gemma4VisionConfig, Gemma4VisionEncoder, apply_vision_rope, budget_for,
-                                    check_image_config, collate, gemma4_vision_weight_map, image_attention, padded_image_count,
-                                    pool_by_position, vision_rope_cos_sin)
+from omnijax.app.families.gemma4.spec import check_image_config
+from omnijax.encoders.attention import attention
+from omnijax.encoders.gemma4.vision import (ROPE_SECTIONS, Gemma4VisionConfig, Gemma4VisionEncoder,
+                                            gemma4_vision_weight_map, pool_by_position)
+from omnijax.encoders.rope_2d import apply_rope_2d, rope_2d_angles, rope_2d_cos_sin
+from omnijax.preprocess.gemma4.image_batch import budget_for, collate, collate_smallest_budget, padded_image_count
 from omnijax.preprocess.gemma4.image import Gemma4ImageConfig, process_image, process_images
 
 from fixtures.module_parity import assert_close, flat_paths, load_module
@@ -150,8 +153,8 @@ def test_rope_matches_reference():
 
     @jax.jit
     def ours(x, positions):
-        c, s = vision_rope_cos_sin(positions, head_dim, theta)
-        return c, apply_vision_rope(x, c, s)
+        c, s = rope_2d_cos_sin(rope_2d_angles(positions, head_dim, theta), sections=ROPE_SECTIONS)
+        return c, apply_rope_2d(x, c, s, sections=ROPE_SECTIONS)
 
     ours_cos, rotated = ours(jnp.asarray(x), jnp.asarray(positions))
     np.testing.assert_allclose(np.asarray(ours_cos), cos.numpy(), atol=1e-6)
@@ -197,9 +200,9 @@ def test_attention_blocks_and_grouped_heads():
                                         torch.from_numpy(k).transpose(1, 2), torch.from_numpy(v).transpose(1, 2),
                                         mask, scaling=1.0)
     ref = ref.numpy()
-    run = jax.jit(image_attention, static_argnames="block")
+    run = jax.jit(attention, static_argnames=("scale", "query_block"))
     for block in (64, 7):  # one block, then 8 blocks (the last one padded)
-        ours = np.asarray(run(jnp.asarray(q), jnp.asarray(k), jnp.asarray(v), jnp.asarray(valid), block=block))
+        ours = np.asarray(run(jnp.asarray(q), jnp.asarray(k), jnp.asarray(v), jnp.asarray(valid), query_block=block))
         assert np.isfinite(ours).all()
         assert_close(ours[:2], ref[:2])
 
@@ -226,17 +229,17 @@ def test_collate_pads_to_a_power_of_two(small):
 
 
 def test_encoder_collate_picks_the_smallest_budget_and_the_budget_does_not_change_features(small):
-    """``Gemma4VisionEncoder.collate`` pads to the smallest supported soft-token budget that holds the largest image
-    of the batch; a larger budget (more padding patches) gives the same features."""
-    encoder = nnx.merge(small.graphdef, small.params)
+    """``collate_smallest_budget`` (the engine's batching of Gemma 4 images) pads to the smallest supported
+    soft-token budget that holds the largest image of the batch; a larger budget (more padding patches) gives the
+    same features."""
     items = [process_image(_image(50, 80, 1), small.image_cfg), process_image(_image(9, 9, 2), small.image_cfg)]
-    inputs = encoder.collate(items)
+    inputs = collate_smallest_budget(items, small.image_cfg)
     assert inputs["pixel_values"].shape == (2, 70 * 9, 48)
-    assert budget_for(items, small.cfg).max_soft_tokens == 70
+    assert budget_for(items, small.image_cfg).max_soft_tokens == 70
     big = [dataclasses.replace(items[0], num_soft_tokens=100)]
-    assert budget_for(big, small.cfg).max_soft_tokens == 140
+    assert budget_for(big, small.image_cfg).max_soft_tokens == 140
     with pytest.raises(MediaError, match="largest supported budget"):
-        budget_for([dataclasses.replace(items[0], num_soft_tokens=1121)], small.cfg)
+        budget_for([dataclasses.replace(items[0], num_soft_tokens=1121)], small.image_cfg)
     features, valid, _ = small.fn(small.params, inputs)
     wide = collate(items, small.image_cfg.with_max_soft_tokens(140))
     features_wide, valid_wide, _ = small.fn(small.params, wide)

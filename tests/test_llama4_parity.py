@@ -334,7 +334,7 @@ def test_processor_checks_tiles_against_the_vision_tower(tiny_llama4_dir, tmp_pa
             processor.update(change)
         (folder / "processor_config.json").write_text(json.dumps(processor))
         with pytest.raises(CheckpointError, match=message):
-            fam.Llama4Processor(folder, cfg)
+            fam.make_processor(folder, cfg)
 
 
 # ---- expert weight layout ---------------------------------------------------------------------------------------

@@ -16,7 +16,8 @@ from flax import nnx
 
 from omnijax.common.errors import CheckpointError, MediaError
 from omnijax.encoders.llama4.vision import (Llama4ImageEncoder, Llama4VisionConfig, llama4_image_encoder_weight_map,
-                                    pixel_shuffle, vision_rope_angles)
+                                            pixel_shuffle, vision_rope_angles)
+from omnijax.preprocess.llama4.image_batch import collate
 from fixtures.module_parity import flat_paths, load_module
 
 VISION_PREFIXES = ("vision_model.", "multi_modal_projector.")
@@ -59,7 +60,7 @@ def encoder(tiny_llama4_dir, vision_cfg):
 
 def _run(encoder, items):
     params, apply, _ = encoder
-    feats, valid = apply(params, Llama4ImageEncoder.collate(items))
+    feats, valid = apply(params, collate(items))
     return np.asarray(feats), np.asarray(valid)
 
 
@@ -134,7 +135,7 @@ def test_features_match_reference_with_tiny_embeddings(encoder, hf_llama4_model,
         hidden = tower(torch.from_numpy(pixels)).last_hidden_state
         ref = hf_llama4_model.multi_modal_projector(hidden.reshape(-1, hidden.shape[-1])).numpy()
     _, apply, _ = encoder  # the same program as the other tests (same shapes), other parameter values
-    feats, valid = apply(params, Llama4ImageEncoder.collate([pixels]))
+    feats, valid = apply(params, collate([pixels]))
     assert_close(np.asarray(feats)[np.asarray(valid)], ref)
 
 
@@ -143,7 +144,7 @@ def test_new_tile_count_inside_bucket_does_not_recompile(encoder, llama4_referen
     tiles = llama4_reference["mixed_tiles/pixel_values"]
     before = len(traces)
     for n in (3, 4):  # one bucket of 4 tiles: one program
-        feats, valid = apply(params, Llama4ImageEncoder.collate([tiles[:n]]))
+        feats, valid = apply(params, collate([tiles[:n]]))
         assert int(np.asarray(valid).sum()) == n * 9
     assert [shape[0] for shape in traces[before:]] == [4]
 
@@ -152,17 +153,17 @@ def test_collate_concatenates_and_pads():
     a = np.full((1, 3, 4, 4), 1.0, np.float32)
     b = np.full((3, 3, 4, 4), 2.0, np.float32)
     c = np.full((7, 3, 4, 4), 3.0, np.float32)
-    out = Llama4ImageEncoder.collate([a, b, c])
+    out = collate([a, b, c])
     assert out["pixel_values"].shape == (16, 3, 4, 4) and int(out["num_tiles"]) == 11
     np.testing.assert_array_equal(out["pixel_values"][:, 0, 0, 0], [1] + [2] * 3 + [3] * 7 + [0] * 5)
-    assert Llama4ImageEncoder.collate([a])["pixel_values"].shape[0] == 1
-    assert Llama4ImageEncoder.collate([b])["pixel_values"].shape[0] == 4
+    assert collate([a])["pixel_values"].shape[0] == 1
+    assert collate([b])["pixel_values"].shape[0] == 4
     with pytest.raises(MediaError, match="no images"):
-        Llama4ImageEncoder.collate([])
+        collate([])
     with pytest.raises(MediaError, match="one tile size"):
-        Llama4ImageEncoder.collate([a, np.zeros((1, 3, 8, 8), np.float32)])
+        collate([a, np.zeros((1, 3, 8, 8), np.float32)])
     with pytest.raises(MediaError, match="over the limit"):
-        Llama4ImageEncoder.collate([c, c], max_tiles=10)
+        collate([c, c], max_tiles=10)
 
 
 def test_pixel_shuffle_blocks():

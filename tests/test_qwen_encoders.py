@@ -1,10 +1,12 @@
 """Parity of the Qwen3-Omni image encoder (vision tower with deepstack features) and audio encoder against Hugging
-Face on tiny random configs, through the encoders' ``collate`` + jitted ``__call__`` (several items of different
-sizes per batch; new sizes inside a bucket compile nothing; padding never reaches a valid row; oversized items are
-refused on the host), plus the host-side helpers (interpolation taps, RoPE positions, chunking, attention windows)
+Face on tiny random configs, through the host-side ``collate`` (preprocess/qwen3_omni) + jitted ``__call__``
+(several items of different sizes per batch; new sizes inside a bucket compile nothing; padding never reaches a
+valid row; oversized items are refused on the host), plus the host-side helpers (interpolation taps, RoPE positions, chunking, attention windows)
 against the reference's own functions, and the weight maps against a saved checkpoint's keys."""
 
 from __future__ import annotations
+
+import functools
 
 import jax
 import numpy as np
@@ -21,14 +23,18 @@ from transformers.vision_utils import (get_vision_cu_seqlens, get_vision_interpo
 
 from omnijax.common.errors import MediaError
 from omnijax.common.weights import prefixed
-from omnijax.encoders.blocks import block_attention
-from omnijax.encoders.qwen3_omni.audio import (QwenAudioConfig, QwenAudioTower, audio_attention_seqlens, audio_chunk_lengths,
-                                       audio_output_length, audio_windows, qwen_audio_weight_map)
+from omnijax.app.families.qwen3_omni.spec import audio_input, vision_input
+from omnijax.encoders.attention import attention
+from omnijax.encoders.qwen3_omni.audio import QwenAudioConfig, QwenAudioTower, qwen_audio_weight_map
 from omnijax.encoders.qwen3_omni.audio_encoder import QwenAudioEncoder
-from omnijax.encoders.qwen3_omni.image_encoder import QwenImageEncoder, frame_token_buckets
-from omnijax.encoders.qwen3_omni.vision import (QwenVisionConfig, QwenVisionTower, qwen_vision_weight_map,
-                                        vision_pos_interpolation, vision_rope_cos_sin, vision_rope_positions,
-                                        vision_segments, vision_token_count)
+from omnijax.encoders.qwen3_omni.image_encoder import QwenImageEncoder
+from omnijax.encoders.qwen3_omni.vision import QwenVisionConfig, QwenVisionTower, qwen_vision_weight_map
+from omnijax.encoders.rope_2d import rope_2d_angles, rope_2d_cos_sin
+from omnijax.preprocess.qwen3_omni import audio_batch, image_batch
+from omnijax.preprocess.qwen3_omni.audio_batch import audio_attention_seqlens, audio_chunk_lengths, audio_windows
+from omnijax.preprocess.qwen3_omni.image_batch import (frame_token_buckets, vision_pos_interpolation,
+                                                       vision_rope_positions, vision_segments, vision_token_count)
+from omnijax.preprocess.qwen3_omni.mrope import audio_tokens_from_frames as audio_output_length
 
 VISION = dict(depth=3, hidden_size=32, hidden_act="gelu_pytorch_tanh", intermediate_size=48, num_heads=4,
               in_channels=3, patch_size=4, temporal_patch_size=2, spatial_merge_size=2, out_hidden_size=48,
@@ -65,16 +71,13 @@ def _state_dict_np(module: torch.nn.Module, prefix: str) -> dict[str, np.ndarray
 
 
 class _Encoder:
-    """One loaded encoder wrapper: ``collate`` on the host and one jitted ``__call__`` shared by the module's tests
-    (its cache size counts the programs compiled)."""
+    """One loaded encoder wrapper: ``collate`` on the host (preprocess/qwen3_omni) and one jitted ``__call__`` shared
+    by the module's tests (its cache size counts the programs compiled)."""
 
-    def __init__(self, make_module, weight_map, tensors):
+    def __init__(self, make_module, collate, weight_map, tensors):
         self.graphdef, self.params = load_module(make_module, weight_map, tensors)
-        self.module = nnx.merge(self.graphdef, self.params)
         self.jitted = jax.jit(lambda p, inputs: nnx.merge(self.graphdef, p)(inputs))
-
-    def collate(self, items) -> dict:
-        return self.module.collate(items)
+        self.collate = collate
 
     def run(self, inputs: dict):
         """Raw output (features, valid, extras) of one collated batch, as numpy."""
@@ -95,7 +98,8 @@ def vision():
     ref = hf_qwen.Qwen3OmniMoeVisionEncoder(hf_cfg).eval()
     _randomise(ref, seed=1)
     cfg = QwenVisionConfig.from_hf(hf_cfg.to_dict())
-    encoder = _Encoder(lambda: QwenImageEncoder(cfg, max_pixels=MAX_PIXELS, rngs=nnx.Rngs(0)),
+    encoder = _Encoder(lambda: QwenImageEncoder(cfg, rngs=nnx.Rngs(0)),
+                       functools.partial(image_batch.collate, vision=vision_input(cfg), max_pixels=MAX_PIXELS),
                        prefixed(qwen_vision_weight_map(cfg, VISION_PREFIX), ("tower",)),
                        _state_dict_np(ref, VISION_PREFIX))
     return ref, encoder, cfg
@@ -109,7 +113,8 @@ def audio():
     ref = hf_qwen.Qwen3OmniMoeAudioEncoder(hf_cfg).eval()
     _randomise(ref, seed=2)
     cfg = QwenAudioConfig.from_hf(hf_cfg.to_dict())
-    encoder = _Encoder(lambda: QwenAudioEncoder(cfg, max_frames=MAX_FRAMES, rngs=nnx.Rngs(0)),
+    encoder = _Encoder(lambda: QwenAudioEncoder(cfg, rngs=nnx.Rngs(0)),
+                       functools.partial(audio_batch.collate, audio=audio_input(cfg), max_frames=MAX_FRAMES),
                        prefixed(qwen_audio_weight_map(cfg, AUDIO_PREFIX), ("tower",)),
                        _state_dict_np(ref, AUDIO_PREFIX))
     return ref, encoder, cfg
@@ -214,7 +219,7 @@ def test_vision_padding_never_reaches_valid_rows(vision):
 def test_vision_collate_buckets_and_refuses_oversized_frames(vision):
     _, encoder, cfg = vision
     compiled = encoder.jitted._cache_size()
-    buckets = frame_token_buckets(cfg, MAX_PIXELS)
+    buckets = frame_token_buckets(vision_input(cfg), MAX_PIXELS)
     assert buckets == (16, 24, 32, 48, 64)  # 256 patches / 4 = 64 tokens at most
     inputs = encoder.collate(_image_items(((1, 16, 16),), _patches(((1, 16, 16),), cfg, 0)))  # the largest frame
     assert inputs["patches"].shape == (1, 256, cfg.patch_dim)
@@ -248,7 +253,7 @@ def test_vision_static_helpers_match_reference():
 def test_vision_rope_matches_reference(vision):
     ref, _, cfg = vision
     pos = vision_rope_positions(((1, 6, 8),), 2)
-    cos, sin = vision_rope_cos_sin(pos, cfg.head_dim, cfg.rope_theta)
+    cos, sin = rope_2d_cos_sin(rope_2d_angles(pos, cfg.head_dim, cfg.rope_theta))
     ref_cos, ref_sin = ref.rotary_pos_emb(torch.zeros(1), torch.from_numpy(pos).long())
     np.testing.assert_allclose(np.asarray(cos), ref_cos.numpy(), rtol=0, atol=1e-6)
     np.testing.assert_allclose(np.asarray(sin), ref_sin.numpy(), rtol=0, atol=1e-6)
@@ -365,7 +370,7 @@ def test_audio_windows_are_runs_of_chunks():
 # shared attention, configs, weight maps, bad input
 
 
-def test_block_attention_equals_block_diagonal_mask():
+def test_attention_per_block_equals_block_diagonal_mask():
     seqlens = (5, 3, 5, 1, 3, 5)  # the segments laid out one per block of 8, padded with NaN and junk
     s, h, d, width = sum(seqlens), 2, 4, 8
     rng = np.random.default_rng(0)
@@ -383,7 +388,7 @@ def test_block_attention_equals_block_diagonal_mask():
         b[~valid] = np.nan
         b[valid] = x
         blocks.append(b)
-    got = np.asarray(jax.jit(lambda q, k, v, m: block_attention(q, k, v, m, 0.5))(*blocks, valid))
+    got = np.asarray(jax.jit(lambda q, k, v, m: attention(q, k, v, m, scale=0.5))(*blocks, valid))
     np.testing.assert_allclose(got[valid], expected, rtol=0, atol=1e-5)
 
 

@@ -20,8 +20,9 @@ from omnijax.common.errors import MediaError
 from omnijax.common.weights import prefixed
 from omnijax.encoders.gemma3.image_encoder import Gemma3ImageEncoder
 from omnijax.encoders.gemma3.projector import Gemma3Projector, gemma3_projector_weight_map
-from omnijax.encoders.gemma3.siglip import (SiglipVisionConfig, SiglipVisionTower, siglip_unused_key_pattern, siglip_unused_keys,
-                             siglip_weight_map)
+from omnijax.encoders.gemma3.siglip import (SiglipVisionConfig, SiglipVisionTower, siglip_unused_key_pattern,
+                                            siglip_unused_keys, siglip_weight_map)
+from omnijax.preprocess.gemma3.image_batch import collate
 
 from fixtures.module_parity import assert_close, flat_paths, load_module
 
@@ -123,13 +124,13 @@ def test_gemma3_image_encoder_matches_hf():
         {**prefixed(siglip_weight_map(cfg, "vision_tower."), ("tower",)),
          **prefixed(gemma3_projector_weight_map("multi_modal_projector."), ("projector",))},
         {**_state_dict_np(ref_tower, "vision_tower."), **_state_dict_np(ref_proj, "multi_modal_projector.")})
-    encoder = nnx.merge(graphdef, params)
+    pixel_shape = (cfg.num_channels, cfg.image_size, cfg.image_size)
     jitted = jax.jit(lambda p, inputs: nnx.merge(graphdef, p)(inputs))
     rng = np.random.default_rng(3)
     compiled = None
     for n in (3, 4):
         pixels = rng.uniform(-1, 1, (n, 3, 32, 32)).astype(np.float32)
-        inputs = encoder.collate(list(pixels))
+        inputs = collate(list(pixels), pixel_shape)
         assert inputs["pixels"].shape == (4, 3, 32, 32)
         assert inputs["image_valid"].tolist() == [True] * n + [False] * (4 - n)
         features, valid, extras = jax.tree.map(np.asarray, jitted(params, inputs))
@@ -143,7 +144,7 @@ def test_gemma3_image_encoder_matches_hf():
         print(f"gemma3 image encoder, {n} images: rel err {rel:.2e}")
     assert jitted._cache_size() == compiled == 1
     with pytest.raises(MediaError, match=r"image 1: expected pixel values of shape \(3, 32, 32\), got \(3, 64, 64\)"):
-        encoder.collate([np.zeros((3, 32, 32), np.float32), np.zeros((3, 64, 64), np.float32)])
+        collate([np.zeros((3, 32, 32), np.float32), np.zeros((3, 64, 64), np.float32)], pixel_shape)
     assert jitted._cache_size() == 1
 
 

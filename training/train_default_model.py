@@ -357,7 +357,7 @@ def initial_params(cfg, seed: int):
     1/sqrt(vision hidden), so that soft tokens have RMS ~1 too), and the vision tower drawn as SigLIP is
     (``siglip_init``). Returns (graphdef, {"model": the model's parameters as a nested dict, "aux": the attribute
     head of ``attribute_loss``, zeros})."""
-    model = MultimodalModel(cfg, gemma3.SPEC, {}, rngs=nnx.Rngs(seed))
+    model = MultimodalModel(cfg, gemma3.SPEC, rngs=nnx.Rngs(seed))
     graphdef, state = nnx.split(model)
     params = nnx.to_pure_dict(state)
     k_embed, k_proj = jax.random.split(jax.random.key(seed + 1))
@@ -441,7 +441,7 @@ def main(argv=None) -> int:
     out = pathlib.Path(args.out)
     cfg = gemma3.parse_config(CONFIG)
     with tempfile.TemporaryDirectory() as tmp:  # the processor reads the tokenizer and processor files
-        processor = gemma3.Gemma3Processor(write_folder_files(pathlib.Path(tmp)), cfg)
+        processor = gemma3.make_processor(write_folder_files(pathlib.Path(tmp)), cfg)
     graphdef, params = initial_params(cfg, args.seed)
     if args.init:
         from omnijax.app.pipeline import Pipeline

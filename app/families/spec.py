@@ -2,21 +2,21 @@
 
 Adding a family means writing one module in app/families that returns a ``FamilySpec`` (its decoder as per-layer
 ``LayerSpec`` data, its encoders, weight map and processor, the model types and GGUF architecture it reads) and
-adding it to ``FAMILIES`` in app/families/__init__.py. A genuinely new decoder block, router or per-layer input is a
-type in decoder/ that the ``FamilySpec`` adds under the name its layer specs use (``blocks``, ``routers``,
-``layer_inputs``); the model forward, generation loop, loader and front ends stay untouched.
+adding it to ``FAMILIES`` in app/families/__init__.py; its processor is a ``preprocess.processor.Processor`` (the
+shared steps) with the family's hooks in preprocess/<family>/processor.py. A genuinely new decoder block, router or
+per-layer input is a type in decoder/ that the ``FamilySpec`` adds under the name its layer specs use (``blocks``,
+``routers``, ``layer_inputs``); the model forward, generation loop, loader and front ends stay untouched.
 """
 
 from __future__ import annotations
 
 import dataclasses
-from typing import Any, Callable, Mapping, Protocol
-
-import numpy as np
+from typing import Any, Callable, Mapping
 
 from omnijax.app.gguf.arch import GGUFArch
 from omnijax.decoder.parts import BUILTIN_PARTS, DecoderParts
 from omnijax.decoder.spec import DecoderSpec
+from omnijax.preprocess.processor import Processor
 
 
 @dataclasses.dataclass(frozen=True)
@@ -47,52 +47,22 @@ class ModelConfig:
         return dict(self.media_token_ids)[modality]
 
 
-@dataclasses.dataclass
-class PreparedPrompt:
-    """One conversation ready for the model.
-
-    token_ids: [seq] int32 with media placeholders already expanded.
-    media: modality -> encoder inputs, one per media item in order of appearance (e.g. pixel values [3, H, W]
-        per image or crop); the modality's encoder ``collate`` batches them.
-    bidirectional: [seq] bool, True for tokens that attend to their whole block both ways (media soft tokens).
-    rope_positions: [axes, seq] RoPE positions when they are not 0..seq-1 (e.g. 3-D MRoPE positions).
-    rope_delta: added to the sequence position of every generated token to get its RoPE position.
-    """
-
-    token_ids: np.ndarray
-    media: dict[str, list]
-    bidirectional: np.ndarray
-    rope_positions: np.ndarray | None = None
-    rope_delta: int = 0
-
-
-class Processor(Protocol):
-    """Turns chat messages into PreparedPrompts and token ids back into text; ``encoder_options`` are the
-    per-modality bounds its encoders must accept (see FamilySpec.build_encoders)."""
-
-    encoder_options: dict
-
-    def prepare(self, messages: list[dict]) -> PreparedPrompt: ...
-
-    def decode(self, token_ids) -> str: ...
-
-
 @dataclasses.dataclass(frozen=True)
 class FamilySpec:
     """Everything family-specific, as data and small pure functions.
 
     model_types: values of config.json's "model_type" this family reads.
     parse_config: config.json dict -> ModelConfig.
-    build_encoders: (ModelConfig, options, rngs) -> {modality: encoder module}; ``options`` are the processor's
-        ``encoder_options`` ({modality: keyword arguments}, e.g. the largest image or clip it lets through). An
-        encoder module has a method ``collate(items) -> dict[str, np.ndarray]`` batching PreparedPrompt media
-        items on the host into bucketed shapes (true sizes as data, so new sizes inside a bucket do not compile
-        again) and ``__call__(inputs) -> encoders.output.EncoderOutput`` (features [rows, hidden], valid [rows],
-        extras); the j-th valid row lands at the j-th placeholder.
+    build_encoders: (ModelConfig, rngs) -> {modality: encoder module}. An encoder module's ``__call__(inputs) ->
+        encoders.output.EncoderOutput`` (features [rows, hidden], valid [rows], extras) takes what the processor's
+        ``collate`` of its modality makes (host-side batching into bucketed shapes, true sizes as data, so new sizes
+        inside a bucket do not compile again); the j-th valid row lands at the j-th placeholder.
     weight_map: ModelConfig -> {param path: TensorSpec} for the whole model (paths start with "decoder"/"encoders").
     unused_keys: (ModelConfig, config dict) -> regexes of checkpoint keys present on disk that the model ignores.
     key_aliases: (regex, replacement) rewrites from other published key spellings to the canonical one.
-    make_processor: (checkpoint folder, ModelConfig) -> Processor.
+    make_processor: (checkpoint folder, ModelConfig, *, max_audio_seconds, ...) -> Processor: the family's
+        processor, given what it needs from the model config as plain values (placeholder ids, tokens per image,
+        the encoders' input layouts); it checks the processor's settings against the encoder configs.
     gguf: how the GGUF files this family reads become its checkpoints (their ``general.architecture`` and config),
         or None.
     blocks, routers, layer_inputs: decoder types this family adds to the decoder's own (decoder/parts.py), by the

@@ -1,11 +1,11 @@
 """Gemma 3's image encoder for the generation engine: SigLIP tower + multimodal projector on a bucketed batch.
 
 Every image (or pan-and-scan crop) is a fixed-size [3, image_size, image_size] pixel array giving
-``mm_tokens_per_image`` soft tokens, so the only size that varies is the number of images: ``collate`` rounds it up
-to a power of two. Parameter tree: ("tower", ...) as ``SiglipVisionTower``, ("projector", ...) as
+``mm_tokens_per_image`` soft tokens; the host batches them (the image count rounded up to a power of two) in
+preprocess/gemma3/image_batch.py. Parameter tree: ("tower", ...) as ``SiglipVisionTower``, ("projector", ...) as
 ``Gemma3Projector``.
 
-Inputs (``collate``)::
+Inputs (preprocess/gemma3/image_batch.py ``collate``)::
 
     "pixels"       [images, 3, image_size, image_size] float32   (zeros for padding images)
     "image_valid"  [images] bool
@@ -19,29 +19,11 @@ import math
 
 import jax
 import jax.numpy as jnp
-import numpy as np
 from flax import nnx
 
-from omnijax.common.errors import MediaError
-from omnijax.encoders.buckets import pow2_at_least
 from omnijax.encoders.gemma3.projector import Gemma3Projector
 from omnijax.encoders.output import EncoderOutput
 from omnijax.encoders.gemma3.siglip import SiglipVisionConfig, SiglipVisionTower
-
-
-def collate_gemma3_images(items: list, vision: SiglipVisionConfig) -> dict[str, np.ndarray]:
-    """Pixel values [3, image_size, image_size] per image -> the encoder's inputs, the image count rounded up to a
-    power of two. Raises MediaError for an item of another shape (before any device work)."""
-    if not items:
-        raise ValueError("no images to collate")
-    shape = (vision.num_channels, vision.image_size, vision.image_size)
-    for i, item in enumerate(items):
-        if np.shape(item) != shape:
-            raise MediaError(f"image {i}: expected pixel values of shape {shape}, got {np.shape(item)}")
-    pixels = np.zeros((pow2_at_least(len(items)),) + shape, np.float32)
-    pixels[:len(items)] = np.stack(items)
-    valid = np.arange(len(pixels)) < len(items)
-    return {"pixels": pixels, "image_valid": valid}
 
 
 class Gemma3ImageEncoder(nnx.Module):
@@ -50,15 +32,10 @@ class Gemma3ImageEncoder(nnx.Module):
     def __init__(self, vision: SiglipVisionConfig, mm_tokens: int, text_hidden: int, *, rngs: nnx.Rngs):
         if math.isqrt(mm_tokens) ** 2 != mm_tokens:
             raise ValueError(f"mm_tokens_per_image {mm_tokens} is not a square number")
-        self.vision = vision
         self.mm_tokens = mm_tokens
         self.tower = SiglipVisionTower(vision, rngs=rngs)
         self.projector = Gemma3Projector(vision.hidden_size, text_hidden, vision.patches_per_side,
                                          math.isqrt(mm_tokens), vision.layer_norm_eps, rngs=rngs)
-
-    def collate(self, items: list) -> dict[str, np.ndarray]:
-        """Host side only (reads the config, never the parameters): see :func:`collate_gemma3_images`."""
-        return collate_gemma3_images(items, self.vision)
 
     def __call__(self, inputs: dict[str, jax.Array]) -> EncoderOutput:
         feats = self.projector(self.tower(inputs["pixels"]))  # [images, mm_tokens, text_hidden]

@@ -31,8 +31,9 @@ from omnijax.common.weights import ParamPath, TensorSpec, plain
 from omnijax.common.linear import Linear, param
 from omnijax.common.norms import LayerNorm
 from omnijax.common.config_values import uniform_int
+from omnijax.encoders.attention import attention
 from omnijax.encoders.blocks import (FeedForward, MultiHeadProjections, PreLNBlock, feed_forward_map, layer_norm_map,
-                             multi_head_projections_map, pre_ln_block_norms_map)
+                                     multi_head_projections_map, pre_ln_block_norms_map)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -77,38 +78,31 @@ class SiglipVisionConfig:
         return self.patches_per_side ** 2
 
 
-def dense_attention(q_NTHK: jax.Array, k_NTHK: jax.Array, v_NTHK: jax.Array, scale: float) -> jax.Array:
-    """Bidirectional attention over all T tokens of each item; [N, T, heads, head_dim] -> same. Softmax in float32."""
-    scores = jnp.einsum("nqhd,nkhd->nhqk", q_NTHK, k_NTHK) * scale
-    probs = jax.nn.softmax(scores.astype(jnp.float32), axis=-1).astype(v_NTHK.dtype)
-    return jnp.einsum("nhqk,nkhd->nqhd", probs, v_NTHK)
-
-
 class SiglipAttention(MultiHeadProjections):
     """Bidirectional multi-head self-attention with biases; scores scaled by head_dim**-0.5, softmax in float32."""
 
     def __init__(self, cfg: SiglipVisionConfig, *, rngs: nnx.Rngs):
         super().__init__(cfg.hidden_size, cfg.num_attention_heads, "vision_embed", "vision_heads", rngs=rngs)
 
-    def __call__(self, x_NTD: jax.Array) -> jax.Array:
-        return super().__call__(x_NTD, lambda q, k, v: dense_attention(q, k, v, self.head_dim ** -0.5))
+    def __call__(self, x_BLD: jax.Array) -> jax.Array:
+        return super().__call__(x_BLD, lambda q, k, v: attention(q, k, v, scale=self.head_dim ** -0.5))
 
 
 def siglip_encoder_layer(cfg: SiglipVisionConfig, *, rngs: nnx.Rngs) -> PreLNBlock:
-    """Pre-LN transformer block: x + attn(norm1(x)), then x + mlp(norm2(x)); [N, T, D] -> [N, T, D]."""
+    """Pre-LN transformer block: x + attn(norm1(x)), then x + mlp(norm2(x)); [B, L, D] -> [B, L, D]."""
     d = cfg.hidden_size
     return PreLNBlock(d, cfg.layer_norm_eps, "vision_embed", SiglipAttention(cfg, rngs=rngs),
                       FeedForward(d, cfg.intermediate_size, cfg.hidden_act, "vision_embed", "vision_mlp", rngs=rngs))
 
 
-def unfold_patches(pixels_NCHW: jax.Array, patch_size: int) -> jax.Array:
-    """[N, C, H, W] -> [N, (H/p)*(W/p), C*p*p]: row-major patch order, (channel, row, column) within a patch."""
-    n, c, h, w = pixels_NCHW.shape
+def unfold_patches(pixels_BCYX: jax.Array, patch_size: int) -> jax.Array:
+    """[B, C, Y, X] -> [B, (Y/p)*(X/p), C*p*p]: row-major patch order, (channel, row, column) within a patch."""
+    n, c, h, w = pixels_BCYX.shape
     p = patch_size
     if h % p or w % p:
         raise ValueError(f"image size {(h, w)} is not a multiple of the patch size {p}")
-    x = pixels_NCHW.reshape(n, c, h // p, p, w // p, p)
-    x = jnp.transpose(x, (0, 2, 4, 1, 3, 5))  # [N, gh, gw, C, p, p]
+    x = pixels_BCYX.reshape(n, c, h // p, p, w // p, p)
+    x = jnp.transpose(x, (0, 2, 4, 1, 3, 5))  # [B, Y/p, X/p, C, p, p]
     return x.reshape(n, (h // p) * (w // p), c * p * p)
 
 
@@ -124,13 +118,13 @@ class SiglipVisionTower(nnx.Module):
         self.layers = nnx.List([siglip_encoder_layer(cfg, rngs=rngs) for _ in range(cfg.num_hidden_layers)])
         self.post_layernorm = LayerNorm(d, eps=cfg.layer_norm_eps, axis_name="vision_embed")
 
-    def __call__(self, pixels_NCHW: jax.Array) -> jax.Array:
+    def __call__(self, pixels_BCYX: jax.Array) -> jax.Array:
         cfg = self.cfg
-        if pixels_NCHW.shape[1:] != (cfg.num_channels, cfg.image_size, cfg.image_size):
-            raise ValueError(f"expected pixels [N, {cfg.num_channels}, {cfg.image_size}, {cfg.image_size}], "
-                             f"got {pixels_NCHW.shape}")
+        if pixels_BCYX.shape[1:] != (cfg.num_channels, cfg.image_size, cfg.image_size):
+            raise ValueError(f"expected pixels [images, {cfg.num_channels}, {cfg.image_size}, {cfg.image_size}], "
+                             f"got {pixels_BCYX.shape}")
         dtype = self.patch_embed.kernel[...].dtype
-        x = self.patch_embed(unfold_patches(pixels_NCHW.astype(dtype), cfg.patch_size))
+        x = self.patch_embed(unfold_patches(pixels_BCYX.astype(dtype), cfg.patch_size))
         x = x + self.pos_embed[...].astype(x.dtype)[None]
         for layer in self.layers:
             x = layer(x)

@@ -1,11 +1,12 @@
 """The Gemma 4 audio encoder: conformer tower (``Gemma4AudioModel``) and the embedder into the text width
 (``Gemma4MultimodalEmbedder`` of ``embed_audio``), with their weight maps.
 
-``Gemma4AudioEncoder`` is what the model runs: ``collate(items)`` (host side, :mod:`encoders.gemma4.audio_batch`)
-gives ``{"features": [clips, F, mels], "num_frames": [clips]}`` and the module maps that to ``(features [clips *
-F/4, text_hidden], valid [clips * F/4] bool, ())``; clip c's tokens are rows c*F/4 .. c*F/4 + tokens_c - 1, so the
-j-th valid row is the j-th ``<|audio|>`` placeholder's. Lengths are data: every clip count and length inside one
-(clip bucket, frame bucket) pair runs the same compiled program, and the valid rows do not depend on the padding.
+``Gemma4AudioEncoder`` is what the model runs: the host batches clips (preprocess/gemma4/audio_batch.py) into
+``{"features": [B, L, M], "num_frames": [B]}`` (B clips of L frames of M mel bins) and the module maps that to
+``(features [B * L/4, text_hidden], valid [B * L/4] bool, ())``; clip c's tokens are rows c*L/4 .. c*L/4 +
+tokens_c - 1, so the j-th valid row is the j-th ``<|audio|>`` placeholder's. Lengths are data: every clip count
+and length inside one (clip bucket, frame bucket) pair runs the same compiled program, and the valid rows do not
+depend on the padding.
 
 Tower: frames valid iff index < num_frames -> ``Subsampling`` (two stride-2 convs, validity ``[::2][::2]``) ->
 ``num_hidden_layers`` x ``ConformerLayer`` (keys limited to valid tokens) -> ``output_proj`` (with bias).
@@ -29,15 +30,14 @@ from flax import nnx
 from omnijax.common.linear import Linear
 from omnijax.common.weights import ParamPath, TensorSpec, linear, plain, prefixed
 from omnijax.encoders.gemma4.audio_attention import relative_position_embeddings
-from omnijax.encoders.gemma4.audio_batch import collate
 from omnijax.encoders.gemma4.audio_conformer import ConformerLayer, Subsampling, conformer_layer_map, subsampling_map
 from omnijax.encoders.gemma4.audio_config import Gemma4AudioEncoderConfig
 from omnijax.encoders.gemma4.embedder import MultimodalEmbedder, multimodal_embedder_map
 
 
 class Gemma4AudioTower(nnx.Module):
-    """features [B, T, mels], frame validity [B, T] bool -> (hidden [B, T'', output_proj_dims], validity [B, T''])
-    with T'' = ceil(ceil(T / 2) / 2). Rows where validity is False are padding (their values are unspecified)."""
+    """features [B, L, M], frame validity [B, L] bool -> (hidden [B, L'', output_proj_dims], validity [B, L''])
+    with L'' = ceil(ceil(L / 2) / 2). Rows where validity is False are padding (their values are unspecified)."""
 
     def __init__(self, cfg: Gemma4AudioEncoderConfig, *, rngs: nnx.Rngs):
         cfg.validate()
@@ -47,8 +47,8 @@ class Gemma4AudioTower(nnx.Module):
         self.output_proj = Linear(cfg.hidden_size, cfg.output_proj_dims, axes=("audio_embed", None), use_bias=True,
                                   rngs=rngs)
 
-    def __call__(self, features_BTM: jax.Array, valid_BT: jax.Array) -> tuple[jax.Array, jax.Array]:
-        x, valid = self.subsample(features_BTM, valid_BT)
+    def __call__(self, features_BLM: jax.Array, valid_BL: jax.Array) -> tuple[jax.Array, jax.Array]:
+        x, valid = self.subsample(features_BLM, valid_BL)
         rel_pos = jnp.asarray(relative_position_embeddings(self.cfg), x.dtype)
         for layer in self.layers:
             x = layer(x, valid, rel_pos)
@@ -56,10 +56,8 @@ class Gemma4AudioTower(nnx.Module):
 
 
 class Gemma4AudioEncoder(nnx.Module):
-    """Batched clips from :func:`collate` -> (features [clips * F/4, text_hidden], valid [clips * F/4] bool, no
-    extra feature maps)."""
-
-    collate = staticmethod(collate)
+    """Batched clips (preprocess/gemma4/audio_batch.py) -> (features [B * L/4, text_hidden], valid [B * L/4] bool,
+    no extra feature maps)."""
 
     def __init__(self, cfg: Gemma4AudioEncoderConfig, *, rngs: nnx.Rngs):
         self.tower = Gemma4AudioTower(cfg, rngs=rngs)
@@ -67,10 +65,10 @@ class Gemma4AudioEncoder(nnx.Module):
                                            axis_in=None, rngs=rngs)
 
     def __call__(self, inputs: dict) -> tuple[jax.Array, jax.Array, tuple]:
-        features_BTM, num_frames_B = inputs["features"], inputs["num_frames"]
-        b, t, _ = features_BTM.shape
-        valid_BT = jnp.arange(t, dtype=jnp.int32)[None, :] < num_frames_B.astype(jnp.int32)[:, None]
-        hidden, valid = self.tower(features_BTM, valid_BT)
+        features_BLM, num_frames_B = inputs["features"], inputs["num_frames"]
+        b, t, _ = features_BLM.shape
+        valid_BL = jnp.arange(t, dtype=jnp.int32)[None, :] < num_frames_B.astype(jnp.int32)[:, None]
+        hidden, valid = self.tower(features_BLM, valid_BL)
         embeds = self.embedder(hidden)
         return embeds.reshape(b * embeds.shape[1], embeds.shape[2]), valid.reshape(-1), ()
 

@@ -5,11 +5,11 @@ Parameter trees (paths relative to each module) <- checkpoint names:
 
     Subsampling     ("conv0" | "conv1", "kernel") [O, I, 3, 3] OIHW  <- layer0 | layer1 .conv.weight
                     ("norm0" | "norm1", "weight") [O]                <- layer0 | layer1 .norm.weight
-                    ("proj", "kernel") [D, F'*C1]                    <- input_proj_linear.weight
+                    ("proj", "kernel") [D, M'' * C1]                 <- input_proj_linear.weight
     HalfFeedForward ("pre_norm" | "post_norm", "weight"), ("fc1" | "fc2", ClippableLinear)
                     <- pre_layer_norm | post_layer_norm, ffw_layer_1 | ffw_layer_2
     LightConv       ("pre_norm" | "conv_norm", "weight"), ("linear_start" | "linear_end", ClippableLinear),
-                    ("depthwise", "kernel") [D, 1, K]               <- depthwise_conv1d.weight
+                    ("depthwise", "kernel") [D, 1, conv_kernel_size] <- depthwise_conv1d.weight
     ConformerLayer  ("ffn1" | "ffn2"), ("attn"), ("lconv"), ("norm_pre_attn" | "norm_post_attn" | "norm_out",
                     "weight") <- feed_forward1 | feed_forward2, self_attn, lconv1d, ...
 """
@@ -70,8 +70,8 @@ class Subsampling(nnx.Module):
     """Two [conv 3x3 stride 2 (no bias) -> LayerNorm over channels -> ReLU] over (time, mel), frames zeroed where
     invalid before each conv, then a linear over (mel', channel) per time step.
 
-    features [B, T, M], frame validity [B, T] -> ([B, T'', D], validity [B, T'']) with T'' = ceil(ceil(T/2)/2)
-    and validity ``valid[:, ::2][:, ::2]``."""
+    features [B, L, M], frame validity [B, L] -> ([B, L'', D], validity [B, L'']) with L'' = ceil(ceil(L/2)/2)
+    (M'' = ceil(ceil(M/2)/2) mel bins, C1 channels) and validity ``valid[:, ::2][:, ::2]``."""
 
     def __init__(self, cfg: Gemma4AudioEncoderConfig, *, rngs: nnx.Rngs):
         c0, c1 = cfg.subsampling_conv_channels
@@ -83,25 +83,25 @@ class Subsampling(nnx.Module):
         self.proj = Linear(cfg.subsampled_mel_bins * c1, cfg.hidden_size, axes=(None, "audio_embed"), rngs=rngs)
 
     @staticmethod
-    def _block(x_BCTM, valid_BT, kernel, norm: BiasFreeLayerNorm):
-        x_BCTM = x_BCTM * valid_BT[:, None, :, None].astype(x_BCTM.dtype)
-        y = jax.lax.conv_general_dilated(x_BCTM, kernel.astype(x_BCTM.dtype), window_strides=(2, 2),
+    def _block(x_BCLM, valid_BL, kernel, norm: BiasFreeLayerNorm):
+        x_BCLM = x_BCLM * valid_BL[:, None, :, None].astype(x_BCLM.dtype)
+        y = jax.lax.conv_general_dilated(x_BCLM, kernel.astype(x_BCLM.dtype), window_strides=(2, 2),
                                          padding=((1, 1), (1, 1)), dimension_numbers=("NCHW", "OIHW", "NCHW"))
         y = jnp.moveaxis(jax.nn.relu(norm(jnp.moveaxis(y, 1, -1))), -1, 1)
-        return y, valid_BT[:, ::2]
+        return y, valid_BL[:, ::2]
 
-    def __call__(self, features_BTM: jax.Array, valid_BT: jax.Array) -> tuple[jax.Array, jax.Array]:
-        mels = features_BTM.shape[-1]
+    def __call__(self, features_BLM: jax.Array, valid_BL: jax.Array) -> tuple[jax.Array, jax.Array]:
+        mels = features_BLM.shape[-1]
         if conv_output_length(conv_output_length(mels)) != self.cfg.subsampled_mel_bins:
             raise ValueError(f"audio features have {mels} mel bins; the subsampling projection of this checkpoint "
                              f"expects {self.cfg.subsampled_mel_bins} after two stride-2 convolutions "
                              f"(subsampling_conv_channels[0] // 4)")
-        x = features_BTM.astype(self.proj.kernel[...].dtype)[:, None]  # [B, 1, T, M]
-        x, valid_BT = self._block(x, valid_BT, self.conv0.kernel[...], self.norm0)
-        x, valid_BT = self._block(x, valid_BT, self.conv1.kernel[...], self.norm1)
+        x = features_BLM.astype(self.proj.kernel[...].dtype)[:, None]  # [B, 1, L, M]
+        x, valid_BL = self._block(x, valid_BL, self.conv0.kernel[...], self.norm0)
+        x, valid_BL = self._block(x, valid_BL, self.conv1.kernel[...], self.norm1)
         b, c, t, f = x.shape
         x = jnp.transpose(x, (0, 2, 3, 1)).reshape(b, t, f * c)
-        return self.proj(x), valid_BT
+        return self.proj(x), valid_BL
 
 
 class HalfFeedForward(nnx.Module):
@@ -122,7 +122,7 @@ class HalfFeedForward(nnx.Module):
 
 
 class LightConv(nnx.Module):
-    """x + linear_end(act(conv_norm(clamp(causal_depthwise_conv(glu(linear_start(pre_norm(x)))))))); [B, T, D]."""
+    """x + linear_end(act(conv_norm(clamp(causal_depthwise_conv(glu(linear_start(pre_norm(x)))))))); [B, L, D]."""
 
     def __init__(self, cfg: Gemma4AudioEncoderConfig, *, rngs: nnx.Rngs):
         d, clipped = cfg.hidden_size, cfg.use_clipped_linears
@@ -133,22 +133,22 @@ class LightConv(nnx.Module):
         self.conv_norm = RMSNorm(d, eps=cfg.rms_norm_eps, axis_name="audio_embed")
         self.linear_end = ClippableLinear(d, d, clipped=clipped, axes=("audio_mlp", "audio_embed"), rngs=rngs)
 
-    def __call__(self, x_BTD: jax.Array) -> jax.Array:
+    def __call__(self, x_BLD: jax.Array) -> jax.Array:
         cfg = self.cfg
-        a, gate = jnp.split(self.linear_start(self.pre_norm(x_BTD)), 2, axis=-1)
+        a, gate = jnp.split(self.linear_start(self.pre_norm(x_BLD)), 2, axis=-1)
         y = a * jax.nn.sigmoid(gate)
         # Causal depthwise conv: output t sees inputs t - (K - 1) .. t (left zero padding of K - 1).
-        kernel_DK = self.depthwise.kernel[...][:, 0, :].astype(y.dtype)
+        kernel = self.depthwise.kernel[...][:, 0, :].astype(y.dtype)  # [D, conv_kernel_size]
         k_size, t = cfg.conv_kernel_size, y.shape[1]
         y_pad = jnp.pad(y, ((0, 0), (k_size - 1, 0), (0, 0)))
-        y = sum(y_pad[:, j : j + t, :] * kernel_DK[:, j] for j in range(k_size))
+        y = sum(y_pad[:, j : j + t, :] * kernel[:, j] for j in range(k_size))
         y = activation(cfg.hidden_act)(self.conv_norm(_clamp(y, cfg)))
-        return x_BTD + self.linear_end(y)
+        return x_BLD + self.linear_end(y)
 
 
 class ConformerLayer(nnx.Module):
     """ffn1 (half step) -> attention block (clamp, norm, attention, clamp, norm, residual) -> light conv -> ffn2
-    (half step) -> clamp -> norm_out; [B, T, D] -> [B, T, D]."""
+    (half step) -> clamp -> norm_out; [B, L, D] -> [B, L, D]."""
 
     def __init__(self, cfg: Gemma4AudioEncoderConfig, *, rngs: nnx.Rngs):
         d = cfg.hidden_size
@@ -161,10 +161,10 @@ class ConformerLayer(nnx.Module):
         self.ffn2 = HalfFeedForward(cfg, rngs=rngs)
         self.norm_out = RMSNorm(d, eps=FIXED_NORM_EPS, axis_name="audio_embed")
 
-    def __call__(self, x_BTD: jax.Array, key_valid_BT: jax.Array, rel_pos_PD: jax.Array) -> jax.Array:
+    def __call__(self, x_BLD: jax.Array, key_valid_BL: jax.Array, rel_pos: jax.Array) -> jax.Array:
         cfg = self.cfg
-        x = self.ffn1(x_BTD)
-        attended = self.attn(self.norm_pre_attn(_clamp(x, cfg)), key_valid_BT, rel_pos_PD)
+        x = self.ffn1(x_BLD)
+        attended = self.attn(self.norm_pre_attn(_clamp(x, cfg)), key_valid_BL, rel_pos)
         x = x + self.norm_post_attn(_clamp(attended, cfg))
         x = self.ffn2(self.lconv(x))
         return self.norm_out(_clamp(x, cfg))

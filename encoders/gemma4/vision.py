@@ -3,20 +3,14 @@
 
 Encoder contract (what the integrator calls):
 
-* :func:`collate` (host side, pure numpy): the images of a batch (``preprocess.gemma4.image.Gemma4ImagePatches``,
-  unpadded) -> ``{"pixel_values": float32 [N, max_patches, 3 p**2], "position_ids": int32 [N, max_patches, 2],
-  "num_soft_tokens": int32 [N]}``. Every image is padded to the budget of the configured ``max_soft_tokens``
-  (``max_patches = max_soft_tokens * k**2``; zero pixels, position (-1, -1)) and the image count to N, the next
-  power of two (padding images have no patches and 0 soft tokens). True sizes are data, so new image sizes and
-  aspect ratios reuse one compiled program; only a new N bucket compiles again.
-* :class:`Gemma4VisionEncoder` ``(inputs) -> (features [N * max_soft_tokens, text_hidden], valid [N *
+* inputs: ``{"pixel_values": float32 [B, L, 3 p**2], "position_ids": int32 [B, L, 2], "num_soft_tokens": int32
+  [B]}``, the B images of a batch padded to one patch budget (L = max_patches) and B a power of two, batched on the
+  host by preprocess/gemma4/image_batch.py.
+* :class:`Gemma4VisionEncoder` ``(inputs) -> (features [B * max_soft_tokens, text_hidden], valid [B *
   max_soft_tokens] bool, ())``: rows image-major, image i's soft tokens in rows ``i * max_soft_tokens + j`` for
   ``j < num_soft_tokens[i]`` (row-major over its pooled grid); ``valid`` is False (and the row zero) for the rest.
-  The j-th valid row is what the j-th ``<|image|>`` placeholder of the prompt receives.
-* ``Gemma4VisionEncoder.collate(items)``: :func:`collate` with the patch budget of the smallest supported soft-token
-  budget (:data:`preprocess.gemma4.image.SUPPORTED_SOFT_TOKENS`) that holds the batch's largest image
-  (:func:`budget_for`): a batch of small images runs a small program, and the result does not depend on the
-  budget (padding patches are masked out and pool into nothing).
+  The j-th valid row is what the j-th ``<|image|>`` placeholder of the prompt receives. The result does not depend
+  on the patch budget (padding patches are masked out and pool into nothing).
 
 Per image (the reference's steps):
 
@@ -26,7 +20,8 @@ Per image (the reference's steps):
    RMSNorms (``x + post_attention_norm(attn(input_norm(x)))``, then the same around the MLP), q / k RMSNorms with
    weights and a weightless v RMSNorm over head_dim, 2-D RoPE (theta ``rope_parameters.rope_theta``, 100): the first
    half of every head rotated by the patch's x, the second half by its y (each half by ``rotate_half`` with
-   head_dim / 4 frequencies), attention scale 1, GQA when ``num_key_value_heads < num_attention_heads``;
+   head_dim / 4 frequencies; encoders/rope_2d.py, two sections), attention scale 1 (encoders/attention.py), GQA
+   when ``num_key_value_heads < num_attention_heads``;
    GeGLU MLP ``down(gelu_tanh(gate(x)) * up(x))``. Every projection is a :class:`ClippableLinear`.
 3. Pooling by position: padding patches zeroed, each k x k block of patches averaged into one soft token (pooled
    grid row-major), then multiplied by sqrt(hidden_size) in float32.
@@ -52,28 +47,26 @@ Parameter tree (paths in the NNX state) and logical axes (Linear axes given as (
 from __future__ import annotations
 
 import dataclasses
-from typing import Sequence
-
 import jax
 import jax.numpy as jnp
-import numpy as np
 from flax import nnx
 
 from omnijax.common.activations import activation
 from omnijax.common.config_values import config_getter, uniform_int
-from omnijax.common.errors import CheckpointError, MediaError
+from omnijax.common.errors import CheckpointError
 from omnijax.common.linear import Linear, param
 from omnijax.common.norms import RMSNorm, rms_norm
 from omnijax.common.weights import ParamPath, TensorSpec, linear, plain
+from omnijax.encoders.attention import attention
 from omnijax.encoders.gemma4.clippable_linear import ClippableLinear, clippable_linear_map
 from omnijax.encoders.gemma4.embedder import MultimodalEmbedder, multimodal_embedder_map
-from omnijax.preprocess.gemma4.image import SUPPORTED_SOFT_TOKENS, Gemma4ImageConfig, Gemma4ImagePatches
+from omnijax.encoders.rope_2d import apply_rope_2d, rope_2d_angles, rope_2d_cos_sin
 
 # Queries are attended in blocks of this many patches when an image has more, so that the scores of one layer take
 # batch x heads x block x max_patches values instead of batch x heads x max_patches**2.
 ATTENTION_QUERY_BLOCK = 1024
-# The most images one collated batch may hold (before padding to a power of two).
-MAX_IMAGES_PER_BATCH = 256
+# The 2-D RoPE turns each half of a head by itself: the first half by x, the second by y (encoders/rope_2d.py).
+ROPE_SECTIONS = 2
 
 
 @dataclasses.dataclass(frozen=True)
@@ -159,129 +152,8 @@ class Gemma4VisionConfig:
         return 3 * self.patch_size ** 2
 
 
-def check_image_config(cfg: Gemma4VisionConfig, image_cfg: Gemma4ImageConfig) -> None:
-    """Raise ``CheckpointError`` when the image processor's settings do not fit the vision tower: another patch
-    size or pooling kernel, or a soft-token budget whose longest patch row (``max_soft_tokens * k`` patches) does
-    not fit the learned position tables."""
-    if image_cfg.patch_size != cfg.patch_size:
-        raise CheckpointError(f"the image processor cuts {image_cfg.patch_size}-pixel patches but the vision tower "
-                              f"takes {cfg.patch_size}-pixel patches")
-    if image_cfg.pooling_kernel_size != cfg.pooling_kernel_size:
-        raise CheckpointError(f"the image processor pools {image_cfg.pooling_kernel_size} patches per side but the "
-                              f"vision tower pools {cfg.pooling_kernel_size}")
-    longest = image_cfg.max_soft_tokens * image_cfg.pooling_kernel_size
-    if longest > cfg.position_embedding_size:
-        raise CheckpointError(f"max_soft_tokens {image_cfg.max_soft_tokens} allows images {longest} patches long, "
-                              f"beyond the vision tower's {cfg.position_embedding_size} learned positions")
-
-
 # ---------------------------------------------------------------------------------------------------------------
-# Host side: batching.
-
-
-def padded_image_count(n: int) -> int:
-    """The image-count bucket for n images: the next power of two (at least 1)."""
-    return 1 << max(0, int(n) - 1).bit_length()
-
-
-def collate(items: Sequence[Gemma4ImagePatches], image_cfg: Gemma4ImageConfig) -> dict[str, np.ndarray]:
-    """The encoder's inputs for ``items`` (one per image, in prompt order): see the module docstring.
-
-    Raises ``MediaError`` for no images, too many images, or an item that does not match ``image_cfg``."""
-    items = list(items)
-    if not items:
-        raise MediaError("no images to encode")
-    if len(items) > MAX_IMAGES_PER_BATCH:
-        raise MediaError(f"{len(items)} images in one batch, above the limit of {MAX_IMAGES_PER_BATCH}")
-    n = padded_image_count(len(items))
-    max_patches, patch_dim, k2 = image_cfg.max_patches, image_cfg.patch_dim, image_cfg.pooling_kernel_size ** 2
-    pixel_values = np.zeros((n, max_patches, patch_dim), np.float32)
-    position_ids = np.full((n, max_patches, 2), -1, np.int32)
-    num_soft_tokens = np.zeros((n,), np.int32)
-    for i, item in enumerate(items):
-        rows = item.pixel_values.shape[0]
-        if (item.pixel_values.ndim != 2 or item.pixel_values.shape[1] != patch_dim or rows > max_patches
-                or item.position_ids.shape != (rows, 2) or item.num_soft_tokens * k2 != rows or rows == 0):
-            raise MediaError(
-                f"image {i}: {tuple(item.pixel_values.shape)} patches with {tuple(item.position_ids.shape)} positions "
-                f"and {item.num_soft_tokens} soft tokens do not fit patches of {patch_dim} values, at most "
-                f"{max_patches} of them, {k2} per soft token")
-        pixel_values[i, :rows] = item.pixel_values
-        position_ids[i, :rows] = item.position_ids
-        num_soft_tokens[i] = item.num_soft_tokens
-    return {"pixel_values": pixel_values, "position_ids": position_ids, "num_soft_tokens": num_soft_tokens}
-
-
-def budget_for(items: Sequence[Gemma4ImagePatches], cfg: Gemma4VisionConfig) -> Gemma4ImageConfig:
-    """The image settings whose padded patch budget batches ``items``: the tower's patch and pooling sizes and the
-    smallest supported ``max_soft_tokens`` holding the largest item. Raises ``MediaError`` when an item has more
-    soft tokens than the largest supported budget."""
-    largest = max((int(item.num_soft_tokens) for item in items), default=0)
-    for budget in SUPPORTED_SOFT_TOKENS:
-        if largest <= budget:
-            return Gemma4ImageConfig(patch_size=cfg.patch_size, pooling_kernel_size=cfg.pooling_kernel_size,
-                                     max_soft_tokens=budget)
-    raise MediaError(f"an image of {largest} soft tokens is above the largest supported budget of "
-                     f"{SUPPORTED_SOFT_TOKENS[-1]}")
-
-
-# ---------------------------------------------------------------------------------------------------------------
-# Device side.
-
-
-def rotate_half(x: jax.Array) -> jax.Array:
-    half = x.shape[-1] // 2
-    return jnp.concatenate([-x[..., half:], x[..., :half]], axis=-1)
-
-
-def vision_rope_cos_sin(positions_BP2: jax.Array, head_dim: int, theta: float) -> tuple[jax.Array, jax.Array]:
-    """cos, sin [B, P, head_dim] float32 of the 2-D RoPE: for the first half of the head the x frequencies twice
-    (head_dim / 4 of them), for the second half the y frequencies twice."""
-    spatial = head_dim // 2
-    inv_freq = 1.0 / (theta ** (jnp.arange(0, spatial, 2, dtype=jnp.float32) / spatial))
-    freqs = positions_BP2.astype(jnp.float32)[..., None] * inv_freq  # [B, P, 2, head_dim/4]
-    fx, fy = freqs[..., 0, :], freqs[..., 1, :]
-    angles = jnp.concatenate([fx, fx, fy, fy], axis=-1)
-    return jnp.cos(angles), jnp.sin(angles)
-
-
-def apply_vision_rope(x_BPHK: jax.Array, cos_BPK: jax.Array, sin_BPK: jax.Array) -> jax.Array:
-    """Rotate each half of every head by its own axis: x [B, P, heads, head_dim]."""
-    half = x_BPHK.shape[-1] // 2
-    cos, sin = cos_BPK[:, :, None, :].astype(x_BPHK.dtype), sin_BPK[:, :, None, :].astype(x_BPHK.dtype)
-    parts = []
-    for lo in (0, half):
-        xp = x_BPHK[..., lo:lo + half]
-        parts.append(xp * cos[..., lo:lo + half] + rotate_half(xp) * sin[..., lo:lo + half])
-    return jnp.concatenate(parts, axis=-1)
-
-
-def _attend(q_BQKGD: jax.Array, k_BSKD: jax.Array, v_BSKD: jax.Array, key_valid_BS: jax.Array) -> jax.Array:
-    """Scale-1 attention of the query block over all keys; padding keys masked; softmax in float32."""
-    scores = jnp.einsum("bqkgd,bskd->bkgqs", q_BQKGD, k_BSKD).astype(jnp.float32)
-    scores = jnp.where(key_valid_BS[:, None, None, None, :], scores, jnp.finfo(jnp.float32).min)
-    probs = jax.nn.softmax(scores, axis=-1).astype(v_BSKD.dtype)
-    return jnp.einsum("bkgqs,bskd->bqkgd", probs, v_BSKD)
-
-
-def image_attention(q_BPHD: jax.Array, k_BPKD: jax.Array, v_BPKD: jax.Array, key_valid_BP: jax.Array,
-                    block: int = ATTENTION_QUERY_BLOCK) -> jax.Array:
-    """Bidirectional attention of every image's patches over its own non-padding patches, scale 1.
-
-    q [B, P, heads, head_dim], k / v [B, P, kv_heads, head_dim] (heads a multiple of kv_heads), key_valid [B, P].
-    Returns [B, P, heads, head_dim]. More than ``block`` queries are attended block by block (``lax.map``)."""
-    b, p, h, d = q_BPHD.shape
-    kv = k_BPKD.shape[2]
-    q = q_BPHD.reshape(b, p, kv, h // kv, d)
-    if p <= block:
-        out = _attend(q, k_BPKD, v_BPKD, key_valid_BP)
-    else:
-        n_blocks = -(-p // block)
-        q = jnp.pad(q, ((0, 0), (0, n_blocks * block - p), (0, 0), (0, 0), (0, 0)))
-        q = jnp.moveaxis(q.reshape(b, n_blocks, block, kv, h // kv, d), 1, 0)
-        out = jax.lax.map(lambda qb: _attend(qb, k_BPKD, v_BPKD, key_valid_BP), q)
-        out = jnp.moveaxis(out, 0, 1).reshape(b, n_blocks * block, kv, h // kv, d)[:, :p]
-    return out.reshape(b, p, h, d)
+# Modules.
 
 
 class Gemma4VisionAttention(nnx.Module):
@@ -297,14 +169,15 @@ class Gemma4VisionAttention(nnx.Module):
         self.q_norm = RMSNorm(hd, eps=cfg.rms_norm_eps, axis_name="head_dim")
         self.k_norm = RMSNorm(hd, eps=cfg.rms_norm_eps, axis_name="head_dim")
 
-    def __call__(self, x_BPD: jax.Array, cos: jax.Array, sin: jax.Array, key_valid_BP: jax.Array) -> jax.Array:
-        b, p, _ = x_BPD.shape
-        q = self.q_norm(self.q_proj(x_BPD).reshape(b, p, self.num_heads, self.head_dim))
-        k = self.k_norm(self.k_proj(x_BPD).reshape(b, p, self.num_kv_heads, self.head_dim))
-        v = rms_norm(self.v_proj(x_BPD).reshape(b, p, self.num_kv_heads, self.head_dim), None, eps=self.eps,
+    def __call__(self, x_BLD: jax.Array, cos_BLH: jax.Array, sin_BLH: jax.Array, key_valid_BL: jax.Array
+                 ) -> jax.Array:
+        b, p, _ = x_BLD.shape
+        q = self.q_norm(self.q_proj(x_BLD).reshape(b, p, self.num_heads, self.head_dim))
+        k = self.k_norm(self.k_proj(x_BLD).reshape(b, p, self.num_kv_heads, self.head_dim))
+        v = rms_norm(self.v_proj(x_BLD).reshape(b, p, self.num_kv_heads, self.head_dim), None, eps=self.eps,
                      plus_one=False)
-        q, k = apply_vision_rope(q, cos, sin), apply_vision_rope(k, cos, sin)
-        out = image_attention(q, k, v, key_valid_BP)
+        q, k = (apply_rope_2d(x, cos_BLH, sin_BLH, sections=ROPE_SECTIONS) for x in (q, k))
+        out = attention(q, k, v, key_valid_BL, query_block=ATTENTION_QUERY_BLOCK)
         return self.o_proj(out.reshape(b, p, self.num_heads * self.head_dim))
 
 
@@ -321,7 +194,7 @@ class Gemma4VisionMLP(nnx.Module):
 
 
 class Gemma4VisionLayer(nnx.Module):
-    """x + post_attn_norm(attn(input_norm(x))), then x + post_ff_norm(mlp(pre_ff_norm(x))); [B, P, D]."""
+    """x + post_attn_norm(attn(input_norm(x))), then x + post_ff_norm(mlp(pre_ff_norm(x))); [B, L, D]."""
 
     def __init__(self, cfg: Gemma4VisionConfig, *, rngs: nnx.Rngs):
         d, eps = cfg.hidden_size, cfg.rms_norm_eps
@@ -332,27 +205,29 @@ class Gemma4VisionLayer(nnx.Module):
         self.mlp = Gemma4VisionMLP(cfg, rngs=rngs)
         self.post_ff_norm = RMSNorm(d, eps=eps, axis_name="vision_embed")
 
-    def __call__(self, x: jax.Array, cos: jax.Array, sin: jax.Array, key_valid_BP: jax.Array) -> jax.Array:
-        x = x + self.post_attn_norm(self.attn(self.input_norm(x), cos, sin, key_valid_BP))
+    def __call__(self, x_BLD: jax.Array, cos_BLH: jax.Array, sin_BLH: jax.Array, key_valid_BL: jax.Array
+                 ) -> jax.Array:
+        x = x_BLD + self.post_attn_norm(self.attn(self.input_norm(x_BLD), cos_BLH, sin_BLH, key_valid_BL))
         return x + self.post_ff_norm(self.mlp(self.pre_ff_norm(x)))
 
 
-def pool_by_position(x_BPD: jax.Array, positions_BP2: jax.Array, padding_BP: jax.Array, k: int,
+def pool_by_position(x_BLD: jax.Array, positions_BL2: jax.Array, padding_BL: jax.Array, k: int,
                      output_length: int) -> tuple[jax.Array, jax.Array]:
-    """Average every k x k block of patches into one soft token: (pooled float32 [B, L, D], valid [B, L]).
+    """Average every k x k block of the L patches into one soft token: (pooled float32 [B, output_length, D], valid
+    [B, output_length]).
 
     A patch at (x, y) of an image w patches wide goes to soft token ``floor(x/k) + (w/k) * floor(y/k)`` (the
     pooled grid row-major; w is the image's largest x + 1). Padding patches contribute nothing; a soft token is
     valid when some patch of the image falls into it."""
-    b, p, d = x_BPD.shape
-    pos = jnp.maximum(positions_BP2, 0)
+    b, p, d = x_BLD.shape
+    pos = jnp.maximum(positions_BL2, 0)
     width = jnp.max(pos[..., 0], axis=-1, keepdims=True) + 1  # [B, 1]
     kernel = pos // k
-    token = kernel[..., 0] + (width // k) * kernel[..., 1]  # [B, P]
-    token = jnp.where(padding_BP | (token >= output_length), output_length, token)  # out of range: dropped
+    token = kernel[..., 0] + (width // k) * kernel[..., 1]  # [B, L]
+    token = jnp.where(padding_BL | (token >= output_length), output_length, token)  # out of range: dropped
     segment = (jnp.arange(b, dtype=token.dtype)[:, None] * (output_length + 1) + token).reshape(-1)
     num_segments = b * (output_length + 1)
-    xf = jnp.where(padding_BP[..., None], 0.0, x_BPD.astype(jnp.float32)).reshape(b * p, d)
+    xf = jnp.where(padding_BL[..., None], 0.0, x_BLD.astype(jnp.float32)).reshape(b * p, d)
     pooled = jax.ops.segment_sum(xf, segment, num_segments=num_segments) * (1.0 / (k * k))
     counts = jax.ops.segment_sum(jnp.ones((b * p,), jnp.int32), segment, num_segments=num_segments)
     pooled = pooled.reshape(b, output_length + 1, d)[:, :output_length]
@@ -375,15 +250,10 @@ class Gemma4VisionEncoder(nnx.Module):
         self.embedder = MultimodalEmbedder(d, cfg.text_hidden_size, eps=cfg.rms_norm_eps, axis_in="vision_embed",
                                            rngs=rngs)
 
-    def collate(self, items: Sequence[Gemma4ImagePatches]) -> dict[str, np.ndarray]:
-        """The images of a batch (in placeholder order) as this encoder's inputs, at the budget
-        :func:`budget_for` picks (host side; see the module docstring)."""
-        return collate(items, budget_for(items, self.cfg))  # the module-level function
-
     def __call__(self, inputs: dict) -> tuple[jax.Array, jax.Array, tuple]:
-        """inputs: :func:`collate`'s dict (``num_soft_tokens`` is not needed: validity follows from the positions).
-        Returns (features [N * L, text_hidden] in the weights' dtype, valid [N * L] bool, no extra feature maps),
-        L = max_patches / k**2."""
+        """inputs: see the module docstring (``num_soft_tokens`` is not needed: validity follows from the positions).
+        Returns (features [B * output_length, text_hidden] in the weights' dtype, valid [B * output_length] bool,
+        no extra feature maps), output_length = max_patches / k**2."""
         cfg = self.cfg
         pixel_values, positions = inputs["pixel_values"], inputs["position_ids"]
         if pixel_values.ndim != 3 or pixel_values.shape[2] != cfg.patch_dim:
@@ -400,7 +270,7 @@ class Gemma4VisionEncoder(nnx.Module):
                              f"beyond the {cfg.position_embedding_size} learned positions")
         dtype = self.patch_embed.kernel[...].dtype
         positions = positions.astype(jnp.int32)
-        padding = jnp.all(positions == -1, axis=-1)  # [B, P]
+        padding = jnp.all(positions == -1, axis=-1)  # [B, L]
 
         x = self.patch_embed((2.0 * (pixel_values.astype(jnp.float32) - 0.5)).astype(dtype))
         table = self.pos_embed[...]
@@ -408,7 +278,7 @@ class Gemma4VisionEncoder(nnx.Module):
         pos = table[0][clamped[..., 0]] + table[1][clamped[..., 1]]
         x = x + jnp.where(padding[..., None], 0.0, pos).astype(x.dtype)
 
-        cos, sin = vision_rope_cos_sin(positions, cfg.head_dim, cfg.rope_theta)
+        cos, sin = rope_2d_cos_sin(rope_2d_angles(positions, cfg.head_dim, cfg.rope_theta), sections=ROPE_SECTIONS)
         key_valid = ~padding
         for layer in self.layers:
             x = layer(x, cos, sin, key_valid)

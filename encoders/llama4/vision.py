@@ -17,9 +17,9 @@ Per tile [3, S, S] (S = image_size, the processor's tile size):
 Every LayerNorm uses eps 1e-5 (``nn.LayerNorm``'s default; the reference ignores the config's ``norm_eps``), and
 every GELU is the exact (erf) one (the reference ignores ``hidden_act``).
 
-Encoder contract (:class:`Llama4ImageEncoder`): :meth:`~Llama4ImageEncoder.collate` batches on the host the
-tiles of all images of a prompt (each image's tiles row-major, then its global tile; images in prompt order),
-padding the tile count to a power of two; ``__call__`` returns features [padded_tiles * tokens_per_tile,
+Encoder contract (:class:`Llama4ImageEncoder`): the host batches the tiles of all images of a prompt (each image's
+tiles row-major, then its global tile; images in prompt order), padding the tile count to a power of two
+(preprocess/llama4/image_batch.py); ``__call__`` returns features [padded_tiles * tokens_per_tile,
 text_hidden] and ``valid`` [same rows] bool. The j-th valid row is what the j-th ``<|patch|>`` placeholder of the
 prompt receives (transformers ``masked_scatter``s the flattened projected features into the ``<|patch|>``
 positions in order, and the processor writes each image's tiles in that same order, global tile last).
@@ -28,7 +28,7 @@ Parameter tree (paths in the NNX state) and logical axes; Linear kernels are [ou
 
     ("tower", "patch_embed", "kernel")             [D, C*p*p]       (None, "vision_embed")
     ("tower", "class_embedding",)                  [D]              ("vision_embed",)
-    ("tower", "pos_embed",)                        [P + 1, D]       (None, "vision_embed")
+    ("tower", "pos_embed",)                        [patches + 1, D] (None, "vision_embed")
     ("tower", "layernorm_pre" | "layernorm_post", "weight" | "bias")
     ("tower", "layers", i, "norm1" | "norm2", "weight" | "bias")       <- input_layernorm | post_attention_layernorm
     ("tower", "layers", i, "attn", "q_proj" | "k_proj" | "v_proj" | "out_proj", "kernel" | "bias")  <- o_proj
@@ -42,7 +42,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
-from typing import Any, Sequence
+from typing import Any
 
 import jax
 import jax.numpy as jnp
@@ -50,17 +50,17 @@ import numpy as np
 from flax import nnx
 
 from omnijax.common.config_values import as_float, as_int, uniform_int
-from omnijax.common.errors import CheckpointError, MediaError
+from omnijax.common.errors import CheckpointError
 from omnijax.common.linear import Linear, param
 from omnijax.common.norms import LayerNorm
 from omnijax.common.weights import ParamPath, TensorSpec, linear, plain, prefixed
+from omnijax.encoders.attention import attention
 from omnijax.encoders.blocks import (FeedForward, MultiHeadProjections, PreLNBlock, biased_linear_map, feed_forward_map,
-                             layer_norm_map, pre_ln_block_norms_map)
-from omnijax.encoders.gemma3.siglip import dense_attention, unfold_patches
+                                     layer_norm_map, pre_ln_block_norms_map)
+from omnijax.encoders.gemma3.siglip import unfold_patches
+from omnijax.encoders.rope_2d import apply_rope_2d, rope_2d_angles, rope_2d_cos_sin
 
 LAYER_NORM_EPS = 1e-5
-# Bounds on a batch: the most tiles one encoder call takes (a prompt of 30 images of 17 tiles fits).
-DEFAULT_MAX_TILES = 512
 # Bounds on the config: depth and widths far beyond any published checkpoint are refused as broken configs.
 _MAX_LAYERS = 256
 _MAX_WIDTH = 1 << 16
@@ -192,52 +192,35 @@ class Llama4VisionConfig:
 # Pure helpers.
 
 
-def vision_rope_angles(cfg: Llama4VisionConfig) -> np.ndarray:
-    """float32 [num_patches + 1, head_dim / 2]: the rotation angle of each (2j, 2j+1) pair of each token.
-
-    ``Llama4VisionRotaryEmbedding``: patch i sits at column x = i % side and row y = i // side; pairs
-    0 .. head_dim/4 - 1 turn by (x + 1) * f_j, the next head_dim/4 by (y + 1) * f_j, with
-    f_j = 1 / theta**(2j / (head_dim / 2)) in float32. The class token (last) gets angle 0.
-    """
+def vision_rope_positions(cfg: Llama4VisionConfig) -> np.ndarray:
+    """int32 [num_patches + 1, 2]: (x + 1, y + 1) of each patch, patch i at column x = i % side and row
+    y = i // side (``Llama4VisionRotaryEmbedding``); (0, 0) for the class token (last), which is not rotated."""
     side = cfg.patches_per_side
-    freq_dim = cfg.head_dim // 2
-    freqs = np.float32(1.0) / (np.float32(cfg.rope_theta) ** (
-        np.arange(0, freq_dim, 2, dtype=np.float32)[: freq_dim // 2] / np.float32(freq_dim)))
     idx = np.arange(side * side)
-    x = (idx % side + 1).astype(np.float32)[:, None] * freqs[None, :]
-    y = (idx // side + 1).astype(np.float32)[:, None] * freqs[None, :]
-    angles = np.concatenate([x, y], axis=-1)
-    return np.concatenate([angles, np.zeros((1, angles.shape[1]), np.float32)], axis=0).astype(np.float32)
+    patches = np.stack([idx % side + 1, idx // side + 1], axis=-1)
+    return np.concatenate([patches, np.zeros((1, 2), patches.dtype)], axis=0).astype(np.int32)
 
 
-def apply_pair_rotation(x_TLHK: jax.Array, cos_LJ: jax.Array, sin_LJ: jax.Array) -> jax.Array:
-    """x [tiles, L, heads, head_dim] with each pair (2j, 2j+1) taken as the complex number x_2j + i x_2j+1 and
-    multiplied by cos + i sin of its angle [L, head_dim / 2]; in float32, cast back to x's dtype."""
-    shape = x_TLHK.shape
-    pairs = x_TLHK.astype(jnp.float32).reshape(*shape[:-1], shape[-1] // 2, 2)
-    a, b = pairs[..., 0], pairs[..., 1]
-    cos, sin = cos_LJ[None, :, None, :], sin_LJ[None, :, None, :]
-    out = jnp.stack([a * cos - b * sin, a * sin + b * cos], axis=-1)
-    return out.reshape(shape).astype(x_TLHK.dtype)
+def vision_rope_angles(cfg: Llama4VisionConfig) -> np.ndarray:
+    """float32 [num_patches + 1, head_dim / 2]: the rotation angle of each (2j, 2j+1) pair of each token, a table
+    of constants built on the host: pairs 0 .. head_dim/4 - 1 turn by (x + 1) * f_j, the next head_dim/4 by
+    (y + 1) * f_j, with f_j = 1 / theta**(2j / (head_dim / 2)) in float32 (encoders/rope_2d.py). The class token
+    (last) gets angle 0."""
+    return rope_2d_angles(vision_rope_positions(cfg), cfg.head_dim, cfg.rope_theta, xp=np)
 
 
-def pixel_shuffle(x_TND: jax.Array, ratio: float) -> jax.Array:
-    """[T, side*side, C] -> [T, (ratio*side)**2, C / ratio**2] in the reference's reshape / permute order."""
-    t, n, c = x_TND.shape
+def pixel_shuffle(x_BLD: jax.Array, ratio: float) -> jax.Array:
+    """[B, side*side, D] -> [B, (ratio*side)**2, D / ratio**2] in the reference's reshape / permute order."""
+    t, n, c = x_BLD.shape
     side = math.isqrt(n)
     if side * side != n:
         raise ValueError(f"pixel shuffle needs a square number of tokens, got {n}")
-    x = x_TND.reshape(t, side, side, c)
+    x = x_BLD.reshape(t, side, side, c)
     x = x.reshape(t, side, int(side * ratio), int(c / ratio))
     x = jnp.transpose(x, (0, 2, 1, 3))
     x = x.reshape(t, int(side * ratio), int(side * ratio), int(c / ratio ** 2))
     x = jnp.transpose(x, (0, 2, 1, 3))
     return x.reshape(t, -1, x.shape[-1])
-
-
-def _bucket(n: int) -> int:
-    """The power of two >= n (n >= 1)."""
-    return 1 << max(0, int(n) - 1).bit_length()
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -250,12 +233,12 @@ class Llama4VisionAttention(MultiHeadProjections):
     def __init__(self, cfg: Llama4VisionConfig, *, rngs: nnx.Rngs):
         super().__init__(cfg.hidden_size, cfg.num_attention_heads, "vision_embed", "vision_heads", rngs=rngs)
 
-    def __call__(self, x_TLD: jax.Array, cos_LJ: jax.Array, sin_LJ: jax.Array) -> jax.Array:
+    def __call__(self, x_BLD: jax.Array, cos_LJ: jax.Array, sin_LJ: jax.Array) -> jax.Array:
         def core(q, k, v):
-            q, k = apply_pair_rotation(q, cos_LJ, sin_LJ), apply_pair_rotation(k, cos_LJ, sin_LJ)
-            return dense_attention(q, k, v, self.head_dim ** -0.5)
+            q, k = (apply_rope_2d(x, cos_LJ, sin_LJ, interleaved=True, float32=True) for x in (q, k))
+            return attention(q, k, v, scale=self.head_dim ** -0.5)
 
-        return super().__call__(x_TLD, core)
+        return super().__call__(x_BLD, core)
 
 
 class Llama4VisionAdapter(nnx.Module):
@@ -272,7 +255,7 @@ class Llama4VisionAdapter(nnx.Module):
 
 
 class Llama4VisionTower(nnx.Module):
-    """Tiles [T, 3, S, S] -> adapter features [T, tokens_per_tile, projector_output_dim]."""
+    """Tiles [B, 3, image_size, image_size] -> adapter features [B, tokens_per_tile, projector_output_dim]."""
 
     def __init__(self, cfg: Llama4VisionConfig, *, rngs: nnx.Rngs):
         cfg.validate()
@@ -289,18 +272,17 @@ class Llama4VisionTower(nnx.Module):
         self.layernorm_post = LayerNorm(d, eps=LAYER_NORM_EPS, axis_name="vision_embed")
         self.adapter = Llama4VisionAdapter(cfg, rngs=rngs)
 
-    def __call__(self, pixels_TCHW: jax.Array) -> jax.Array:
+    def __call__(self, pixels_BCYX: jax.Array) -> jax.Array:
         cfg = self.cfg
         expected = (cfg.num_channels, cfg.image_size, cfg.image_size)
-        if pixels_TCHW.ndim != 4 or pixels_TCHW.shape[1:] != expected:
-            raise ValueError(f"expected tiles [T, {', '.join(map(str, expected))}], got {pixels_TCHW.shape}")
+        if pixels_BCYX.ndim != 4 or pixels_BCYX.shape[1:] != expected:
+            raise ValueError(f"expected tiles [tiles, {', '.join(map(str, expected))}], got {pixels_BCYX.shape}")
         dtype = self.patch_embed.kernel[...].dtype
-        x = self.patch_embed(unfold_patches(pixels_TCHW.astype(dtype), cfg.patch_size))
+        x = self.patch_embed(unfold_patches(pixels_BCYX.astype(dtype), cfg.patch_size))
         cls = jnp.broadcast_to(self.class_embedding[...].astype(x.dtype), (x.shape[0], 1, x.shape[2]))
         x = jnp.concatenate([x, cls], axis=1)
         x = self.layernorm_pre(x + self.pos_embed[...].astype(x.dtype)[None])
-        angles = jnp.asarray(vision_rope_angles(cfg))
-        cos, sin = jnp.cos(angles), jnp.sin(angles)
+        cos, sin = rope_2d_cos_sin(vision_rope_angles(cfg), interleaved=True)
         for layer in self.layers:
             x = layer(x, cos, sin)
         x = self.layernorm_post(x)[:, :-1]
@@ -315,32 +297,9 @@ class Llama4ImageEncoder(nnx.Module):
         self.tower = Llama4VisionTower(cfg, rngs=rngs)
         self.projector = Linear(cfg.vision_output_dim, cfg.text_hidden_size, axes=("vision_out", "embed"), rngs=rngs)
 
-    @staticmethod
-    def collate(items: Sequence[Any], max_tiles: int = DEFAULT_MAX_TILES) -> dict[str, np.ndarray]:
-        """Host-side batching of a prompt's images, in prompt order.
-
-        ``items``: per image, its tiles float32 [n_i, 3, S, S] (or a ``Llama4ImageTiles``, whose ``tiles`` are
-        taken). Returns ``{"pixel_values": float32 [bucket, 3, S, S], "num_tiles": int32 []}``: the tiles of all
-        images concatenated, zero tiles after them up to ``bucket``, the power of two >= sum(n_i). Raises
-        ``MediaError`` for no items, tiles of different shapes, or more than ``max_tiles`` tiles.
-        """
-        arrays = [np.asarray(getattr(item, "tiles", item)) for item in items]
-        if not arrays:
-            raise MediaError("no images to encode")
-        shapes = {a.shape[1:] for a in arrays}
-        if any(a.ndim != 4 or a.shape[0] < 1 for a in arrays) or len(shapes) != 1:
-            raise MediaError(f"image tiles must be [n, 3, S, S] arrays of one tile size, got shapes "
-                             f"{[a.shape for a in arrays]}")
-        total = sum(a.shape[0] for a in arrays)
-        if total > max_tiles:
-            raise MediaError(f"{total} image tiles in one prompt is over the limit of {max_tiles}")
-        bucket = _bucket(total)
-        pixels = np.zeros((bucket, *arrays[0].shape[1:]), np.float32)
-        pixels[:total] = np.concatenate(arrays, axis=0)
-        return {"pixel_values": pixels, "num_tiles": np.asarray(total, np.int32)}
-
     def __call__(self, inputs: dict[str, jax.Array]) -> tuple[jax.Array, jax.Array]:
-        """``inputs`` from :meth:`collate` -> (features [bucket * tokens_per_tile, text_hidden], valid [same] bool).
+        """``inputs`` (preprocess/llama4/image_batch.py) -> (features [bucket * tokens_per_tile, text_hidden], valid
+        [same] bool).
 
         Rows come tile after tile, each tile's tokens in the pixel-shuffle order; ``valid`` is False on the rows of
         padding tiles (index >= num_tiles)."""

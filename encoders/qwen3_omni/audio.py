@@ -5,16 +5,16 @@ The reference, for log-mel features of a batch of clips (``lengths`` frames each
      longest chunk of the whole batch (the padded length changes the convolution outputs near a short chunk's end);
   2. three Conv2d(3x3, stride 2, padding 1) + GELU (erf) over (mel, time), then ``conv_out`` over (channel, mel);
   3. adds sinusoidal positions restarting at 0 in every chunk; each chunk keeps its first
-     ``audio_output_length(chunk_frames)`` positions;
+     ``audio_tokens_from_frames(chunk_frames)`` positions (preprocess/qwen3_omni/mrope.py);
   4. runs pre-LN encoder layers whose attention is restricted to windows of
      ``max_chunk_tokens * (n_window_infer // (2 * n_window))`` tokens within each clip (the last window of a clip
      shorter), the reference's ``cu_seqlens``;
   5. ln_post -> proj1 -> activation -> proj2.
 
-A window always covers whole chunks of one clip, at most n_window_infer // (2 * n_window) of them
-(:func:`audio_windows`). ``QwenAudioTower.encode`` takes window blocks: [windows, chunks_per_window, n_mels,
-2 * n_window] frames, each chunk zero-padded to the full chunk length, plus the frames of every chunk and the
-batch's longest chunk as data (:func:`audio_window_blocks`). The convolutions' outputs past the batch's longest
+A window always covers whole chunks of one clip, at most n_window_infer // (2 * n_window) of them.
+``QwenAudioTower.encode`` takes window blocks: [windows, chunks_per_window, n_mels, 2 * n_window] frames, each chunk
+zero-padded to the full chunk length, plus the frames of every chunk and the batch's longest chunk as data (laid out
+on the host by preprocess/qwen3_omni/audio_batch.py). The convolutions' outputs past the batch's longest
 chunk are zeroed, which is exactly the reference's padding to that length, and attention runs per window block over
 its valid tokens; a program compiled for one (windows, chunks_per_window) bucket serves every set of lengths that
 fits it.
@@ -23,7 +23,7 @@ Parameter tree (paths in the NNX state) and logical axes::
 
     ("conv2d1" | "conv2d2" | "conv2d3", "kernel")   [O, I, 3, 3] torch OIHW layout  ("audio_conv", None, None, None)
     ("conv2d1" | "conv2d2" | "conv2d3", "bias")     [O]  ("audio_conv",)
-    ("conv_out", "kernel")                          [d_model, C * F]  ("audio_embed", None), no bias
+    ("conv_out", "kernel")                          [d_model, C * mel_after_convs]  ("audio_embed", None), no bias
     ("layers", i, "norm1" | "norm2", "weight" | "bias")   [d_model]  ("audio_embed",)
                                                     <- self_attn_layer_norm | final_layer_norm
     ("layers", i, "attn", "q_proj" | "k_proj" | "v_proj", "kernel" | "bias")   ("audio_embed", "audio_heads")
@@ -51,8 +51,10 @@ from omnijax.common.linear import Linear, param
 from omnijax.common.activations import activation
 from omnijax.common.norms import LayerNorm
 from omnijax.common.config_values import config_getter
-from omnijax.encoders.blocks import (FeedForward, MultiHeadProjections, PreLNBlock, block_attention, feed_forward_map,
-                             layer_norm_map, multi_head_projections_map, pre_ln_block_norms_map)
+from omnijax.encoders.attention import attention
+from omnijax.encoders.blocks import (FeedForward, MultiHeadProjections, PreLNBlock, feed_forward_map, layer_norm_map,
+                                     multi_head_projections_map, pre_ln_block_norms_map)
+from omnijax.preprocess.qwen3_omni.mrope import audio_tokens_from_frames
 
 
 @dataclasses.dataclass(frozen=True)
@@ -131,92 +133,9 @@ class QwenAudioConfig:
 # Host-side (Python / numpy) helpers.
 
 
-def audio_output_length(num_frames: int, n_window: int = 50) -> int:
-    """Tokens the tower emits for a clip (or chunk) of ``num_frames`` frames: ``_get_feat_extract_output_lengths``.
-    Works elementwise on numpy integer arrays too."""
-    chunk = n_window * 2
-    leave = num_frames % chunk
-    feat = (leave - 1) // 2 + 1
-    return ((feat - 1) // 2 + 1 - 1) // 2 + 1 + (num_frames // chunk) * 13
-
-
 def _conv_length(n):
     """Length after one Conv2d(kernel 3, stride 2, padding 1); n an int or an integer numpy / jax array."""
     return (n - 1) // 2 + 1
-
-
-def audio_chunk_lengths(lengths: tuple[int, ...], n_window: int) -> tuple[int, ...]:
-    """Frames of every chunk of every clip, in order: full chunks of 2 * n_window frames, then the remainder
-    (``chunk_and_pad_features``)."""
-    chunk = 2 * n_window
-    out: list[int] = []
-    for n in lengths:
-        out += [chunk] * (n // chunk)
-        if n % chunk:
-            out.append(n % chunk)
-    return tuple(out)
-
-
-def audio_attention_seqlens(lengths: tuple[int, ...], n_window: int, n_window_infer: int) -> tuple[int, ...]:
-    """Attention window lengths in tokens, in order (``get_audio_cu_seqlens`` differenced): each clip's tokens are
-    cut into windows of ``max_chunk_tokens * (n_window_infer // (2 * n_window))`` tokens, the last one shorter,
-    where ``max_chunk_tokens`` is the most tokens any chunk of the batch yields."""
-    chunk_tokens = [audio_output_length(c, n_window) for c in audio_chunk_lengths(lengths, n_window)]
-    window = max(chunk_tokens) * (n_window_infer // (2 * n_window))
-    if window < 1:
-        raise ValueError(f"audio attention window is empty (n_window {n_window}, n_window_infer {n_window_infer})")
-    out: list[int] = []
-    for n in lengths:
-        tokens = audio_output_length(n, n_window)
-        out += [window] * (tokens // window)
-        if tokens % window:
-            out.append(tokens % window)
-    return tuple(out)
-
-
-def audio_windows(lengths: tuple[int, ...], n_window: int, n_window_infer: int) -> tuple[tuple[int, ...], ...]:
-    """The reference's attention windows (:func:`audio_attention_seqlens`) as runs of chunks: window i holds the
-    indices, into ``audio_chunk_lengths(lengths, n_window)``, of the chunks whose tokens it covers. Raises
-    ValueError if a window would end inside a chunk."""
-    tokens = [audio_output_length(c, n_window) for c in audio_chunk_lengths(lengths, n_window)]
-    windows: list[tuple[int, ...]] = []
-    c = 0
-    for size in audio_attention_seqlens(lengths, n_window, n_window_infer):
-        run, covered = [], 0
-        while covered < size:
-            covered += tokens[c]
-            run.append(c)
-            c += 1
-        if covered != size:
-            raise ValueError(f"an audio attention window of {size} tokens ends inside a chunk (lengths {lengths})")
-        windows.append(tuple(run))
-    return tuple(windows)
-
-
-def audio_window_blocks(lengths: tuple[int, ...], n_window: int, windows: tuple[tuple[int, ...], ...],
-                        num_blocks: int, chunks_per_block: int) -> dict:
-    """Window-block layout of clips of ``lengths`` frames packed back to back: window i (:func:`audio_windows`)
-    fills block i of [num_blocks, chunks_per_block] chunk slots with its chunks, then empty slots.
-
-    Returns numpy arrays:
-      source [num_blocks, chunks_per_block, 2 * n_window] int32: index of each slot's frame in the packed
-          [n_mels, total_frames] input, ``total_frames`` past a chunk's end and in empty slots;
-      chunk_frames [num_blocks, chunks_per_block] int32: frames of each chunk, 0 for an empty slot;
-      padded_frames [] int32: the longest chunk of the batch, the length the reference pads every chunk to.
-    """
-    chunks = audio_chunk_lengths(lengths, n_window)
-    if len(windows) > num_blocks or max(len(w) for w in windows) > chunks_per_block:
-        raise ValueError(f"{len(windows)} audio windows of up to {max(len(w) for w in windows)} chunks do not fit "
-                         f"{num_blocks} blocks of {chunks_per_block} chunks")
-    total, width = sum(chunks), 2 * n_window
-    starts = np.concatenate([[0], np.cumsum(chunks)[:-1]])
-    source = np.full((num_blocks, chunks_per_block, width), total, np.int32)
-    frames = np.zeros((num_blocks, chunks_per_block), np.int32)
-    for i, run in enumerate(windows):
-        for j, c in enumerate(run):
-            source[i, j, :chunks[c]] = starts[c] + np.arange(chunks[c])
-            frames[i, j] = chunks[c]
-    return dict(source=source, chunk_frames=frames, padded_frames=np.int32(max(chunks)))
 
 
 def sinusoid_positions(length: int, channels: int, max_timescale: float = 10000.0) -> np.ndarray:
@@ -232,31 +151,31 @@ def sinusoid_positions(length: int, channels: int, max_timescale: float = 10000.
 
 
 class StridedConv2d(nnx.Module):
-    """Conv2d(kernel 3, stride 2, padding 1) on [N, C, H, W]; kernel kept in torch's [O, I, 3, 3] layout."""
+    """Conv2d(kernel 3, stride 2, padding 1) on [B, C, Y, X]; kernel kept in torch's [O, I, 3, 3] layout."""
 
     def __init__(self, in_channels: int, out_channels: int, *, rngs: nnx.Rngs):
         self.kernel = param(rngs, (out_channels, in_channels, 3, 3), ("audio_conv", None, None, None))
         self.bias = nnx.Param(jnp.zeros((out_channels,)), axes=("audio_conv",))
 
-    def __call__(self, x_NCHW: jax.Array) -> jax.Array:
-        y = jax.lax.conv_general_dilated(x_NCHW, self.kernel[...].astype(x_NCHW.dtype), window_strides=(2, 2),
+    def __call__(self, x_BCYX: jax.Array) -> jax.Array:
+        y = jax.lax.conv_general_dilated(x_BCYX, self.kernel[...].astype(x_BCYX.dtype), window_strides=(2, 2),
                                          padding=((1, 1), (1, 1)), dimension_numbers=("NCHW", "OIHW", "NCHW"))
         return y + self.bias[...].astype(y.dtype)[None, :, None, None]
 
 
 class QwenAudioAttention(MultiHeadProjections):
     """Multi-head self-attention with biases within each window block over its valid tokens;
-    x [windows, L, D] -> [windows, L, D]."""
+    x [B, L, D] (B window blocks) -> [B, L, D]."""
 
     def __init__(self, cfg: QwenAudioConfig, *, rngs: nnx.Rngs):
         super().__init__(cfg.d_model, cfg.encoder_attention_heads, "audio_embed", "audio_heads", rngs=rngs)
 
-    def __call__(self, x_WLD: jax.Array, valid_WL: jax.Array) -> jax.Array:
-        return super().__call__(x_WLD, lambda q, k, v: block_attention(q, k, v, valid_WL, self.head_dim ** -0.5))
+    def __call__(self, x_BLD: jax.Array, valid_BL: jax.Array) -> jax.Array:
+        return super().__call__(x_BLD, lambda q, k, v: attention(q, k, v, valid_BL, scale=self.head_dim ** -0.5))
 
 
 def qwen_audio_encoder_layer(cfg: QwenAudioConfig, *, rngs: nnx.Rngs) -> PreLNBlock:
-    """Pre-LN block: x + attn(norm1(x), valid), then x + fc2(act(fc1(norm2(x)))); [W, L, D] -> [W, L, D]."""
+    """Pre-LN block: x + attn(norm1(x), valid), then x + fc2(act(fc1(norm2(x)))); [B, L, D] -> [B, L, D]."""
     d = cfg.d_model
     return PreLNBlock(d, cfg.layer_norm_eps, "audio_embed", QwenAudioAttention(cfg, rngs=rngs),
                       FeedForward(d, cfg.encoder_ffn_dim, cfg.activation_function, "audio_embed", "audio_mlp",
@@ -264,9 +183,9 @@ def qwen_audio_encoder_layer(cfg: QwenAudioConfig, *, rngs: nnx.Rngs) -> PreLNBl
 
 
 def check_chunk_tokens(cfg: QwenAudioConfig) -> None:
-    """The reference counts ``audio_output_length`` tokens per chunk, which equals the convolutions' output length
-    only for 100-frame chunks (n_window 50); its positions must fit ``max_source_positions``."""
-    if any(audio_output_length(c, cfg.n_window) != _conv_length(_conv_length(_conv_length(c)))
+    """The reference counts ``audio_tokens_from_frames`` tokens per chunk, which equals the convolutions' output
+    length only for 100-frame chunks (n_window 50); its positions must fit ``max_source_positions``."""
+    if any(audio_tokens_from_frames(c, cfg.n_window) != _conv_length(_conv_length(_conv_length(c)))
            for c in range(1, cfg.chunk_frames + 1)):
         raise ValueError(f"audio n_window {cfg.n_window} is not supported: the reference's token count per chunk "
                          f"assumes 100-frame chunks (n_window 50)")
@@ -277,7 +196,7 @@ def check_chunk_tokens(cfg: QwenAudioConfig) -> None:
 
 class QwenAudioTower(nnx.Module):
     """Chunked convolutions, per-chunk sinusoidal positions, windowed encoder layers, output head. ``encode`` takes
-    window blocks, ``__call__`` packed features and static lengths."""
+    window blocks."""
 
     def __init__(self, cfg: QwenAudioConfig, *, rngs: nnx.Rngs):
         cfg.validate()
@@ -293,19 +212,19 @@ class QwenAudioTower(nnx.Module):
         self.proj = FeedForward(d, d, cfg.activation_function, "audio_embed", "audio_mlp", rngs=rngs,
                                 out_dim=cfg.output_dim, axes_out="embed")
 
-    def encode(self, features_WCMT: jax.Array, chunk_frames_WC: jax.Array,
+    def encode(self, features_BUML: jax.Array, chunk_frames_BU: jax.Array,
                padded_frames: jax.Array) -> tuple[jax.Array, jax.Array]:
-        """Window blocks (:func:`audio_window_blocks`) -> (tokens [W*C*chunk_tokens, output_dim], valid
-        [W*C*chunk_tokens] bool). features [W, C, n_mels, 2*n_window] (frames past a chunk's ``chunk_frames`` are
-        ignored), chunk_frames [W, C] int, padded_frames [] int: the batch's longest chunk."""
+        """B window blocks of U chunk slots (preprocess/qwen3_omni/audio_batch.py) -> (tokens [B*U*chunk_tokens,
+        output_dim], valid [B*U*chunk_tokens] bool). features [B, U, M, 2*n_window] (frames past a chunk's
+        ``chunk_frames`` are ignored), chunk_frames [B, U] int, padded_frames [] int: the batch's longest chunk."""
         cfg = self.cfg
-        w, c = chunk_frames_WC.shape
-        if features_WCMT.shape != (w, c, cfg.num_mel_bins, cfg.chunk_frames):
+        w, c = chunk_frames_BU.shape
+        if features_BUML.shape != (w, c, cfg.num_mel_bins, cfg.chunk_frames):
             raise ValueError(f"expected audio chunk blocks [{w}, {c}, {cfg.num_mel_bins}, {cfg.chunk_frames}], got "
-                             f"{tuple(features_WCMT.shape)}")
+                             f"{tuple(features_BUML.shape)}")
         dtype = self.conv_out.kernel[...].dtype
-        frames = chunk_frames_WC.reshape(w * c, 1, 1, 1)
-        x = features_WCMT.reshape(w * c, 1, cfg.num_mel_bins, cfg.chunk_frames).astype(dtype)
+        frames = chunk_frames_BU.reshape(w * c, 1, 1, 1)
+        x = features_BUML.reshape(w * c, 1, cfg.num_mel_bins, cfg.chunk_frames).astype(dtype)
         x = jnp.where(jnp.arange(cfg.chunk_frames) < frames, x, jnp.zeros((), dtype))
 
         # Convolutions; outputs past the padded length's are the reference's zero padding of the next layer.
@@ -315,10 +234,10 @@ class QwenAudioTower(nnx.Module):
             x = gelu(conv(x))
             length = _conv_length(length)
             x = jnp.where(jnp.arange(x.shape[-1]) < length, x, jnp.zeros((), x.dtype))
-        n, ch, f, t = x.shape  # [chunks, C, F, chunk_tokens]
+        n, ch, f, t = x.shape  # [chunks, C, mel_after_convs, chunk_tokens]
         x = self.conv_out(jnp.transpose(x, (0, 3, 1, 2)).reshape(n, t, ch * f))
         x = x + jnp.asarray(sinusoid_positions(t, cfg.d_model), x.dtype)[None]
-        valid = jnp.arange(t) < _conv_length(_conv_length(_conv_length(chunk_frames_WC)))[..., None]
+        valid = jnp.arange(t) < _conv_length(_conv_length(_conv_length(chunk_frames_BU)))[..., None]
 
         # Windowed encoder layers: one block per window.
         x = x.reshape(w, c * t, cfg.d_model)

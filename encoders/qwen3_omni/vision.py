@@ -4,16 +4,16 @@ Input layout (``QwenVisionTower.encode``): frame blocks. Attention is restricted
 (``cu_seqlens`` in the reference: t segments of h*w patches per grid entry), so every frame of the batch gets its
 own block of a [frames, frame_patches] array: its patches first, in the processor's 2x2 spatial-merge-block order
 (each patch flattened in (channel, frame, row, column) order), then padding. Everything that depends on the grids
-is data laid out the same way (:func:`vision_frame_blocks`): learned-position interpolation taps and weights, 2-D
-RoPE positions, a valid mask. Attention runs per block over its valid patches (``block_attention``), so a
-program compiled for one (frames, frame_patches) bucket serves every grid that fits it.
+is data laid out the same way (preprocess/qwen3_omni/image_batch.py): learned-position interpolation taps and
+weights, 2-D RoPE positions, a valid mask. Attention runs per block over its valid patches, so a program compiled
+for one (frames, frame_patches) bucket serves every grid that fits it.
 
 Output: merged tokens [frames * frame_patches / merge**2, out_hidden] and one such array per deepstack layer, row
 r of block f being the r-th merged token of frame f (rows past a frame's tokens are padding).
 
 Parameter tree (paths in the NNX state) and logical axes::
 
-    ("patch_embed", "kernel")              [D, C*T*p*p]  ("vision_embed", None)   conv3d weight [D, C, T, p, p]
+    ("patch_embed", "kernel")              [D, F]  ("vision_embed", None)   conv3d weight [D, C, t, p, p], F = C*t*p*p
     ("patch_embed", "bias")                [D]
     ("pos_embed",)                         [num_position_embeddings, D]  (None, "vision_embed")
     ("blocks", i, "norm1" | "norm2", "weight" | "bias")        [D]  ("vision_embed",)
@@ -35,7 +35,6 @@ import dataclasses
 
 import jax
 import jax.numpy as jnp
-import numpy as np
 from flax import nnx
 
 from omnijax.common.weights import ParamPath, TensorSpec, plain
@@ -43,10 +42,11 @@ from omnijax.common.linear import Linear, param
 from omnijax.common.activations import activation
 from omnijax.common.norms import LayerNorm
 from omnijax.common.config_values import config_getter, uniform_int
-from omnijax.encoders.blocks import (FeedForward, PreLNBlock, biased_linear_map, block_attention, feed_forward_map,
-                             layer_norm_map, pre_ln_block_norms_map)
+from omnijax.encoders.attention import attention
+from omnijax.encoders.blocks import (FeedForward, PreLNBlock, biased_linear_map, feed_forward_map, layer_norm_map,
+                                     pre_ln_block_norms_map)
+from omnijax.encoders.rope_2d import apply_rope_2d, rope_2d_angles, rope_2d_cos_sin
 
-Grid = tuple[tuple[int, int, int], ...]
 
 @dataclasses.dataclass(frozen=True)
 class QwenVisionConfig:
@@ -118,146 +118,7 @@ class QwenVisionConfig:
 
 
 # ---------------------------------------------------------------------------------------------------------------
-# Host-side (numpy) helpers: everything that depends only on the grids.
-
-
-def check_grid(grid_thw, merge: int) -> Grid:
-    """``grid_thw`` as a tuple of (t, h, w) Python ints; h and w must be multiples of the merge size."""
-    try:
-        grid = tuple((int(t), int(h), int(w)) for t, h, w in grid_thw)
-    except (TypeError, ValueError):
-        raise ValueError(f"grid_thw must be a sequence of (t, h, w) triples, got {grid_thw!r}") from None
-    if not grid:
-        raise ValueError("grid_thw is empty: at least one image is needed")
-    for t, h, w in grid:
-        if t < 1 or h < 1 or w < 1:
-            raise ValueError(f"grid {(t, h, w)} has a non-positive size")
-        if h % merge or w % merge:
-            raise ValueError(f"grid {(t, h, w)}: h and w must be multiples of spatial_merge_size {merge}")
-    return grid
-
-
-def vision_patch_count(grid_thw: Grid) -> int:
-    return sum(t * h * w for t, h, w in grid_thw)
-
-
-def vision_token_count(grid_thw: Grid, merge: int) -> int:
-    """Merged tokens for all grids: sum(t*h*w) / merge**2."""
-    return vision_patch_count(grid_thw) // (merge * merge)
-
-
-def vision_segments(grid_thw: Grid) -> tuple[int, ...]:
-    """Attention segment lengths: each of the t frames of each grid entry is one segment of h*w patches."""
-    return tuple(h * w for t, h, w in grid_thw for _ in range(t))
-
-
-def _merge_block_rows_cols(h: int, w: int, merge: int) -> tuple[np.ndarray, np.ndarray]:
-    """(row, col) of each of one frame's h*w patches, in spatial-merge-block order."""
-    rows, cols = np.meshgrid(np.arange(h), np.arange(w), indexing="ij")
-    shape = (h // merge, merge, w // merge, merge)
-    return (rows.reshape(shape).transpose(0, 2, 1, 3).reshape(-1),
-            cols.reshape(shape).transpose(0, 2, 1, 3).reshape(-1))
-
-
-def vision_rope_positions(grid_thw: Grid, merge: int) -> np.ndarray:
-    """[total_patches, 2] int32 (row, col) of every patch, frames repeating the same positions."""
-    out = []
-    for t, h, w in grid_thw:
-        rows, cols = _merge_block_rows_cols(h, w, merge)
-        out.append(np.tile(np.stack([rows, cols], axis=-1), (t, 1)))
-    return np.concatenate(out, axis=0).astype(np.int32)
-
-
-def _axis_taps(index: np.ndarray, size: int, side: int) -> tuple[np.ndarray, np.ndarray]:
-    """Bilinear (align_corners=True) taps [n, 2] into a ``side``-long axis and their float32 weights [n, 2], with
-    the reference's float32 operation order (``index * (side-1) / max(size-1, 1)``, border clamping)."""
-    index = index.astype(np.float32)
-    src = index * np.float32(side - 1) / np.float32(max(size - 1, 1))
-    floor = np.floor(src)
-    offsets = np.arange(2)
-    taps = np.clip(floor.astype(np.int64)[:, None] + offsets, 0, side - 1)
-    distance = np.abs(src[:, None] - floor[:, None] - offsets.astype(np.float32))
-    weights = np.maximum(np.float32(1) - distance, np.float32(0)).astype(np.float32)
-    return taps, weights
-
-
-def vision_pos_interpolation(grid_thw: Grid, side: int, merge: int) -> tuple[np.ndarray, np.ndarray]:
-    """Indices [total_patches, 4] int32 into the flattened (side x side) learned position table and float32 weights
-    [total_patches, 4] that resample it bilinearly (align_corners=True) to each grid, in merge-block order."""
-    indices, weights = [], []
-    for t, h, w in grid_thw:
-        rows, cols = _merge_block_rows_cols(h, w, merge)
-        h_taps, h_w = _axis_taps(rows, h, side)
-        w_taps, w_w = _axis_taps(cols, w, side)
-        idx = (h_taps[:, :, None] * side + w_taps[:, None, :]).reshape(-1, 4)
-        wts = (h_w[:, :, None] * w_w[:, None, :]).reshape(-1, 4)
-        indices.append(np.tile(idx, (t, 1)))
-        weights.append(np.tile(wts, (t, 1)))
-    return np.concatenate(indices).astype(np.int32), np.concatenate(weights).astype(np.float32)
-
-
-def vision_frame_blocks(grid_thw: Grid, side: int, merge: int, frames: int, frame_patches: int) -> dict:
-    """Frame-block layout of the images ``grid_thw``: frame f of the batch (the frames of each image in order)
-    fills row f of [frames, frame_patches] patch slots with its h*w patches (merge-block order), then padding.
-
-    ``frames`` >= the number of frames, ``frame_patches`` >= the largest h*w and a multiple of merge**2. Returns
-    numpy arrays:
-      source [frames, frame_patches] int32: index of each slot's patch in the packed [total_patches, ...] input,
-          ``total_patches`` for padding;
-      pos_index [frames, frame_patches, 4] int32, pos_weight [..., 4] float32: bilinear taps into the flattened
-          (side x side) learned position table (:func:`vision_pos_interpolation`), 0 / 0.0 for padding;
-      rope_pos [frames, frame_patches, 2] int32: (row, col) RoPE positions, 0 for padding;
-      patch_valid [frames, frame_patches] bool.
-    """
-    segments = vision_segments(grid_thw)
-    if len(segments) > frames or max(segments) > frame_patches or frame_patches % (merge * merge):
-        raise ValueError(f"{len(segments)} frames of up to {max(segments)} patches do not fit {frames} blocks of "
-                         f"{frame_patches} patches (a multiple of {merge * merge})")
-    total = sum(segments)
-    source = np.full((frames, frame_patches), total, np.int32)
-    pos_index = np.zeros((frames, frame_patches, 4), np.int32)
-    pos_weight = np.zeros((frames, frame_patches, 4), np.float32)
-    rope_pos = np.zeros((frames, frame_patches, 2), np.int32)
-    valid = np.zeros((frames, frame_patches), bool)
-    f, start = 0, 0
-    for t, h, w in grid_thw:
-        one = ((1, h, w),)
-        idx, wts = vision_pos_interpolation(one, side, merge)
-        rope = vision_rope_positions(one, merge)
-        n = h * w
-        for _ in range(t):
-            source[f, :n] = np.arange(start, start + n)
-            pos_index[f, :n], pos_weight[f, :n], rope_pos[f, :n], valid[f, :n] = idx, wts, rope, True
-            f, start = f + 1, start + n
-    return dict(source=source, pos_index=pos_index, pos_weight=pos_weight, rope_pos=rope_pos, patch_valid=valid)
-
-
-# ---------------------------------------------------------------------------------------------------------------
 # Modules.
-
-
-def rotate_half(x: jax.Array) -> jax.Array:
-    half = x.shape[-1] // 2
-    return jnp.concatenate([-x[..., half:], x[..., :half]], axis=-1)
-
-
-def vision_rope_cos_sin(positions_P2, head_dim: int, theta: float) -> tuple[jax.Array, jax.Array]:
-    """cos, sin [..., head_dim] float32 of the axial 2-D RoPE for (row, col) positions [..., 2] (numpy or jax):
-    head_dim/4 frequencies for rows, then the same for columns, that half repeated twice
-    (``Qwen3OmniMoeVisionRotaryEmbedding``)."""
-    spatial = head_dim // 2
-    inv_freq = 1.0 / (theta ** (jnp.arange(0, spatial, 2, dtype=jnp.float32) / spatial))
-    freqs = jnp.asarray(positions_P2, jnp.float32)[..., None] * inv_freq  # [..., 2, head_dim/4]
-    freqs = freqs.reshape(*freqs.shape[:-2], -1)  # rows' frequencies, then columns'
-    freqs = jnp.concatenate([freqs, freqs], axis=-1)
-    return jnp.cos(freqs), jnp.sin(freqs)
-
-
-def apply_vision_rope(x_SHK: jax.Array, cos_SK: jax.Array, sin_SK: jax.Array) -> jax.Array:
-    """x * cos + rotate_half(x) * sin in float32, cast back to x's dtype; x [..., S, heads, head_dim], cos and sin
-    [..., S, head_dim]."""
-    xf = x_SHK.astype(jnp.float32)
-    return (xf * cos_SK[..., None, :] + rotate_half(xf) * sin_SK[..., None, :]).astype(x_SHK.dtype)
 
 
 class QKVLinear(nnx.Module):
@@ -267,9 +128,9 @@ class QKVLinear(nnx.Module):
         self.kernel = param(rngs, (dim, 3, dim), ("vision_embed", None, "vision_heads"))
         self.bias = nnx.Param(jnp.zeros((3, dim)), axes=(None, "vision_heads"))
 
-    def __call__(self, x_SD: jax.Array) -> jax.Array:
+    def __call__(self, x_BLD: jax.Array) -> jax.Array:
         """[..., D] -> [..., 3, D] (q, k, v)."""
-        y = jnp.einsum("...d,dtf->...tf", x_SD, self.kernel[...].astype(x_SD.dtype))
+        y = jnp.einsum("...d,dtf->...tf", x_BLD, self.kernel[...].astype(x_BLD.dtype))
         return y + self.bias[...].astype(y.dtype)
 
 
@@ -281,18 +142,18 @@ class QwenVisionAttention(nnx.Module):
         self.qkv = QKVLinear(d, rngs=rngs)
         self.proj = Linear(d, d, axes=("vision_heads", "vision_embed"), use_bias=True, rngs=rngs)
 
-    def __call__(self, x_FLD: jax.Array, cos_FLK: jax.Array, sin_FLK: jax.Array, valid_FL: jax.Array):
-        """Attention within each frame block over its valid patches; x [frames, L, D] -> [frames, L, D]."""
-        f, l = x_FLD.shape[:2]
-        qkv = self.qkv(x_FLD).reshape(f, l, 3, self.num_heads, self.head_dim)
+    def __call__(self, x_BLD: jax.Array, cos_BLH: jax.Array, sin_BLH: jax.Array, valid_BL: jax.Array):
+        """Attention within each frame block over its valid patches; x [B, L, D] (B frame blocks) -> [B, L, D]."""
+        f, l = x_BLD.shape[:2]
+        qkv = self.qkv(x_BLD).reshape(f, l, 3, self.num_heads, self.head_dim)
         q, k, v = qkv[:, :, 0], qkv[:, :, 1], qkv[:, :, 2]
-        q, k = apply_vision_rope(q, cos_FLK, sin_FLK), apply_vision_rope(k, cos_FLK, sin_FLK)
-        out = block_attention(q, k, v, valid_FL, self.head_dim ** -0.5)
+        q, k = (apply_rope_2d(x, cos_BLH, sin_BLH, float32=True) for x in (q, k))
+        out = attention(q, k, v, valid_BL, scale=self.head_dim ** -0.5)
         return self.proj(out.reshape(f, l, self.num_heads * self.head_dim))
 
 
 def qwen_vision_block(cfg: QwenVisionConfig, *, rngs: nnx.Rngs) -> PreLNBlock:
-    """Pre-LN block: x + attn(norm1(x), cos, sin, valid), then x + mlp(norm2(x)); [F, L, D] -> [F, L, D]."""
+    """Pre-LN block: x + attn(norm1(x), cos, sin, valid), then x + mlp(norm2(x)); [B, L, D] -> [B, L, D]."""
     d = cfg.hidden_size
     return PreLNBlock(d, cfg.layer_norm_eps, "vision_embed", QwenVisionAttention(cfg, rngs=rngs),
                       FeedForward(d, cfg.intermediate_size, cfg.hidden_act, "vision_embed", "vision_mlp", rngs=rngs))
@@ -310,18 +171,18 @@ class QwenPatchMerger(nnx.Module):
         self.mlp = FeedForward(self.merged, self.merged, "gelu", "vision_merge", "vision_mlp", rngs=rngs,
                                out_dim=cfg.out_hidden_size, axes_out="embed")
 
-    def __call__(self, x_PD: jax.Array) -> jax.Array:
-        """[P, D] patches in merge-block order -> [P / merge**2, out_hidden]."""
+    def __call__(self, x_RD: jax.Array) -> jax.Array:
+        """[R, D] patches in merge-block order -> [R / merge**2, out_hidden]."""
         if self.postshuffle_norm:
-            x = self.ln_q(x_PD.reshape(-1, self.merged))
+            x = self.ln_q(x_RD.reshape(-1, self.merged))
         else:
-            x = self.ln_q(x_PD).reshape(-1, self.merged)
+            x = self.ln_q(x_RD).reshape(-1, self.merged)
         return self.mlp(x)
 
 
 class QwenVisionTower(nnx.Module):
     """Patch embedding + interpolated learned positions, 2-D RoPE blocks with per-frame attention, final merger and
-    deepstack mergers. ``encode`` takes frame blocks, ``__call__`` packed patches and static grids."""
+    deepstack mergers. ``encode`` takes frame blocks."""
 
     def __init__(self, cfg: QwenVisionConfig, *, rngs: nnx.Rngs):
         cfg.validate()
@@ -334,24 +195,24 @@ class QwenVisionTower(nnx.Module):
         self.deepstack_mergers = nnx.List([QwenPatchMerger(cfg, postshuffle_norm=True, rngs=rngs)
                                            for _ in cfg.deepstack_visual_indexes])
 
-    def encode(self, patches_FLC: jax.Array, pos_index_FL4: jax.Array, pos_weight_FL4: jax.Array,
-               rope_pos_FL2: jax.Array, valid_FL: jax.Array) -> tuple[jax.Array, list[jax.Array]]:
-        """Frame blocks (:func:`vision_frame_blocks`) -> (merged tokens [F*L/merge**2, out_hidden], [deepstack
-        features of the same shape per deepstack layer]). patches [F, L, C*T*p*p]; L a multiple of merge**2."""
+    def encode(self, patches_BLF: jax.Array, pos_index_BL4: jax.Array, pos_weight_BL4: jax.Array,
+               rope_pos_BL2: jax.Array, valid_BL: jax.Array) -> tuple[jax.Array, list[jax.Array]]:
+        """B frame blocks (preprocess/qwen3_omni/image_batch.py) -> (merged tokens [B*L/merge**2, out_hidden],
+        [deepstack features of the same shape per deepstack layer]). patches [B, L, F]; L a multiple of merge**2."""
         cfg = self.cfg
-        f, l = valid_FL.shape
-        if patches_FLC.shape != (f, l, cfg.patch_dim) or l % cfg.merge_unit:
+        f, l = valid_BL.shape
+        if patches_BLF.shape != (f, l, cfg.patch_dim) or l % cfg.merge_unit:
             raise ValueError(f"expected patch blocks [{f}, {l}, {cfg.patch_dim}] with {l} a multiple of "
-                             f"{cfg.merge_unit}, got {tuple(patches_FLC.shape)}")
+                             f"{cfg.merge_unit}, got {tuple(patches_BLF.shape)}")
         dtype = self.patch_embed.kernel[...].dtype
-        x = self.patch_embed(patches_FLC.astype(dtype))
+        x = self.patch_embed(patches_BLF.astype(dtype))
         table = self.pos_embed[...].astype(jnp.float32)
-        pos = jnp.sum(table[pos_index_FL4] * pos_weight_FL4[..., None].astype(jnp.float32), axis=-2)
+        pos = jnp.sum(table[pos_index_BL4] * pos_weight_BL4[..., None].astype(jnp.float32), axis=-2)
         x = x + pos.astype(x.dtype)
-        cos, sin = vision_rope_cos_sin(rope_pos_FL2, cfg.head_dim, cfg.rope_theta)
+        cos, sin = rope_2d_cos_sin(rope_2d_angles(rope_pos_BL2, cfg.head_dim, cfg.rope_theta))
         deepstack = []
         for i, block in enumerate(self.blocks):
-            x = block(x, cos, sin, valid_FL)
+            x = block(x, cos, sin, valid_BL)
             if i in cfg.deepstack_visual_indexes:
                 merger = self.deepstack_mergers[cfg.deepstack_visual_indexes.index(i)]
                 deepstack.append(merger(x.reshape(f * l, -1)))

@@ -8,22 +8,18 @@ import pathlib
 import numpy as np
 from flax import nnx
 
-from omnijax.common.errors import CheckpointError, PromptError
-from omnijax.app.families.spec import FamilySpec, ModelConfig, PreparedPrompt
+from omnijax.common.errors import CheckpointError
+from omnijax.app.families.spec import FamilySpec, ModelConfig
 from omnijax.app.families.sliding_pattern import GEMMA_SLIDING_PATTERN, sliding_layers
 from omnijax.app.families.weight_maps import GEMMA_NORMS, decoder_weight_map
-from omnijax.app.families.text_only import TextProcessor, no_encoders
+from omnijax.app.families.text_only import make_text_processor, no_encoders
 from omnijax.app.gguf.arch import GGUFArch, GGUFMetadata, common_hf_config, subtract_one
 from omnijax.common.weights import prefixed
 from omnijax.decoder.spec import AttentionSpec, DecoderSpec, FeedForwardSpec, LayerSpec, MaskSpec, RopeSpec
 from omnijax.encoders.gemma3.image_encoder import Gemma3ImageEncoder
 from omnijax.encoders.gemma3.projector import gemma3_projector_weight_map
 from omnijax.encoders.gemma3.siglip import SiglipVisionConfig, siglip_unused_keys, siglip_weight_map
-from omnijax.preprocess.gemma3.image import Gemma3ImageConfig, process_images
-from omnijax.preprocess.images import load_image
-from omnijax.preprocess.prompts import media_of, normalize_messages, render_chat
-from omnijax.preprocess.user_text import encode_prompt
-from omnijax.preprocess.tokenizer import load_tokenizer
+from omnijax.preprocess.gemma3.processor import Gemma3Processor
 
 TEXT_PREFIX = "language_model.model."
 VISION_PREFIX = "vision_tower."
@@ -105,7 +101,7 @@ def parse_config(hf: dict) -> ModelConfig:
         raise CheckpointError(f"config.json is not a valid Gemma 3 config: {e!r}") from e
 
 
-def build_encoders(cfg: ModelConfig, options: dict, *, rngs: nnx.Rngs) -> dict:
+def build_encoders(cfg: ModelConfig, *, rngs: nnx.Rngs) -> dict:
     vision, mm_tokens = cfg.encoder_config("image")
     return {"image": Gemma3ImageEncoder(vision, mm_tokens, cfg.decoder.hidden_size, rngs=rngs)}
 
@@ -127,62 +123,18 @@ def unused_keys(cfg: ModelConfig, hf: dict) -> list[str]:
     return patterns
 
 
-class Gemma3Processor:
-    """Gemma 3 prompts: chat template, `<start_of_image>` expanded to the image's soft tokens, pixel values."""
-
-    def __init__(self, folder: pathlib.Path, cfg: ModelConfig, *, max_audio_seconds: float | None = None):
-        self.tokenizer = load_tokenizer(folder)  # (Gemma 3 takes no audio: max_audio_seconds has no effect)
-        self.image_cfg = Gemma3ImageConfig.from_folder(folder)
-        _, self.mm_tokens = cfg.encoder_config("image")
-        self.image_token_id = cfg.media_token_id("image")
-        vocab = self.tokenizer.get_vocab()
-        self.boi = getattr(self.tokenizer, "boi_token", None) or "<start_of_image>"
-        self.eoi = getattr(self.tokenizer, "eoi_token", None) or "<end_of_image>"
-        inv = {v: k for k, v in vocab.items()}
-        if self.image_token_id not in inv:
-            raise CheckpointError(f"image token id {self.image_token_id} is not in the tokenizer's vocabulary")
-        self.image_token = inv[self.image_token_id]
-        for token in (self.boi, self.eoi):
-            if token not in vocab:
-                raise CheckpointError(f"the tokenizer has no {token!r} token")
-        self.full_image = f"\n\n{self.boi}{self.image_token * self.mm_tokens}{self.eoi}\n\n"
-        self.encoder_options: dict = {}
-
-    def image_text(self, num_crops: int) -> str:
-        if not num_crops:
-            return self.full_image
-        return (f"Here is the original image {self.full_image} and here are some crops to help you see better "
-                + " ".join([self.full_image] * num_crops))
-
-    def prepare(self, messages) -> PreparedPrompt:
-        messages = normalize_messages(messages)
-        if media_of(messages, "audio"):
-            raise PromptError("Gemma 3 takes no audio input")
-        images = [load_image(source) for source in media_of(messages, "image")]
-        text = render_chat(self.tokenizer, messages)
-        pieces = text.split(self.boi)
-        if len(pieces) - 1 != len(images):
-            raise PromptError(f"the prompt has {len(pieces) - 1} image markers for {len(images)} images")
-        pixels: list[np.ndarray] = []
-        if images:
-            values, num_crops = process_images(images, self.image_cfg)
-            pixels = list(values)
-            text = pieces[0] + "".join(self.image_text(n) + rest for n, rest in zip(num_crops, pieces[1:]))
-        ids = encode_prompt(self.tokenizer, text)
-        n_tokens = int((ids == self.image_token_id).sum())
-        if n_tokens != len(pixels) * self.mm_tokens:
-            raise PromptError(f"the prompt holds {n_tokens} image tokens for {len(pixels)} images of "
-                              f"{self.mm_tokens} tokens each")
-        return PreparedPrompt(token_ids=ids, media={"image": pixels} if pixels else {},
-                              bidirectional=ids == self.image_token_id)
-
-    def decode(self, token_ids) -> str:
-        return self.tokenizer.decode(list(token_ids), skip_special_tokens=True)
+def make_processor(folder: pathlib.Path, cfg: ModelConfig, *, max_audio_seconds: float | None = None
+                   ) -> Gemma3Processor:
+    """Gemma 3 prompts (preprocess/gemma3/processor.py); Gemma 3 takes no audio: ``max_audio_seconds`` has no
+    effect."""
+    vision, mm_tokens = cfg.encoder_config("image")
+    return Gemma3Processor(folder, image_token_id=cfg.media_token_id("image"), tokens_per_image=mm_tokens,
+                           pixel_shape=(vision.num_channels, vision.image_size, vision.image_size))
 
 
 SPEC = FamilySpec(
     name="gemma3", model_types=("gemma3",), parse_config=parse_config, build_encoders=build_encoders,
-    weight_map=weight_map, unused_keys=unused_keys, key_aliases=KEY_ALIASES, make_processor=Gemma3Processor,
+    weight_map=weight_map, unused_keys=unused_keys, key_aliases=KEY_ALIASES, make_processor=make_processor,
 )
 
 
@@ -288,5 +240,5 @@ GGUF = GGUFArch(architecture="gemma3", hf_config=gguf_config, transforms=((r"nor
 TEXT_SPEC = FamilySpec(
     name="gemma3", model_types=("gemma3_text",), parse_config=parse_text_config, build_encoders=no_encoders,
     weight_map=text_weight_map, unused_keys=text_unused_keys, key_aliases=TEXT_KEY_ALIASES,
-    make_processor=TextProcessor, gguf=GGUF,
+    make_processor=make_text_processor, gguf=GGUF,
 )

@@ -18,11 +18,12 @@ The decoder as data (``decoder_config``), per layer:
 RMSNorm scales by w; embeddings are scaled by sqrt(hidden); logits are soft-capped by ``final_logit_softcapping``.
 Checkpoint keys: ``model.language_model.*`` (multimodal) and ``model.*`` (text-only) are one canonical ``model.*``
 (``KEY_ALIASES``); the towers' keys ``model.vision_tower.*`` / ``model.embed_vision.*`` / ``model.audio_tower.*`` /
-``model.embed_audio.*``. Prompts: app/families/gemma4/processor.py.
+``model.embed_audio.*``. Prompts: preprocess/gemma4/processor.py.
 """
 
 from __future__ import annotations
 
+import pathlib
 import types
 
 import numpy as np
@@ -30,7 +31,6 @@ from flax import nnx
 
 from omnijax.app.families.sliding_pattern import sliding_layers
 from omnijax.app.families.weight_maps import GEMMA_NORMS, decoder_weight_map
-from omnijax.app.families.gemma4.processor import Gemma4Processor
 from omnijax.app.families.spec import FamilySpec, ModelConfig
 from omnijax.common.config_values import config_getter
 from omnijax.common.errors import CheckpointError
@@ -43,6 +43,8 @@ from omnijax.decoder.spec import (AttentionSpec, DecoderSpec, FeedForwardSpec, L
 from omnijax.encoders.gemma4.audio import Gemma4AudioEncoder, gemma4_audio_weight_map
 from omnijax.encoders.gemma4.audio_config import Gemma4AudioEncoderConfig
 from omnijax.encoders.gemma4.vision import Gemma4VisionConfig, Gemma4VisionEncoder, gemma4_vision_weight_map
+from omnijax.preprocess.gemma4.image import Gemma4ImageConfig
+from omnijax.preprocess.gemma4.processor import Gemma4Processor
 
 TEXT_PREFIX = "model."
 # The multimodal model's text decoder keys -> the text-only model's spelling (one canonical text prefix).
@@ -221,7 +223,7 @@ def parse_config(hf: dict) -> ModelConfig:
 # Encoders and weights
 
 
-def build_encoders(cfg: ModelConfig, options: dict, *, rngs: nnx.Rngs) -> dict:
+def build_encoders(cfg: ModelConfig, *, rngs: nnx.Rngs) -> dict:
     out = {}
     if "image" in cfg.modalities:
         out["image"] = Gemma4VisionEncoder(cfg.encoder_config("image"), rngs=rngs)
@@ -297,8 +299,41 @@ def unused_keys(cfg: ModelConfig, hf: dict) -> list[str]:
     return patterns
 
 
+# ---------------------------------------------------------------------------------------------------------------
+# Prompts
+
+
+def check_image_config(cfg: Gemma4VisionConfig, image_cfg: Gemma4ImageConfig) -> None:
+    """Raise ``CheckpointError`` when the image processor's settings do not fit the vision tower: another patch
+    size or pooling kernel, or a soft-token budget whose longest patch row (``max_soft_tokens * k`` patches) does
+    not fit the learned position tables."""
+    if image_cfg.patch_size != cfg.patch_size:
+        raise CheckpointError(f"the image processor cuts {image_cfg.patch_size}-pixel patches but the vision tower "
+                              f"takes {cfg.patch_size}-pixel patches")
+    if image_cfg.pooling_kernel_size != cfg.pooling_kernel_size:
+        raise CheckpointError(f"the image processor pools {image_cfg.pooling_kernel_size} patches per side but the "
+                              f"vision tower pools {cfg.pooling_kernel_size}")
+    longest = image_cfg.max_soft_tokens * image_cfg.pooling_kernel_size
+    if longest > cfg.position_embedding_size:
+        raise CheckpointError(f"max_soft_tokens {image_cfg.max_soft_tokens} allows images {longest} patches long, "
+                              f"beyond the vision tower's {cfg.position_embedding_size} learned positions")
+
+
+def make_processor(folder: pathlib.Path, cfg: ModelConfig, *, max_audio_seconds: float | None = None
+                   ) -> Gemma4Processor:
+    """The checkpoint's processor (preprocess/gemma4/processor.py), its image settings checked against the vision
+    tower."""
+    processor = Gemma4Processor(
+        folder, token_ids={m: cfg.media_token_id(m) for m in cfg.modalities},
+        image_bidirectional=any(layer.attention.mask.media_bidirectional for layer in cfg.decoder.layers),
+        max_audio_seconds=max_audio_seconds)
+    if "image" in cfg.modalities:
+        check_image_config(cfg.encoder_config("image"), processor.image_cfg)
+    return processor
+
+
 SPEC = FamilySpec(
     name="gemma4", model_types=("gemma4", "gemma4_text"), parse_config=parse_config, build_encoders=build_encoders,
-    weight_map=weight_map, unused_keys=unused_keys, key_aliases=KEY_ALIASES, make_processor=Gemma4Processor,
+    weight_map=weight_map, unused_keys=unused_keys, key_aliases=KEY_ALIASES, make_processor=make_processor,
     blocks={"gemma4": Gemma4Block}, routers={"gemma4": Gemma4Router}, layer_inputs={"gemma4": Gemma4LayerInputs},
 )

@@ -1,8 +1,8 @@
 """Llama 4 (Llama4ForConditionalGeneration, and the text-only Llama4ForCausalLM).
 
 Image side: tiles of the processor's tile size (preprocess/llama4/image.py), one placeholder run per image
-(preprocess/llama4/prompt.py), the vision tower + projector (encoders/llama4/vision.py); the j-th projected feature
-row lands at the j-th ``<|patch|>`` token.
+(preprocess/llama4/prompt.py; prompts: preprocess/llama4/processor.py), the vision tower + projector
+(encoders/llama4/vision.py); the j-th projected feature row lands at the j-th ``<|patch|>`` token.
 
 Text decoder, as data (decoder/spec.py): pre-norm layers with RMSNorm w * x, no embedding scale, RoPE on interleaved
 pairs (llama3 scaling), chunked causal attention and a weightless L2 q/k norm after RoPE on RoPE layers, NoPE
@@ -26,18 +26,12 @@ import numpy as np
 from flax import nnx
 
 from omnijax.app.families.weight_maps import LLAMA_NORMS, decoder_weight_map, gated_mlp_map
-from omnijax.app.families.spec import FamilySpec, ModelConfig, PreparedPrompt
-from omnijax.common.errors import CheckpointError, PromptError
+from omnijax.app.families.spec import FamilySpec, ModelConfig
+from omnijax.common.errors import CheckpointError
 from omnijax.common.weights import TensorSpec, linear, plain, prefixed
 from omnijax.decoder.spec import AttentionSpec, DecoderSpec, FeedForwardSpec, LayerSpec, MaskSpec, RopeSpec
 from omnijax.encoders.llama4.vision import Llama4ImageEncoder, Llama4VisionConfig, llama4_image_encoder_weight_map
-from omnijax.preprocess.images import load_image
-from omnijax.preprocess.llama4.image import Llama4ImageConfig, process_images
-from omnijax.preprocess.llama4.prompt import (IMAGE_END, IMAGE_START, PATCH, TILE_X_SEPARATOR, TILE_Y_SEPARATOR,
-                                      Llama4PromptConfig, expand_image_placeholders)
-from omnijax.preprocess.prompts import media_of, normalize_messages, render_chat
-from omnijax.preprocess.tokenizer import load_tokenizer
-from omnijax.preprocess.user_text import encode_prompt
+from omnijax.preprocess.llama4.processor import Llama4Processor
 
 MULTIMODAL_TEXT_PREFIX = "language_model.model."
 MULTIMODAL_LM_HEAD = "language_model.lm_head"
@@ -192,7 +186,7 @@ def parse_config(hf: dict) -> ModelConfig:
         raise CheckpointError(f"config.json is not a valid Llama 4 config: {e!r}") from e
 
 
-def build_encoders(cfg: ModelConfig, options: dict, *, rngs: nnx.Rngs) -> dict:
+def build_encoders(cfg: ModelConfig, *, rngs: nnx.Rngs) -> dict:
     if "image" not in cfg.modalities:
         return {}
     return {"image": Llama4ImageEncoder(cfg.encoder_config("image"), rngs=rngs)}
@@ -260,68 +254,26 @@ def unused_keys(cfg: ModelConfig, hf: dict) -> list[str]:
 
 # ---- prompts --------------------------------------------------------------------------------------------------
 
-class Llama4Processor:
-    """Llama 4 prompts: the chat template, each image tiled and its ``<|image|>`` expanded into its own run of
-    ``<|patch|>`` tokens (tile rows, separators, global tile), the tiles as the image's media item."""
-
-    def __init__(self, folder: pathlib.Path, cfg: ModelConfig, *, max_audio_seconds: float | None = None):
-        self.tokenizer = load_tokenizer(folder)  # (Llama 4 takes no audio: max_audio_seconds has no effect)
-        if not getattr(self.tokenizer, "chat_template", None):
-            raise CheckpointError(f"no chat template found in {str(folder)!r}")
-        self.encoder_options: dict = {}
-        self.takes_images = "image" in cfg.modalities
-        if not self.takes_images:
-            return
-        vision: Llama4VisionConfig = cfg.encoder_config("image")
-        self.image_cfg = Llama4ImageConfig.from_folder(folder)
-        self.prompt_cfg = Llama4PromptConfig.from_folder(folder)
-        if self.image_cfg.tile_size != vision.image_size:
-            raise CheckpointError(f"the image processor's tile size {self.image_cfg.tile_size} differs from the "
-                                  f"vision tower's image_size {vision.image_size}")
-        self.tokens_per_tile = self.prompt_cfg.tokens_per_tile(self.image_cfg.tile_size)
-        if self.tokens_per_tile != vision.tokens_per_tile:
-            raise CheckpointError(f"the processor writes {self.tokens_per_tile} tokens per tile (patch_size "
-                                  f"{self.prompt_cfg.patch_size}, pixel_shuffle_ratio "
-                                  f"{self.prompt_cfg.pixel_shuffle_ratio}) but the vision tower gives "
-                                  f"{vision.tokens_per_tile}")
-        vocab = self.tokenizer.get_vocab()
-        for token in (IMAGE_START, IMAGE_END, PATCH, TILE_X_SEPARATOR, TILE_Y_SEPARATOR,
-                      self.prompt_cfg.image_token):
-            if token not in vocab:
-                raise CheckpointError(f"the tokenizer has no {token!r} token")
-        self.image_token_id = cfg.media_token_id("image")
-        if vocab[PATCH] != self.image_token_id:
-            raise CheckpointError(f"the model's image token id {self.image_token_id} is not the tokenizer's "
-                                  f"{PATCH} ({vocab[PATCH]})")
-
-    def prepare(self, messages) -> PreparedPrompt:
-        messages = normalize_messages(messages)
-        if media_of(messages, "audio"):
-            raise PromptError("Llama 4 takes no audio input")
-        sources = media_of(messages, "image")
-        if sources and not self.takes_images:
-            raise PromptError("this Llama 4 checkpoint is text-only: it takes no image input")
-        images = [load_image(source) for source in sources]
-        text = render_chat(self.tokenizer, messages)
-        tiles = process_images(images, self.image_cfg) if images else []
-        if self.takes_images:  # (an <|image|> typed in user text is escaped: it is no placeholder)
-            text = expand_image_placeholders(text, [(t.rows, t.cols) for t in tiles], self.tokens_per_tile,
-                                             self.prompt_cfg.image_token)
-        ids = encode_prompt(self.tokenizer, text)
-        if self.takes_images:
-            expected = sum(t.num_tiles for t in tiles) * self.tokens_per_tile
-            found = int((ids == self.image_token_id).sum())
-            if found != expected:
-                raise PromptError(f"the prompt holds {found} {PATCH} tokens for {len(tiles)} images of "
-                                  f"{expected} tile tokens in all")
-        return PreparedPrompt(token_ids=ids, media={"image": [t.tiles for t in tiles]} if tiles else {},
-                              bidirectional=np.zeros(len(ids), bool))
-
-    def decode(self, token_ids) -> str:
-        return self.tokenizer.decode(list(token_ids), skip_special_tokens=True)
+def make_processor(folder: pathlib.Path, cfg: ModelConfig, *, max_audio_seconds: float | None = None
+                   ) -> Llama4Processor:
+    """Llama 4 prompts (preprocess/llama4/processor.py), the processor's tiles checked against the vision tower
+    (tile size, tokens per tile). Llama 4 takes no audio: ``max_audio_seconds`` has no effect."""
+    if "image" not in cfg.modalities:
+        return Llama4Processor(folder, image_token_id=None)
+    processor = Llama4Processor(folder, image_token_id=cfg.media_token_id("image"))
+    vision: Llama4VisionConfig = cfg.encoder_config("image")
+    if processor.image_cfg.tile_size != vision.image_size:
+        raise CheckpointError(f"the image processor's tile size {processor.image_cfg.tile_size} differs from the "
+                              f"vision tower's image_size {vision.image_size}")
+    if processor.tokens_per_tile != vision.tokens_per_tile:
+        raise CheckpointError(f"the processor writes {processor.tokens_per_tile} tokens per tile (patch_size "
+                              f"{processor.prompt_cfg.patch_size}, pixel_shuffle_ratio "
+                              f"{processor.prompt_cfg.pixel_shuffle_ratio}) but the vision tower gives "
+                              f"{vision.tokens_per_tile}")
+    return processor
 
 
 SPEC = FamilySpec(
     name="llama4", model_types=("llama4", "llama4_text"), parse_config=parse_config, build_encoders=build_encoders,
-    weight_map=weight_map, unused_keys=unused_keys, key_aliases=(), make_processor=Llama4Processor,
+    weight_map=weight_map, unused_keys=unused_keys, key_aliases=(), make_processor=make_processor,
 )

@@ -6,38 +6,27 @@ checkpoint (thinker + talker + code2wav) loads its thinker; the speech-output we
 
 from __future__ import annotations
 
-import logging
-import math
 import pathlib
-import re
 
-import numpy as np
 from flax import nnx
 
-from omnijax.common.errors import CheckpointError, PromptError
+from omnijax.app.checkpoint import read_json
+from omnijax.common.errors import CheckpointError
 from omnijax.app.families.weight_maps import LLAMA_NORMS, decoder_weight_map
-from omnijax.app.families.spec import FamilySpec, ModelConfig, PreparedPrompt
+from omnijax.app.families.spec import FamilySpec, ModelConfig
 from omnijax.common.weights import prefixed
 from omnijax.decoder.spec import AttentionSpec, DecoderSpec, FeedForwardSpec, LayerSpec, RopeSpec
 from omnijax.encoders.qwen3_omni.audio import QwenAudioConfig, qwen_audio_weight_map
 from omnijax.encoders.qwen3_omni.audio_encoder import QwenAudioEncoder
 from omnijax.encoders.qwen3_omni.image_encoder import QwenImageEncoder
 from omnijax.encoders.qwen3_omni.vision import QwenVisionConfig, qwen_vision_weight_map
-from omnijax.preprocess.audio import load_audio
-from omnijax.preprocess.images import load_image
-from omnijax.preprocess.qwen3_omni.mrope import MRopeTokens, audio_tokens_from_frames, mrope_positions
-from omnijax.preprocess.prompts import media_of, normalize_messages, render_chat
-from omnijax.preprocess.user_text import encode_prompt
-from omnijax.preprocess.qwen3_omni.image import QwenImageConfig, process_images
-from omnijax.preprocess.tokenizer import load_tokenizer
-from omnijax.preprocess.qwen3_omni.audio_features import WhisperFeatureConfig, batch_features
-
-log = logging.getLogger(__name__)
+from omnijax.preprocess.qwen3_omni.audio_batch import AudioInput
+from omnijax.preprocess.qwen3_omni.image_batch import VisionInput
+from omnijax.preprocess.qwen3_omni.processor import Qwen3OmniProcessor
 
 # A full model stores the thinker under "thinker."; the canonical layout is the thinker-only one.
 KEY_ALIASES = ((r"^thinker\.", ""),)
 SPEECH_OUTPUT_KEYS = (r"talker\..*", r"code2wav\..*")
-DEFAULT_MAX_AUDIO_SECONDS = 1200.0
 
 
 def thinker_config(hf: dict) -> dict:
@@ -94,10 +83,20 @@ def parse_config(hf: dict) -> ModelConfig:
         raise CheckpointError(f"config.json is not a valid Qwen3-Omni config: {e!r}") from e
 
 
-def build_encoders(cfg: ModelConfig, options: dict, *, rngs: nnx.Rngs) -> dict:
-    """options: the processor's bounds ({"image": {"max_pixels": ...}, "audio": {"max_frames": ...}})."""
-    return {"image": QwenImageEncoder(cfg.encoder_config("image"), **options.get("image", {}), rngs=rngs),
-            "audio": QwenAudioEncoder(cfg.encoder_config("audio"), **options.get("audio", {}), rngs=rngs)}
+def build_encoders(cfg: ModelConfig, *, rngs: nnx.Rngs) -> dict:
+    return {"image": QwenImageEncoder(cfg.encoder_config("image"), rngs=rngs),
+            "audio": QwenAudioEncoder(cfg.encoder_config("audio"), rngs=rngs)}
+
+
+def vision_input(cfg: QwenVisionConfig) -> VisionInput:
+    """The vision tower's input layout, as the host-side batching needs it."""
+    return VisionInput(patch_size=cfg.patch_size, patch_dim=cfg.patch_dim, merge_size=cfg.spatial_merge_size,
+                       grid_side=cfg.num_grid_per_side)
+
+
+def audio_input(cfg: QwenAudioConfig) -> AudioInput:
+    """The audio tower's input layout, as the host-side batching needs it."""
+    return AudioInput(num_mel_bins=cfg.num_mel_bins, n_window=cfg.n_window, n_window_infer=cfg.n_window_infer)
 
 
 def weight_map(cfg: ModelConfig) -> dict:
@@ -116,88 +115,19 @@ def unused_keys(cfg: ModelConfig, hf: dict) -> list[str]:
     return patterns
 
 
-class Qwen3OmniProcessor:
-    """Qwen3-Omni prompts: chat template, image/audio pads expanded per item, 3-D MRoPE positions."""
-
-    def __init__(self, folder: pathlib.Path, cfg: ModelConfig, *, max_audio_seconds: float | None = None):
-        self.tokenizer = load_tokenizer(folder)
-        hf = _read_config(folder)
-        th = thinker_config(hf)
-        self.image_cfg = QwenImageConfig.from_folder(folder)
-        self.audio_cfg = WhisperFeatureConfig.from_folder(folder)
-        self.n_window = cfg.encoder_config("audio").n_window
-        self.max_audio_seconds = DEFAULT_MAX_AUDIO_SECONDS if max_audio_seconds is None else max_audio_seconds
-        vocab = self.tokenizer.get_vocab()
-        inv = {v: k for k, v in vocab.items()}
-        self.image_token_id = cfg.media_token_id("image")
-        self.audio_token_id = cfg.media_token_id("audio")
-        for name, tid in (("image", self.image_token_id), ("audio", self.audio_token_id)):
-            if tid not in inv:
-                raise CheckpointError(f"{name} token id {tid} is not in the tokenizer's vocabulary")
-        self.image_token, self.audio_token = inv[self.image_token_id], inv[self.audio_token_id]
-        th = dict(th)
-        th.setdefault("vision_start_token_id", vocab.get("<|vision_start|>"))
-        th.setdefault("audio_start_token_id", vocab.get("<|audio_start|>"))
-        th.setdefault("video_token_id", vocab.get("<|video_pad|>", -1))
-        self.mrope = MRopeTokens.from_thinker_config(th)
-        self.split = re.compile(f"({re.escape(self.image_token)}|{re.escape(self.audio_token)})")
-        # the encoders' largest inputs: the biggest resized image and the longest accepted clip
-        max_frames = math.ceil(self.max_audio_seconds * self.audio_cfg.sampling_rate / self.audio_cfg.hop_length) + 1
-        self.encoder_options = {"image": {"max_pixels": self.image_cfg.max_pixels},
-                                "audio": {"max_frames": max_frames}}
-
-    def prepare(self, messages) -> PreparedPrompt:
-        messages = normalize_messages(messages)
-        images = [load_image(s) for s in media_of(messages, "image")]
-        clips = [load_audio(s, max_seconds=self.max_audio_seconds) for s in media_of(messages, "audio")]
-        text = render_chat(self.tokenizer, messages)
-        pieces = self.split.split(text)
-        markers = pieces[1::2]
-        n_img, n_aud = markers.count(self.image_token), markers.count(self.audio_token)
-        if n_img != len(images) or n_aud != len(clips):
-            raise PromptError(f"the prompt has {n_img} image and {n_aud} audio placeholders for {len(images)} "
-                              f"images and {len(clips)} audio clips")
-        media: dict[str, list] = {}
-        grids: list[tuple[int, int, int]] = []
-        audio_tokens: list[int] = []
-        if images:
-            pixels, grid_thw = process_images(images, self.image_cfg)
-            sizes = [int(np.prod(g)) for g in grid_thw]
-            starts = np.cumsum([0] + sizes)
-            grids = [tuple(int(v) for v in g) for g in grid_thw]
-            media["image"] = [{"patches": pixels[starts[i]:starts[i + 1]], "grid": grids[i]}
-                              for i in range(len(images))]
-        if clips:
-            feats, mask = batch_features(clips, self.audio_cfg)
-            frames = [int(m.sum()) for m in mask]
-            audio_tokens = [int(audio_tokens_from_frames(f, self.n_window)) for f in frames]
-            media["audio"] = [{"features": feats[i][:, :frames[i]]} for i in range(len(clips))]
-        merge = self.image_cfg.merge_size ** 2
-        it_img, it_aud = iter(grids), iter(audio_tokens)
-        out = [pieces[0]]
-        for marker, rest in zip(pieces[1::2], pieces[2::2]):
-            if marker == self.image_token:
-                out.append(self.image_token * (int(np.prod(next(it_img))) // merge))
-            else:
-                out.append(self.audio_token * next(it_aud))
-            out.append(rest)
-        ids = encode_prompt(self.tokenizer, "".join(out))
-        positions, delta = mrope_positions(ids, image_grids=grids, audio_lengths=audio_tokens, cfg=self.mrope)
-        return PreparedPrompt(token_ids=ids, media=media, bidirectional=np.zeros(len(ids), bool),
-                              rope_positions=positions.astype(np.int32), rope_delta=int(delta))
-
-    def decode(self, token_ids) -> str:
-        return self.tokenizer.decode(list(token_ids), skip_special_tokens=True)
-
-
-def _read_config(folder: pathlib.Path) -> dict:
-    from omnijax.app.checkpoint import read_json
-
-    return read_json(folder, "config.json")
+def make_processor(folder: pathlib.Path, cfg: ModelConfig, *, max_audio_seconds: float | None = None
+                   ) -> Qwen3OmniProcessor:
+    """Qwen3-Omni prompts (preprocess/qwen3_omni/processor.py): the thinker config's MRoPE token ids and the towers'
+    input layouts."""
+    return Qwen3OmniProcessor(
+        folder, image_token_id=cfg.media_token_id("image"), audio_token_id=cfg.media_token_id("audio"),
+        thinker_config=thinker_config(read_json(folder, "config.json")),
+        vision=vision_input(cfg.encoder_config("image")), audio=audio_input(cfg.encoder_config("audio")),
+        max_audio_seconds=max_audio_seconds)
 
 
 SPEC = FamilySpec(
     name="qwen3_omni", model_types=("qwen3_omni_moe", "qwen3_omni_moe_thinker"), parse_config=parse_config,
     build_encoders=build_encoders, weight_map=weight_map, unused_keys=unused_keys, key_aliases=KEY_ALIASES,
-    make_processor=Qwen3OmniProcessor,
+    make_processor=make_processor,
 )

@@ -1,10 +1,11 @@
-"""Host-side batching of Gemma 4 audio clips for the audio encoder: fixed shape budgets, true lengths as data.
+"""Host-side batching of Gemma 4 audio clips for the audio encoder (encoders/gemma4/audio.py): fixed shape budgets,
+true lengths as data.
 
 Each clip's features (``preprocess.gemma4.audio_features.clip_features``: its valid frames, float32 [frames, mels])
 are zero-padded to a frame bucket shared by the batch, and the clip count is rounded up to a power of two with
 empty clips (0 frames). Frame buckets are 128 x 2^k and 192 x 2^k frames (128, 192, 256, 384, 512, 768, 1024, 1536,
 2048, 3072, ...): at most 1.5x padding, a handful of compiled programs (a 30 s clip has 2999 frames -> 3072), and
-every bucket is a multiple of 4, so a bucket of F frames gives exactly F / 4 token rows per clip.
+every bucket is a multiple of 4, so a bucket of L frames gives exactly L / 4 token rows per clip.
 """
 
 from __future__ import annotations
@@ -46,8 +47,8 @@ def collate(items: Sequence[np.ndarray]) -> dict[str, np.ndarray]:
     """Batch clips' features for ``Gemma4AudioEncoder``.
 
     ``items``: one float array [frames_i, mels] per clip, in placeholder order (frames_i >= 1, all with the same
-    mels). Returns ``{"features": float32 [clips, F, mels], "num_frames": int32 [clips]}`` where clips =
-    ``clip_bucket(len(items))`` and F = ``frame_bucket(max frames_i)``; rows past a clip's frames and padding clips
+    mels). Returns ``{"features": float32 [B, L, mels], "num_frames": int32 [B]}`` where B =
+    ``clip_bucket(len(items))`` and L = ``frame_bucket(max frames_i)``; rows past a clip's frames and padding clips
     are zeros, padding clips have 0 frames. Raises ValueError on an empty list or badly shaped items.
     """
     items = list(items)

@@ -1,0 +1,143 @@
+"""The processor every family shares: chat messages -> a ``PreparedPrompt``, generated token ids -> text.
+
+``Processor.prepare`` does what every family does, in this order:
+
+1. normalise the messages (preprocess/prompts.py) and refuse media of a modality the checkpoint does not take
+   (before reading any of it);
+2. turn each modality's media sources (paths, PIL images, arrays, ...) into encoder inputs and soft-token counts:
+   the family's ``Modality.process``;
+3. render the chat template with user text escaped (``render_chat``);
+4. expand the template's media markers into soft-token runs: the family's ``expand``;
+5. tokenize (``encode_prompt``, preprocess/user_text.py) and check that the placeholder tokens of every modality are
+   exactly its items' soft tokens;
+6. mark the soft tokens of modalities whose blocks attend both ways (``Modality.bidirectional``) and add the
+   family's extra outputs (``finish``: e.g. 3-D MRoPE positions).
+
+A family's processor (preprocess/<family>/processor.py; the text-only one is preprocess/text_processor.py) is a
+subclass that reads its settings from the checkpoint folder, takes what it needs from the model config as plain
+values (placeholder ids, tokens per image, the encoders' input layouts, ...), and fills in those hooks. ``collate``
+holds its host-side batching per modality: media items of a batch -> the encoder's bucketed input arrays.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any, Callable
+
+import numpy as np
+
+from omnijax.common.errors import PromptError
+from omnijax.preprocess.prompts import MEDIA_TYPES, media_of, normalize_messages, render_chat
+from omnijax.preprocess.user_text import encode_prompt
+
+# How refusals and checks name the items of each modality.
+PLURALS = {"image": "images", "audio": "audio clips"}
+
+
+@dataclasses.dataclass
+class PreparedPrompt:
+    """One conversation ready for the model.
+
+    token_ids: [seq] int32 with media placeholders already expanded.
+    media: modality -> encoder inputs, one per media item in order of appearance (e.g. pixel values [3, H, W]
+        per image or crop); the processor's ``collate`` of the modality batches them.
+    bidirectional: [seq] bool, True for tokens that attend to their whole block both ways (media soft tokens).
+    rope_positions: [axes, seq] RoPE positions when they are not 0..seq-1 (e.g. 3-D MRoPE positions).
+    rope_delta: added to the sequence position of every generated token to get its RoPE position.
+    """
+
+    token_ids: np.ndarray
+    media: dict[str, list]
+    bidirectional: np.ndarray
+    rope_positions: np.ndarray | None = None
+    rope_delta: int = 0
+
+
+@dataclasses.dataclass(frozen=True)
+class MediaItems:
+    """One modality's media of a prompt, processed.
+
+    inputs: encoder inputs in order, one or more per source item (an image and its pan-and-scan crops, ...): what
+        ``PreparedPrompt.media`` holds and ``collate`` batches.
+    tokens: the soft tokens of each source item (the length of its placeholder run).
+    layouts: per source item, what expanding its marker needs (crop count, tile grid, patch grid, ...).
+    """
+
+    inputs: list
+    tokens: list[int]
+    layouts: list
+
+
+@dataclasses.dataclass(frozen=True)
+class Modality:
+    """How a family reads one modality.
+
+    token_id: the placeholder id its soft tokens take in the token ids.
+    process: the modality's media sources of one prompt, in order -> MediaItems (MediaError for unreadable media).
+    collate: encoder inputs of a batch (``MediaItems.inputs`` of its prompts) -> the encoder's input arrays.
+    bidirectional: its soft tokens attend their whole block both ways.
+    """
+
+    token_id: int
+    process: Callable[[list], MediaItems]
+    collate: Callable[[list], dict[str, np.ndarray]]
+    bidirectional: bool = False
+
+
+def refusal(kind: str, count: int, accepted: tuple[str, ...]) -> str:
+    """The message refusing ``count`` media parts of ``kind`` on a checkpoint that takes ``accepted`` media."""
+    held = f"(the messages hold {count} {kind} part(s))"
+    if not accepted:
+        return f"this checkpoint is text-only: it takes text only, no {kind} input {held}"
+    return f"this checkpoint takes no {kind} input, only text and {' and '.join(PLURALS[m] for m in accepted)} {held}"
+
+
+class Processor:
+    """Chat messages -> PreparedPrompt through ``tokenizer``'s chat template; ``modalities``: the media the
+    checkpoint takes ({} for a text-only one). Subclasses override ``expand`` and ``finish`` (module docstring)."""
+
+    def __init__(self, tokenizer, modalities: dict[str, Modality] | None = None):
+        self.tokenizer = tokenizer
+        self.modalities = dict(modalities or {})
+
+    @property
+    def collate(self) -> dict[str, Callable[[list], dict[str, np.ndarray]]]:
+        """Host-side batching per modality: media items of a batch -> the encoder's bucketed input arrays."""
+        return {m: modality.collate for m, modality in self.modalities.items()}
+
+    def prepare(self, messages: Any) -> PreparedPrompt:
+        messages = normalize_messages(messages)
+        sources = {kind: media_of(messages, kind) for kind in MEDIA_TYPES}
+        for kind, found in sources.items():
+            if found and kind not in self.modalities:
+                raise PromptError(refusal(kind, len(found), tuple(self.modalities)))
+        media = {m: self.modalities[m].process(sources[m]) for m in MEDIA_TYPES if sources[m]}
+        ids = encode_prompt(self.tokenizer, self.expand(render_chat(self.tokenizer, messages), media))
+        for m, modality in self.modalities.items():
+            check_soft_tokens(ids, m, modality.token_id, media.get(m))
+        soft = [modality.token_id for modality in self.modalities.values() if modality.bidirectional]
+        return PreparedPrompt(token_ids=ids, media={m: items.inputs for m, items in media.items()},
+                              bidirectional=np.isin(ids, soft), **self.finish(ids, media))
+
+    def decode(self, token_ids) -> str:
+        return self.tokenizer.decode(list(token_ids), skip_special_tokens=True)
+
+    # ---- hooks -----------------------------------------------------------------------------------------------
+
+    def expand(self, text: str, media: dict[str, MediaItems]) -> str:
+        """The rendered prompt with each media marker replaced by its item's soft-token run (PromptError when the
+        markers do not match the items). The base class has no media: the text is returned as it is."""
+        return text
+
+    def finish(self, ids: np.ndarray, media: dict[str, MediaItems]) -> dict:
+        """Extra ``PreparedPrompt`` fields for the token ids [seq] (``rope_positions``, ``rope_delta``)."""
+        return {}
+
+
+def check_soft_tokens(ids: np.ndarray, modality: str, token_id: int, items: MediaItems | None) -> None:
+    """PromptError unless ``ids`` hold exactly as many ``token_id`` placeholders as the items' soft tokens."""
+    counts = items.tokens if items is not None else []
+    found = int((ids == token_id).sum())
+    if found != sum(counts):
+        raise PromptError(f"the prompt holds {found} {modality} tokens for {len(counts)} {PLURALS[modality]} of "
+                          f"{sum(counts)} tokens in all")
