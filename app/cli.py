@@ -32,6 +32,18 @@ def add_model_flags(p: argparse.ArgumentParser) -> None:
                    help="do not keep compiled programs in $OMNIJAX_HOME/jax-cache for the next run")
 
 
+def add_engine_flags(p: argparse.ArgumentParser, *, max_batch: bool = True) -> None:
+    """The serving engine's budgets (demo, serve)."""
+    if max_batch:
+        p.add_argument("--max-batch", type=int, default=8, help="requests decoded together (slots; default 8)")
+    p.add_argument("--max-context", type=int, default=None,
+                   help="prompt plus answer tokens one request may hold (default: the model's limit, at most 8192)")
+    p.add_argument("--prefix-cache-mb", type=float, default=256,
+                   help="memory for keys / values of earlier prompts reused by later ones (0: off; default 256)")
+    p.add_argument("--media-cache-mb", type=float, default=256,
+                   help="memory for encoded images / audio reused by later prompts (0: off; default 256)")
+
+
 def add_generate_parser(sub) -> argparse.ArgumentParser:
     gen = sub.add_parser("generate", help="answer one prompt with optional images and audio")
     add_model_flags(gen)
@@ -59,7 +71,8 @@ def parser(commands: dict | None = None) -> argparse.ArgumentParser:
     return top
 
 
-def load_pipeline(args):
+def load_pipeline(args, **overrides):
+    """The Pipeline the command's flags ask for (``overrides``: more ``Pipeline.from_pretrained`` arguments)."""
     from omnijax.app.pipeline import Pipeline
 
     if getattr(args, "no_compilation_cache", False):
@@ -72,7 +85,9 @@ def load_pipeline(args):
         folder = default_model_dir()
         print(f"[omnijax] no --model given: using the embedded default model at {folder} (a small model "
               f"trained on pictures of simple shapes)", file=sys.stderr)
-    return Pipeline.from_pretrained(folder, dtype=args.dtype, model_axis=args.model_axis)
+    engine = {name: getattr(args, name) for name in ("max_batch", "max_context", "prefix_cache_mb", "media_cache_mb")
+              if getattr(args, name, None) is not None}
+    return Pipeline.from_pretrained(folder, dtype=args.dtype, model_axis=args.model_axis, **(engine | overrides))
 
 
 def messages_from(args) -> list[dict] | str:
@@ -111,7 +126,7 @@ def run_generate(args) -> int:
     from omnijax.app.sampling import check_settings
 
     check_settings(**sampling)  # ... and so does a bad setting
-    pipe = load_pipeline(args)
+    pipe = load_pipeline(args, max_batch=1)
     start = time.perf_counter()
     if args.no_stream:
         result = pipe.generate(messages, **sampling)

@@ -1,5 +1,9 @@
 """The Python API: ``Pipeline.from_pretrained(folder or .gguf file)`` then ``generate`` / ``stream`` on chat messages
-or, for base models, on plain text (raw completion)."""
+or, for base models, on plain text (raw completion).
+
+Every request runs on one serving engine (app/scheduler.py): ``generate`` and ``stream`` may be called from several
+threads at once (their requests share the engine's slots), and ``submit`` hands back a ``RequestHandle`` to stream
+or cancel a request without blocking."""
 
 from __future__ import annotations
 
@@ -9,10 +13,10 @@ import pathlib
 import time
 from typing import Any, Generator, Sequence
 
+import jax
 import jax.numpy as jnp
 import numpy as np
 
-from omnijax.app.answer_text import answer_for
 from omnijax.app.checkpoint import abstract_params, load_params
 from omnijax.app.checkpoint_source import open_checkpoint
 from omnijax.app.compilation_cache import enable_compilation_cache
@@ -21,7 +25,10 @@ from omnijax.common.errors import PromptError
 from omnijax.app.families import family_for_config
 from omnijax.app.generation import Engine
 from omnijax.app.model import abstract_model
+from omnijax.app.requests import GenerationResult, Request, RequestHandle
 from omnijax.app.sampling import check_settings
+from omnijax.app.scheduler import (DEFAULT_MAX_QUEUE, DEFAULT_MEDIA_CACHE_MB, DEFAULT_PREFIX_CACHE_MB, Scheduler)
+from omnijax.app.slots import DEFAULT_CHUNK, DEFAULT_SLOTS
 from omnijax.common.sharding import make_mesh
 from omnijax.preprocess.processor import PreparedPrompt
 from omnijax.preprocess.raw_prompt import raw_prompt_ids
@@ -29,18 +36,7 @@ from omnijax.preprocess.raw_prompt import raw_prompt_ids
 log = logging.getLogger(__name__)
 
 _JAX_DTYPES = {"float32": jnp.float32, "bfloat16": jnp.bfloat16, "float16": jnp.float16}
-
-
-@dataclasses.dataclass
-class GenerationResult:
-    """text: the answer (special tokens removed, cut before a stop string); token_ids: generated ids (an EOS that
-    ended the answer included, as transformers' generate returns it); finish_reason: "eos", "stop" or "length"."""
-
-    text: str
-    token_ids: list[int]
-    prompt_tokens: int
-    finish_reason: str
-    seconds: float = 0.0
+DEFAULT_CONTEXT = 8192  # a slot's context when the caller names none (at most the model's own limit)
 
 
 def _is_batch(messages: Any) -> bool:
@@ -49,13 +45,15 @@ def _is_batch(messages: Any) -> bool:
 
 
 class Pipeline:
-    def __init__(self, folder: pathlib.Path, spec, cfg, engine: Engine, processor, hf_config: dict):
+    def __init__(self, folder: pathlib.Path, spec, cfg, engine: Engine, processor, hf_config: dict,
+                 scheduler: Scheduler):
         self.folder = folder
         self.spec = spec
         self.config = cfg
         self.engine = engine
         self.processor = processor
         self.hf_config = hf_config
+        self.scheduler = scheduler
 
     @property
     def family(self) -> str:
@@ -72,14 +70,22 @@ class Pipeline:
 
     @classmethod
     def from_pretrained(cls, path=None, *, dtype: str = "float32", mesh=None, model_axis: int | None = None,
-                        max_context: int | None = None, max_audio_seconds: float | None = None) -> "Pipeline":
+                        max_context: int | None = None, max_audio_seconds: float | None = None,
+                        max_batch: int = DEFAULT_SLOTS, chunk: int = DEFAULT_CHUNK,
+                        prefix_cache_mb: float = DEFAULT_PREFIX_CACHE_MB,
+                        media_cache_mb: float = DEFAULT_MEDIA_CACHE_MB,
+                        max_queue: int = DEFAULT_MAX_QUEUE) -> "Pipeline":
         """Load a local Hugging Face checkpoint folder, a GGUF file, or a folder holding one GGUF file (``path=None``:
         the embedded default model).
 
         dtype: parameter dtype ("float32", "bfloat16", "float16"); GGUF tensors are dequantized into it.
         mesh: a ("data", "model") jax Mesh; default: all devices with ``model_axis`` of them (default all)
-        sharding the weights. max_context: context budget in tokens (prompt + new tokens), at most the model's own
-        limit. max_audio_seconds: longest audio clip accepted (families with audio input).
+        sharding the weights. max_context: context budget in tokens (prompt + new tokens) of each request, at most
+        the model's own limit (default: that limit up to 8192). max_audio_seconds: longest audio clip accepted
+        (families with audio input). The serving engine: ``max_batch`` requests decode together (each holds a
+        cache of ``max_context`` tokens), prompts are prefilled in chunks of up to ``chunk`` tokens, the prefix
+        and media caches keep up to ``prefix_cache_mb`` / ``media_cache_mb`` (0: off), and at most
+        ``max_queue`` requests wait for a slot.
         """
         if dtype not in _JAX_DTYPES:
             raise ValueError(f"unsupported dtype {dtype!r}; use one of {sorted(_JAX_DTYPES)}")
@@ -107,7 +113,11 @@ class Pipeline:
         log.info("loaded %s (%s, %s) in %.1fs", ckpt.path, spec.name, ckpt.format, time.perf_counter() - start)
         engine = Engine(cfg, graphdef, params, mesh, collate=processor.collate, dtype=_JAX_DTYPES[dtype],
                         max_context=max_context)
-        return cls(ckpt.path, spec, cfg, engine, processor, ckpt.hf_config)
+        scheduler = Scheduler(engine, processor, slots=max_batch,
+                              context=max_context or min(engine.max_context, DEFAULT_CONTEXT), chunk=chunk,
+                              prefix_cache_mb=prefix_cache_mb, media_cache_mb=media_cache_mb, max_queue=max_queue,
+                              threaded=jax.process_count() == 1)
+        return cls(ckpt.path, spec, cfg, engine, processor, ckpt.hf_config, scheduler)
 
     def prepare(self, messages) -> PreparedPrompt:
         """Chat messages -> PreparedPrompt through the family's processor; a plain string is a raw prompt."""
@@ -125,9 +135,38 @@ class Pipeline:
                                   f"token(s); raw prompts are text only")
         return PreparedPrompt(token_ids=ids, media={}, bidirectional=np.zeros(len(ids), bool))
 
+    # ---- requests --------------------------------------------------------------------------------------------
+    def submit(self, prompt, *, max_new_tokens: int = 64, temperature: float = 0.0, top_k: int = 0,
+               top_p: float = 1.0, seed: int = 0, stop: Sequence[str] | None = None,
+               ignore_eos: bool = False, listener=None) -> RequestHandle:
+        """Queue one conversation, raw prompt string or PreparedPrompt on the engine without waiting: the handle's
+        ``events()`` stream its tokens, ``result()`` waits for the GenerationResult, ``cancel()`` stops it.
+        Settings are checked first (SamplingError, PromptError); ``ignore_eos``: generate exactly
+        ``max_new_tokens`` tokens; ``listener``: called from the engine's thread at each new event (it must not
+        block; e.g. to wake an event loop)."""
+        sampling, max_new_tokens, stop = check_settings(max_new_tokens, temperature, top_k, top_p, seed, stop)
+        prepared = prompt if isinstance(prompt, PreparedPrompt) else self.prepare(prompt)
+        return self.scheduler.submit(Request(prepared, max_new_tokens, sampling, stop, bool(ignore_eos)), listener)
+
+    def wait(self, handle: RequestHandle) -> GenerationResult:
+        """``handle.result()``, driving the engine from this thread where it has no thread of its own (several JAX
+        processes)."""
+        return self._wait([handle])[0]
+
+    def _wait(self, handles: list[RequestHandle]) -> list[GenerationResult]:
+        if not self.scheduler.threaded:
+            self.scheduler.run(handles)
+        try:
+            return [h.result() for h in handles]
+        except BaseException:
+            for h in handles:
+                h.cancel()
+            raise
+
     def generate(self, messages, *, max_new_tokens: int = 64, temperature: float = 0.0, top_k: int = 0,
                  top_p: float = 1.0, seed: int = 0, stop: Sequence[str] | None = None):
-        """One conversation (or raw prompt string) -> GenerationResult; a list of them -> list of GenerationResult."""
+        """One conversation (or raw prompt string) -> GenerationResult; a list of them -> list of GenerationResult
+        (the requests run side by side on the engine; every one with these settings)."""
         check_settings(max_new_tokens, temperature, top_k, top_p, seed, stop)
         batch = _is_batch(messages)
         conversations = list(messages) if batch else [messages]
@@ -138,35 +177,22 @@ class Pipeline:
 
     def generate_prepared(self, prompts: list[PreparedPrompt], *, max_new_tokens: int = 64, temperature: float = 0.0,
                           top_k: int = 0, top_p: float = 1.0, seed: int = 0, stop: Sequence[str] | None = None,
-                          pad_to: int | None = None) -> list[GenerationResult]:
-        """``generate`` for prompts already prepared (``prepare``), one result per prompt.
-
-        pad_to: fill the batch up to this size with copies of its first prompt (their answers are dropped) so a
-        short last batch reuses the compiled program of full ones. ``seconds`` is the batch's generation time.
-        """
-        sampling, max_new_tokens, stop = check_settings(max_new_tokens, temperature, top_k, top_p, seed, stop)
-        batch = list(prompts) + [prompts[0]] * max(0, (pad_to or 0) - len(prompts))
-        start = time.perf_counter()
-        tokens = self.engine.generate(batch, max_new_tokens, sampling)
-        seconds = time.perf_counter() - start
-        return [self._result(row, len(p.token_ids), stop, seconds) for row, p in zip(tokens[:len(prompts)], prompts)]
-
-    def _result(self, row: np.ndarray, prompt_tokens: int, stop: tuple[str, ...], seconds: float) -> GenerationResult:
-        ids = row.tolist()
-        if not stop:  # no stop strings: the answer ends at the first end id
-            end = next((i for i, t in enumerate(ids) if t in self.config.eos_ids), None)
-            answer = ids if end is None else ids[:end]
-            return GenerationResult(text=self.processor.decode(answer), token_ids=ids[:len(answer) + 1],
-                                    prompt_tokens=prompt_tokens, finish_reason="length" if end is None else "eos",
-                                    seconds=seconds)
-        answer = answer_for(self.processor, stop, self.config.eos_ids)
-        for t in ids:
-            answer.push(t)
-            if answer.done:
-                break
-        answer.finish()
-        return GenerationResult(text=answer.text, token_ids=answer.token_ids, prompt_tokens=prompt_tokens,
-                                finish_reason=answer.finish_reason, seconds=seconds)
+                          ignore_eos: bool = False) -> list[GenerationResult]:
+        """``generate`` for prompts already prepared (``prepare``), one result per prompt."""
+        check_settings(max_new_tokens, temperature, top_k, top_p, seed, stop)
+        for p in prompts:
+            self.scheduler.check_fits(len(p.token_ids), max_new_tokens)
+        settings = dict(max_new_tokens=max_new_tokens, temperature=temperature, top_k=top_k, top_p=top_p, seed=seed,
+                        stop=stop, ignore_eos=ignore_eos)
+        handles: list[RequestHandle] = []
+        try:
+            for p in prompts:
+                handles.append(self.submit(p, **settings))
+        except BaseException:
+            for h in handles:
+                h.cancel()
+            raise
+        return self._wait(handles)
 
     def stream(self, messages, *, max_new_tokens: int = 64, temperature: float = 0.0, top_k: int = 0,
                top_p: float = 1.0, seed: int = 0,
@@ -177,23 +203,38 @@ class Pipeline:
         The generator's return value (``result = yield from pipe.stream(...)``) is the answer's GenerationResult as
         ``generate`` gives it, and the pieces joined are exactly ``result.text``: text is shown once no later
         token can change it (an unfinished UTF-8 character or byte run waits), and text that could be the start
-        of a stop string waits until it is known not to be one.
+        of a stop string waits until it is known not to be one. Closing the generator early (a consumer that
+        stops reading) cancels the request and frees its slot.
         """
-        sampling, max_new_tokens, stop = check_settings(max_new_tokens, temperature, top_k, top_p, seed, stop)
+        check_settings(max_new_tokens, temperature, top_k, top_p, seed, stop)
         if _is_batch(messages):
             raise PromptError("stream takes one conversation; use generate for a batch")
-        start = time.perf_counter()
-        prompt = self.prepare(messages)
-        answer = answer_for(self.processor, stop, self.config.eos_ids)
-        for tok in self.engine.stream([prompt], max_new_tokens, sampling):
-            piece = answer.push(int(tok[0]))
-            if answer.done:
-                if piece:
-                    yield piece
-                break
-            yield piece
-        rest = answer.finish()
-        if rest:
-            yield rest
-        return GenerationResult(text=answer.text, token_ids=answer.token_ids, prompt_tokens=len(prompt.token_ids),
-                                finish_reason=answer.finish_reason, seconds=time.perf_counter() - start)
+        handle = self.submit(messages, max_new_tokens=max_new_tokens, temperature=temperature, top_k=top_k,
+                             top_p=top_p, seed=seed, stop=stop)
+        try:
+            for event in self._events(handle):
+                yield event.text
+            return handle.result()
+        finally:
+            handle.cancel()  # no-op once it has ended
+
+    def _events(self, handle: RequestHandle):
+        if self.scheduler.threaded:
+            yield from handle.events()
+            return
+        import queue
+
+        while True:  # several processes: this thread drives the engine
+            try:
+                yield from handle.events(timeout=0)
+                return
+            except queue.Empty:
+                self.scheduler.step()
+
+    def compilations(self) -> int:
+        """How many programs the engine has compiled so far (a new input inside its buckets adds none)."""
+        return self.scheduler.compilations()
+
+    def close(self) -> None:
+        """Stop the engine's thread (requests still running end as cancelled)."""
+        self.scheduler.close()

@@ -18,7 +18,7 @@ from flax import nnx
 from omnijax.common.linear import Linear, matmul_oi, param
 from omnijax.common.norms import RMSNorm, rms_norm
 from omnijax.common.sharding import constrain
-from omnijax.decoder.attention_op import PromptMeta, cache_attention, prompt_attention
+from omnijax.decoder.attention_op import PromptMeta, cache_attention, chunk_attention, prompt_attention
 from omnijax.decoder.kv_cache import LayerCache
 from omnijax.decoder.rope import apply_rotary, rope_key
 from omnijax.decoder.spec import AttentionSpec
@@ -46,6 +46,20 @@ class StepContext(NamedTuple):
     {slots: [B, slots]}."""
 
     pos: jax.Array
+    rope: dict
+    slot_pos: dict
+
+
+class ChunkContext(NamedTuple):
+    """What every layer of a chunk shares: T tokens of one row's prompt continuing that row's cache.
+
+    row: the cache row (slot) the chunk continues; pos [1, T] the tokens' sequence positions (-1 padding);
+    block [1, T] their media block ids (-1 text); rope {rope_key: (cos, sin) [1, T, ...]}; slot_pos {slots:
+    [slots]}: the position each slot of the row's cache holds before the chunk (-1 empty)."""
+
+    row: jax.Array
+    pos: jax.Array
+    block: jax.Array
     rope: dict
     slot_pos: dict
 
@@ -164,6 +178,18 @@ class Attention(nnx.Module):
         k, v = own if own is not None else shared
         out = prompt_attention(q, k, v, ctx.meta, self.spec.mask, scale=self.spec.q_scale, softcap=self.spec.softcap,
                                query_rows=ctx.query_rows, backend=ctx.backend)
+        return self._output(out), own
+
+    def extend(self, x_1TD: jax.Array, ctx: ChunkContext, cache: LayerCache,
+               shared: tuple[jax.Array, jax.Array] | None = None) -> tuple[jax.Array, tuple | None]:
+        """A chunk of one row's prompt attending to the row's cache (``cache``: every row's keys / values, those
+        before the chunk) and to itself -> (output [1, T, D], the chunk's keys and values [1, T, K, H], or None
+        for a layer that attends to the keys / values ``shared`` of an earlier layer's chunk)."""
+        q, k, v = self._project(x_1TD, ctx.pos, self._rope(ctx))
+        own = None if k is None else (k, v)
+        k, v = own if own is not None else shared
+        out = chunk_attention(q, cache.k, cache.v, ctx.row, ctx.slot_pos[cache.k.shape[-1]], k, v, ctx.pos,
+                              ctx.block, self.spec.mask, scale=self.spec.q_scale, softcap=self.spec.softcap)
         return self._output(out), own
 
     def step(self, x_B1D: jax.Array, ctx: StepContext, cache: LayerCache) -> tuple[jax.Array, LayerCache | None]:

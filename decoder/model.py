@@ -17,12 +17,12 @@ from flax import nnx
 
 from omnijax.common.norms import RMSNorm
 from omnijax.common.sharding import constrain
-from omnijax.decoder.attention import PromptContext, StepContext
+from omnijax.decoder.attention import ChunkContext, PromptContext, StepContext
 from omnijax.decoder.attention_op import PromptMeta
 from omnijax.decoder.blocks import take_rows
 from omnijax.decoder.embed import Embedder, add_at_placeholders, merge_media
 from omnijax.decoder.kv_cache import (LayerCache, cache_index, cache_slots, fill_from_prompt, last_readers,
-                                     slot_positions, write_pending)
+                                     slot_positions, write_chunk, write_pending)
 from omnijax.decoder.parts import BUILTIN_PARTS, DecoderParts
 from omnijax.decoder.rope import rope_tables
 from omnijax.decoder.spec import DecoderSpec
@@ -51,6 +51,26 @@ class Prompt(NamedTuple):
     rope_pos: jax.Array
     bidirectional: jax.Array
     media: dict
+    deepstack: int | None = None
+
+
+class Chunk(NamedTuple):
+    """T tokens of one row's prompt, after the ``start`` tokens its cache row ``row`` holds.
+
+    tokens [1, T] int32 (right-padded; media placeholders included); count: how many are real; rope_pos
+    [axes, 1, T]; bidirectional [1, T]: tokens of media blocks that attend to their whole block (a chunk never
+    splits such a block). media: {placeholder id: Media} with the rows of the whole prompt's media;
+    offsets: {placeholder id: how many of its placeholders come before the chunk}. deepstack: as in ``Prompt``.
+    """
+
+    tokens: jax.Array
+    count: jax.Array
+    start: jax.Array
+    row: jax.Array
+    rope_pos: jax.Array
+    bidirectional: jax.Array
+    media: dict
+    offsets: dict
     deepstack: int | None = None
 
 
@@ -97,10 +117,10 @@ class DecoderModel(nnx.Module):
         return rope_tables(rope_pos_ABL, [(l.attention.rope, l.attention.head_dim) for l in self.spec.layers
                                           if l.attention.rope is not None])
 
-    def embed(self, tokens_BL: jax.Array, media: dict) -> jax.Array:
+    def embed(self, tokens_BL: jax.Array, media: dict, offsets: dict | None = None) -> jax.Array:
         x = self.embedder.encode(tokens_BL)
         for token_id, m in media.items():
-            x = merge_media(x, tokens_BL == token_id, m.features, m.valid)
+            x = merge_media(x, tokens_BL == token_id, m.features, m.valid, (offsets or {}).get(token_id, 0))
         return constrain(x, ("batch", "length", "embed"))
 
     def logits(self, h_BLD: jax.Array) -> jax.Array:
@@ -151,27 +171,71 @@ class DecoderModel(nnx.Module):
         return logits, {"length": prompt.lengths.astype(jnp.int32), "k": tuple(c.k for c in caches),
                         "v": tuple(c.v for c in caches)}
 
-    def step(self, tokens_B: jax.Array, rope_pos_AB: jax.Array, cache: dict) -> tuple[jax.Array, dict]:
+    def extend(self, chunk: Chunk, cache: dict) -> tuple[jax.Array, dict]:
+        """A chunk of one row's prompt continuing that row of the cache -> (logits [1, V] at the chunk's last real
+        token, the cache with the chunk written and the row's length ``start + count``).
+
+        Each layer attends to the row's cache as it was and to the chunk (``Attention.extend``); once every layer
+        has run, each cache takes the chunk's keys and values (``write_chunk``). Other rows are untouched."""
+        spec = self.spec
+        t = chunk.tokens.shape[1]
+        x = self.embed(chunk.tokens, chunk.media, chunk.offsets)
+        idx = jnp.arange(t, dtype=jnp.int32)[None]
+        pos = jnp.where(idx < chunk.count, chunk.start + idx, -1)
+        ctx = ChunkContext(chunk.row, pos, block_ids(chunk.bidirectional & (pos >= 0)),
+                           self.rope_tables(chunk.rope_pos),
+                           {n: slot_positions(chunk.start[None], n)[0] for n in sorted({k.shape[-1]
+                                                                                        for k in cache["k"]})})
+        per_layer = self._layer_inputs(chunk.tokens, x)
+        deepstack = () if chunk.deepstack is None else chunk.media[chunk.deepstack].extras
+        index = cache_index(spec)
+        chunk_kv: dict[int, tuple] = {}  # owner layer -> the chunk's keys and values, for sharing layers
+        for i, layer in enumerate(self.layers):
+            j = index[spec.kv_layer(i)]
+            x, kv = layer.extend(x, ctx, LayerCache(cache["k"][j], cache["v"][j]), chunk_kv.get(spec.kv_layer(i)),
+                                 None if per_layer is None else per_layer[:, :, i])
+            if kv is not None:
+                chunk_kv[i] = kv
+            if i < len(deepstack):
+                m = chunk.media[chunk.deepstack]
+                x = add_at_placeholders(x, chunk.tokens == chunk.deepstack, deepstack[i], m.valid,
+                                        chunk.offsets.get(chunk.deepstack, 0))
+        keys, values = list(cache["k"]), list(cache["v"])
+        for i, (k, v) in chunk_kv.items():
+            j = index[i]
+            keys[j], values[j] = write_chunk(keys[j], values[j], chunk.row, k, v, chunk.start, chunk.count)
+        last = jax.lax.dynamic_slice_in_dim(x, jnp.maximum(chunk.count - 1, 0), 1, axis=1)
+        length = cache["length"].at[chunk.row].set(chunk.start + chunk.count)
+        return self.logits(last)[:, 0], {"length": length, "k": tuple(keys), "v": tuple(values)}
+
+    def step(self, tokens_B: jax.Array, rope_pos_AB: jax.Array, cache: dict,
+             active_B: jax.Array | None = None) -> tuple[jax.Array, dict]:
         """One token per row at position cache["length"] -> (logits [B, V], the cache with it written).
 
-        A layer that owns keys/values takes its cache and returns it holding the token; a layer that shares them
-        reads the owner's cache, token included. Once a cache's last reader has run, its token is written into
-        its ring (``write_pending``)."""
+        The cache may hold more rows than there are tokens: the tokens are rows 0..B-1 of it, the other rows are
+        left alone. ``active_B``: the rows that take their token (the others' caches and lengths stay as they are;
+        their logits mean nothing). A layer that owns keys/values takes its cache and returns it holding the token;
+        a layer that shares them reads the owner's cache, token included. Once a cache's last reader has run, its
+        token is written into its ring (``write_pending``)."""
         spec = self.spec
-        pos = cache["length"]
+        b = tokens_B.shape[0]
+        pos = cache["length"][:b]
         tokens = tokens_B[:, None]
         x = self.embed(tokens, {})
         per_layer = self._layer_inputs(tokens, x)
         ctx = StepContext(pos, self.rope_tables(rope_pos_AB[:, :, None]),
                           {s: slot_positions(pos, s) for s in sorted({k.shape[-1] for k in cache["k"]})})
         index, last = cache_index(spec), last_readers(spec)
-        caches = [LayerCache(k, v) for k, v in zip(cache["k"], cache["v"])]
+        full = list(zip(cache["k"], cache["v"]))
+        caches = [LayerCache(k[:b], v[:b]) for k, v in full]
         for i, layer in enumerate(self.layers):
             j = index[spec.kv_layer(i)]
             x, mine = layer.step(x, ctx, caches[j], None if per_layer is None else per_layer[:, :, i])
             if mine is not None:
                 caches[j] = mine
             if last[j] == i:
-                caches[j] = write_pending(caches[j], pos, x)
-        return self.logits(x)[:, 0], {"length": pos + 1, "k": tuple(c.k for c in caches),
-                                      "v": tuple(c.v for c in caches)}
+                full[j] = write_pending(caches[j], pos, x, into=full[j], active_B=active_B)
+        grown = pos + (1 if active_B is None else active_B.astype(jnp.int32))
+        length = grown if b == cache["length"].shape[0] else cache["length"].at[:b].set(grown)
+        return self.logits(x)[:, 0], {"length": length, "k": tuple(k for k, _ in full),
+                                      "v": tuple(v for _, v in full)}

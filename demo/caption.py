@@ -1,9 +1,12 @@
-"""Batch captioning: a grain pipeline prepares items in worker threads, batches feed generation, rows go to JSONL.
+"""Batch captioning: a grain pipeline prepares items in worker threads, the serving engine generates them side by
+side, rows go to JSONL.
 
     items = discover("photos/")                                   # demo.caption_items
     summary = run_captions(pipe, items, "captions.jsonl", CaptionOptions(batch_size=8))
 
-Every item gets one row, written and flushed as its batch finishes: ``{"path", "kind", "prompt", "status",
+Every item gets one row, written and flushed as soon as it and every item before it have finished (items are
+generated side by side on the pipeline's serving engine, so a short caption never waits for a long one to free
+its slot): ``{"path", "kind", "prompt", "status",
 "caption", "prompt_tokens", "new_tokens", "finish_reason", "seconds", "error"}`` with status "ok", "error" (the
 item could not be read or generated; ``error`` says why) or "skipped" (a modality the model does not take).
 Running again on the same output skips the items it already holds, so an interrupted run resumes where it
@@ -13,6 +16,7 @@ one captions its shard of the items into its own part file; ``merge_parts`` join
 
 from __future__ import annotations
 
+import collections
 import contextlib
 import dataclasses
 import os
@@ -125,25 +129,16 @@ def prepare_item(pipe, item: CaptionItem, options: CaptionOptions) -> Prepared:
 
 
 def caption_dataset(pipe, items: Sequence[CaptionItem], options: CaptionOptions) -> grain.IterDataset:
-    """A grain dataset of batches (lists of ``Prepared``, in item order): items are prepared in
-    ``options.workers`` threads, ahead of generation by a prefetch buffer of a few batches."""
+    """A grain dataset of ``Prepared`` items (in item order): items are prepared in ``options.workers`` threads,
+    ahead of generation by a prefetch buffer."""
     buffer = max(2 * options.batch_size, options.workers) if options.workers else 0
     read = grain.ReadOptions(num_threads=options.workers, prefetch_buffer_size=buffer)
     return (grain.MapDataset.source(list(items))
             .map(lambda item: prepare_item(pipe, item, options))
-            .to_iter_dataset(read)
-            .batch(options.batch_size, batch_fn=list))
+            .to_iter_dataset(read))
 
 
 # ---- generating --------------------------------------------------------------------------------------------------
-
-def generate_prepared(pipe, prompts: list, *, max_new_tokens: int, sampling: SamplingParams,
-                      stop: Sequence[str] | None = None, pad_to: int | None = None) -> list:
-    """``Pipeline.generate_prepared`` with this module's sampling settings."""
-    return pipe.generate_prepared(prompts, max_new_tokens=max_new_tokens, temperature=sampling.temperature,
-                                  top_k=sampling.top_k, top_p=sampling.top_p, seed=sampling.seed, stop=stop,
-                                  pad_to=pad_to)
-
 
 def base_row(prepared: Prepared) -> dict:
     item = prepared.item
@@ -167,26 +162,50 @@ def skipped_row(item: CaptionItem, reason: str) -> dict:
             "prompt_tokens": None, "new_tokens": None, "finish_reason": None, "seconds": 0.0, "error": reason}
 
 
-def caption_batch(pipe, batch: list[Prepared], options: CaptionOptions) -> list[dict]:
-    """Rows for one batch, in order. Items that failed to prepare become error rows; the rest are generated
-    together, and if that fails (e.g. one prompt over the context budget) each is generated on its own so that
-    only the bad ones become error rows."""
-    gen = dict(max_new_tokens=options.max_new_tokens, sampling=options.sampling, stop=options.stop,
-               pad_to=options.batch_size)
-    ready = [p for p in batch if p.prompt is not None]
-    results: dict[int, dict] = {}
-    if ready:
+class InFlight:
+    """Captions being generated: items are submitted to the pipeline's engine as they are prepared and their rows
+    come back in submission order. Up to ``window`` requests are inside the engine (twice its slots), so a slot
+    that finishes a caption takes the next item at once."""
+
+    def __init__(self, pipe, options: CaptionOptions):
+        self.pipe = pipe
+        self.options = options
+        self.window = 2 * options.batch_size
+        self.items: collections.deque = collections.deque()  # (Prepared, handle or None, error row or None)
+
+    def add(self, prepared: Prepared) -> None:
+        if prepared.prompt is None:
+            self.items.append((prepared, None, error_row(prepared, prepared.error)))
+            return
+        o, sampling = self.options, self.options.sampling
         try:
-            for p, result in zip(ready, generate_prepared(pipe, [p.prompt for p in ready], **gen)):
-                results[id(p)] = ok_row(p, result)
-        except Exception:
-            for p in ready:
-                start = time.perf_counter()
-                try:
-                    results[id(p)] = ok_row(p, generate_prepared(pipe, [p.prompt], **gen)[0])
-                except Exception as e:
-                    results[id(p)] = error_row(p, error_text(e), time.perf_counter() - start)
-    return [results[id(p)] if p.prompt is not None else error_row(p, p.error) for p in batch]
+            handle = self.pipe.submit(prepared.prompt, max_new_tokens=o.max_new_tokens,
+                                      temperature=sampling.temperature, top_k=sampling.top_k, top_p=sampling.top_p,
+                                      seed=sampling.seed, stop=o.stop)
+            self.items.append((prepared, handle, None))
+        except Exception as e:  # e.g. a prompt over the context budget: an error row, the run goes on
+            self.items.append((prepared, None, error_row(prepared, error_text(e))))
+
+    @property
+    def full(self) -> bool:
+        return len(self.items) >= self.window
+
+    def next_row(self) -> dict:
+        """The row of the oldest item (waiting for its caption)."""
+        prepared, handle, row = self.items.popleft()
+        if row is not None:
+            return row
+        start = time.perf_counter()
+        try:
+            return ok_row(prepared, self.pipe.wait(handle))
+        except Exception as e:
+            return error_row(prepared, error_text(e), time.perf_counter() - start)
+
+    def cancel(self) -> None:
+        for _, handle, _ in self.items:
+            if handle is not None:
+                handle.cancel()
+        self.items.clear()
 
 
 # ---- writing -----------------------------------------------------------------------------------------------------
@@ -337,6 +356,7 @@ def run_captions(pipe, items: Sequence[CaptionItem], out: str | os.PathLike,
         summary = CaptionSummary(str(path), total=len(shard), already=len(shard) - len(todo))
         progress = None
         iterator = None
+        flight = None
         try:
             if todo and not hasattr(pipe, "prepare"):
                 pipe = pipe()
@@ -353,23 +373,33 @@ def run_captions(pipe, items: Sequence[CaptionItem], out: str | os.PathLike,
                     progress.update(1, summary.failed)
             if runnable and not ctrl_c.requested:
                 iterator = iter(caption_dataset(pipe, runnable, options))
-                for batch in iterator:
+                flight = InFlight(pipe, options)
+
+                def write_next():
+                    row = flight.next_row()
+                    with ctrl_c.shielded():
+                        writer.write(row)
+                        if row["status"] == "ok":
+                            summary.done += 1
+                        else:
+                            summary.failed += 1
+                    progress.update(1, summary.failed)
+
+                for prepared in iterator:
                     if ctrl_c.requested:  # recorded while shielded, or swallowed by a library
                         break
-                    batch_rows = caption_batch(pipe, batch, options)
-                    with ctrl_c.shielded():
-                        for row in batch_rows:
-                            writer.write(row)
-                            if row["status"] == "ok":
-                                summary.done += 1
-                            else:
-                                summary.failed += 1
-                    progress.update(len(batch_rows), summary.failed)
+                    flight.add(prepared)
+                    while flight.full and not ctrl_c.requested:
+                        write_next()
+                while flight.items and not ctrl_c.requested:
+                    write_next()
         except KeyboardInterrupt:
             ctrl_c.requested = True
         finally:
             with ctrl_c.shielded():
                 try:
+                    if flight is not None:
+                        flight.cancel()
                     if iterator is not None and hasattr(iterator, "close"):
                         iterator.close()
                     if progress is not None:

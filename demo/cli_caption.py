@@ -31,7 +31,8 @@ def add_caption_parser(subparsers) -> argparse.ArgumentParser:
     p.add_argument("--prompt", help="the default prompt (default: 'Describe this image.' / 'Describe this audio.'); "
                                     "a manifest's per-item prompt wins")
     p.add_argument("--system", help="an optional system message")
-    p.add_argument("--batch-size", type=int, default=8, help="items generated together")
+    p.add_argument("--batch-size", type=int, default=8,
+                   help="items generated together (the engine's slots; a finished item's slot takes the next)")
     p.add_argument("--workers", type=int, default=4, help="threads decoding and preprocessing items (0: none)")
     p.add_argument("--stop", action="append", default=None, help="a stop string (repeatable)")
     p.add_argument("--path-column", default="path", help="the manifest's path column (default: path)")
@@ -98,7 +99,8 @@ def run_caption(args) -> int:
         raise CaptionInputError(f"--max-new-tokens must be >= 1, got {options.max_new_tokens}")
     items = discover(args.input, path_column=args.path_column, prompt_column=args.prompt_column)
     inputs = [args.input] if os.path.isfile(args.input) else []  # a manifest (or the one media file)
-    summary = run_captions(lambda: load_pipeline(args), items, args.out, options, shard_index=shard_index,
+    summary = run_captions(lambda: load_pipeline(args, max_batch=args.batch_size), items, args.out, options,
+                           shard_index=shard_index,
                            shard_count=shard_count, inputs=inputs, spmd=args.distributed)
     return 130 if summary.interrupted else 0
 

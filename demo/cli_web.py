@@ -9,7 +9,7 @@ import ipaddress
 import socket
 import sys
 
-from omnijax.app.cli import add_model_flags
+from omnijax.app.cli import add_engine_flags, add_model_flags
 from omnijax.common.errors import OmnijaxError
 from omnijax.demo.chat_state import DEFAULT_MAX_UPLOAD_MB
 
@@ -42,6 +42,7 @@ def add_demo_parser(subparsers) -> argparse.ArgumentParser:
 
     p = subparsers.add_parser("demo", help="serve a multimodal web chat in the browser (gradio)")
     add_model_flags(p)
+    add_engine_flags(p)
     p.add_argument("--host", default=DEFAULT_HOST,
                    help=f"address to listen on (default {DEFAULT_HOST}: this machine only; 0.0.0.0 opens it to "
                         f"the network)")

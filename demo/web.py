@@ -1,9 +1,10 @@
 """The gradio web demo: a multimodal chat with any loaded ``Pipeline`` (``omnijax demo``).
 
 A ``gr.ChatInterface`` with a ``gr.MultimodalTextbox`` (images, and audio files / microphone when the model takes
-audio), answers streamed piece by piece, gradio's Stop button (it cancels the generator, which releases the model
-for the next request), sampling controls, and one stats line per answer. Requests go through gradio's queue and
-one lock, so generations run one at a time and every browser tab gets its answer in turn. A bad file or a failed
+audio), answers streamed piece by piece, gradio's Stop button (it closes the generator, which cancels the request
+and frees its slot at the engine's next step), sampling controls, and one stats line per answer. Every browser
+tab's request goes to the pipeline's serving engine, so several tabs generate at the same time (the engine's
+slots decode them together; a request beyond its slots waits for one). A bad file or a failed
 generation becomes an error message in the chat; the server keeps serving. The page names the inputs the model
 takes and offers attachments only for those (none for a text-only model); a model without a chat template (a base
 model) continues each message as plain text.
@@ -99,7 +100,6 @@ def make_responder(pipe, *, max_upload_mb: float = DEFAULT_MAX_UPLOAD_MB) -> Cal
     media_kinds = accepted_media(pipe)
     raw = completion_mode(pipe)
     max_bytes = int(max_upload_mb * 2**20)
-    lock = threading.Lock()  # the Pipeline is not thread-safe: one generation at a time
 
     def respond(message, history, max_new_tokens, temperature, top_p, top_k, seed):
         message = message or {}
@@ -118,17 +118,17 @@ def make_responder(pipe, *, max_upload_mb: float = DEFAULT_MAX_UPLOAD_MB) -> Cal
             return
         answer, sink, first = "", {}, None
         try:
-            with lock:  # released when the generator finishes or is closed (Stop closes it)
-                start = time.perf_counter()
-                with contextlib.closing(_stream_into(pipe, messages, options, sink)) as pieces:
-                    for piece in pieces:
-                        answer += piece
-                        if first is None:
-                            first = time.perf_counter() - start
-                            yield answer_message(answer), ""  # clears the previous answer's stats
-                        else:
-                            yield answer_message(answer), gr.skip()
-                total = time.perf_counter() - start
+            start = time.perf_counter()
+            # closed when the generator finishes or is closed (Stop closes it): the request is cancelled
+            with contextlib.closing(_stream_into(pipe, messages, options, sink)) as pieces:
+                for piece in pieces:
+                    answer += piece
+                    if first is None:
+                        first = time.perf_counter() - start
+                        yield answer_message(answer), ""  # clears the previous answer's stats
+                    else:
+                        yield answer_message(answer), gr.skip()
+            total = time.perf_counter() - start
         except Exception as e:  # noqa: BLE001 - a failed generation must not stop the server
             report = _report(e, [] if raw else _media_paths(messages))
             yield ([answer_message(answer), report] if answer else report), ""
@@ -190,7 +190,7 @@ def build_demo(pipe, *, max_upload_mb: float = DEFAULT_MAX_UPLOAD_MB, notice: st
         gr.ChatInterface(
             make_responder(pipe, max_upload_mb=max_upload_mb),
             multimodal=True, chatbot=chatbot, textbox=textbox, additional_inputs=settings,
-            additional_outputs=[stats], concurrency_limit=1, api_name="chat", analytics_enabled=False,
+            additional_outputs=[stats], concurrency_limit=None, api_name="chat", analytics_enabled=False,
             fill_height=True,
         )
         stats.render()  # right under the message box, above the examples: in view with the chat
@@ -203,14 +203,15 @@ def build_demo(pipe, *, max_upload_mb: float = DEFAULT_MAX_UPLOAD_MB, notice: st
 
 def launch(demo: gr.Blocks, *, host: str = "127.0.0.1", port: int = 7860,
            max_upload_mb: float = DEFAULT_MAX_UPLOAD_MB, block: bool = True, quiet: bool = False):
-    """Serve ``demo`` on ``host:port``: queued (one generation at a time), uploads capped at ``max_upload_mb``.
+    """Serve ``demo`` on ``host:port``: requests run side by side on the pipeline's engine (gradio's queue holds
+    at most 64 waiting events), uploads capped at ``max_upload_mb``.
 
     block=False returns once the server is up (call ``demo.close()`` to stop it). A port in use or an address
     that cannot be listened on raises ServeError naming the --port / --host flag.
     """
     from omnijax.demo.cli_web import listen_problem
 
-    demo.queue(default_concurrency_limit=1, max_size=64)
+    demo.queue(default_concurrency_limit=None, max_size=64)
     try:
         return demo.launch(server_name=host, server_port=port, max_file_size=int(max_upload_mb * 2**20),
                            share=False, inbrowser=False, show_error=True, ssr_mode=False, pwa=False,
