@@ -28,7 +28,7 @@ import time
 import numpy as np
 
 from omnijax.app.answer_text import AnswerText, answer_for
-from omnijax.app.chunks import plan_chunks
+from omnijax.app.chunks import plan_chunks, prefix_points
 from omnijax.app.generation import bucket_for
 from omnijax.app.media_cache import EncodedItem, MediaCache
 from omnijax.app.prefix_cache import PrefixCache, PrefixEntry, key_ids
@@ -45,6 +45,7 @@ DEFAULT_MAX_QUEUE = 256
 DEFAULT_PREFIX_CACHE_MB = 256
 DEFAULT_MEDIA_CACHE_MB = 256
 MIN_PREFIX_TOKENS = 16  # shorter prompts are not worth an entry
+PREFIX_EVERY = 256  # a long prompt also keeps its keys / values at the last multiple of this many tokens
 
 
 class QueueFullError(OmnijaxError):
@@ -61,6 +62,7 @@ class Live:
     slot: int | None = None
     ids: np.ndarray | None = None  # key ids of the prompt (app/prefix_cache.py)
     chunks: list = dataclasses.field(default_factory=list)
+    keep_at: set = dataclasses.field(default_factory=set)  # chunk ends whose keys / values become prefix entries
     media: dict = dataclasses.field(default_factory=dict)  # placeholder id -> Media of the whole prompt
     generated: int = 0
     cached: int = 0
@@ -143,6 +145,9 @@ class Scheduler:
         """PromptError unless a prompt of this length and this many new tokens fits a slot."""
         if prompt_tokens == 0:
             raise PromptError("the prompt is empty")
+        if prompt_tokens >= self.context:
+            raise PromptError(f"the prompt has {prompt_tokens} tokens; the context budget is {self.context} tokens "
+                              f"(prompt plus at least one new token)")
         if prompt_tokens + max_new_tokens > self.context:
             raise PromptError(f"the prompt has {prompt_tokens} tokens and max_new_tokens is {max_new_tokens}: "
                               f"{prompt_tokens + max_new_tokens} exceeds the context budget of {self.context} "
@@ -283,7 +288,9 @@ class Scheduler:
         if entry is not None:
             self.slots.restore(live.slot, entry.saved, entry.length)
             start = live.cached = entry.length
-        live.chunks = plan_chunks(start, n, prompt.bidirectional, self.chunk)
+        points = prefix_points(start, n, prompt.bidirectional, PREFIX_EVERY) if self.prefix.enabled else ()
+        live.keep_at = {p for p in points if p >= MIN_PREFIX_TOKENS}
+        live.chunks = plan_chunks(start, n, prompt.bidirectional, self.chunk, tuple(live.keep_at))
         if not live.chunks:  # the whole prompt was cached, with its logits
             self._insert(live, entry.logits)
 
@@ -320,6 +327,8 @@ class Scheduler:
         logits = self.slots.extend(ids[a:b], a, live.slot, rope, prompt.bidirectional[a:b], media, offsets,
                                    deep if deep in media else None, bucket_for(b - a, self.engine.buckets))
         if live.chunks:
+            if b in live.keep_at:
+                self._keep_prefix(live, b, None)
             return None
         n = len(ids)
         if self.prefix.enabled and n >= MIN_PREFIX_TOKENS and live.cached < n:

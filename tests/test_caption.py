@@ -239,20 +239,20 @@ def caption_command() -> list[str]:
     return ["-m", "omnijax", "caption"]
 
 
-# ``omnijax caption`` whose third batch waits until a signal ends the run: the first two batches (four rows) are
-# written, then the run holds still, so a signal sent once four rows are there always lands mid-run.
+# ``omnijax caption`` whose fifth row waits until a signal ends the run: the first four rows are written, then the
+# run holds still, so a signal sent once four rows are there always lands mid-run.
 PAUSED_CAPTION = """
 import sys, threading
 import omnijax.demo.caption as caption
 from omnijax.demo.cli import main
-generate = caption.caption_batch
+next_row = caption.InFlight.next_row
 calls = []
-def caption_batch(pipe, batch, options):
-    calls.append(len(batch))
-    if len(calls) == 3:
+def paused_next_row(self):
+    calls.append(1)
+    if len(calls) == 5:
         threading.Event().wait()
-    return generate(pipe, batch, options)
-caption.caption_batch = caption_batch
+    return next_row(self)
+caption.InFlight.next_row = paused_next_row
 sys.exit(main(["caption", *sys.argv[1:]]))
 """
 
