@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import signal
 import sys
 
 from omnijax.app.cli import add_engine_flags, add_model_flags
@@ -79,9 +80,26 @@ def run_serve(args) -> int:
         print(f"[omnijax] serving {server.model} ({pipe.family}) on {where}/v1"
               + (f" and the web demo on {where}/ui" if ui is not None else "") + " (Ctrl-C stops)",
               file=sys.stderr, flush=True)
+        # uvicorn stops gracefully on SIGINT / SIGTERM, then raises the signal again under the handlers it found:
+        # a SIGTERM handler of ours turns that into a clean exit, so the engine and the uploads folder go too
+        previous = signal.signal(signal.SIGTERM, _terminate)
+        code = 0
         try:
             uvicorn.Server(config).run()
+        except KeyboardInterrupt:
+            code = 130
+        except _Terminated:
+            code = 0
         finally:
+            signal.signal(signal.SIGTERM, previous)
             pipe.close()
     print("[omnijax] server stopped", file=sys.stderr)
-    return 0
+    return code
+
+
+class _Terminated(Exception):
+    pass
+
+
+def _terminate(signum, frame):
+    raise _Terminated

@@ -21,6 +21,7 @@ import contextlib
 import json
 import logging
 import pathlib
+import secrets
 import shutil
 import tempfile
 import time
@@ -80,13 +81,16 @@ class Server:
                                    f"{self.model!r}", param="model", status=404, code="model_not_found")
 
     def _submit(self, prompt, settings: api.Settings, listener):
+        """The request on the engine: without max_tokens as much as fits up to DEFAULT_MAX_TOKENS; without a seed
+        a random one (as OpenAI samples)."""
         limit = settings.max_new_tokens
         if limit is None:  # as much as fits, up to the default
             limit = max(1, min(DEFAULT_MAX_TOKENS, self.pipe.scheduler.context - len(prompt.token_ids)))
         return self.pipe.submit(prompt, max_new_tokens=limit, temperature=settings.temperature,
                                 top_k=settings.top_k, top_p=settings.top_p,
-                                seed=0 if settings.seed is None else settings.seed, stop=settings.stop or None,
-                                listener=listener)
+                                seed=secrets.randbelow(2**63) if settings.seed is None else settings.seed,
+                                stop=settings.stop or None,
+                                ignore_eos=settings.ignore_eos, listener=listener)
 
     def _prepare_chat(self, body: dict, folder: pathlib.Path):
         messages = api.chat_messages(body, allow_remote=self.allow_remote_media)
