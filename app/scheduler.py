@@ -303,7 +303,8 @@ class Scheduler:
         return Media(put(pad(features)), None, tuple(put(e) for e in extras))
 
     def _encode_one(self, modality: str, item) -> EncodedItem:
-        features, valid, extras = self.engine.encode({modality: [item]})[modality]
+        out = self.engine.encode({modality: [item]})[modality]  # (features, valid[, extras])
+        features, valid, extras = out[0], out[1], tuple(out[2]) if len(out) > 2 else ()
         valid = host_array(valid) if valid is not None else np.ones(features.shape[0], bool)
         return EncodedItem(host_array(features)[valid], tuple(host_array(e)[valid] for e in extras))
 
