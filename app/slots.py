@@ -86,13 +86,25 @@ class Slots:
         self.rows = row_buckets(slots) if engine.mesh.shape["data"] == 1 else (slots,)
         self.cache = None
         self.state = None
-        self._extend = jax.jit(self._extend_impl, static_argnames=("deepstack",), donate_argnames=("cache",))
-        self._insert = jax.jit(self._insert_impl, donate_argnames=("state",))
-        self._decode = jax.jit(self._decode_impl, static_argnames=("rows",), donate_argnames=("cache", "state"))
+        self._programs(None, None)
+
+    def _programs(self, cache_sharding, state_sharding) -> None:
+        """The jitted programs; with the shardings of the allocated cache and state they return them laid out the
+        same way, so a program's output fed back as its input never compiles it again."""
+        one = None if state_sharding is None else jax.sharding.NamedSharding(self.engine.mesh,
+                                                                               jax.sharding.PartitionSpec())
+        out = lambda *shardings: None if cache_sharding is None else shardings  # noqa: E731
+        self._extend = jax.jit(self._extend_impl, static_argnames=("deepstack",), donate_argnames=("cache",),
+                               out_shardings=out(one, cache_sharding))
+        self._insert = jax.jit(self._insert_impl, donate_argnames=("state",), out_shardings=out(state_sharding, one))
+        self._decode = jax.jit(self._decode_impl, static_argnames=("rows",), donate_argnames=("cache", "state"),
+                               out_shardings=out(one, one, state_sharding, cache_sharding))
         self._release = jax.jit(lambda state, slot: state._replace(active=state.active.at[slot].set(False)),
-                                donate_argnames=("state",))
+                                donate_argnames=("state",), out_shardings=None if state_sharding is None
+                                else state_sharding)
         self._snapshot = jax.jit(snapshot_row, static_argnames=("length",))
-        self._restore = jax.jit(restore_row, donate_argnames=("cache",))
+        self._restore = jax.jit(restore_row, donate_argnames=("cache",),
+                                out_shardings=None if cache_sharding is None else cache_sharding)
 
     # ---- jitted bodies -------------------------------------------------------------------------------------
     def _extend_impl(self, params, cache, tokens, count, start, row, rope_pos, bidirectional, media, offsets, *,
@@ -138,7 +150,9 @@ class Slots:
         self.cache = {"length": zeros(shapes["length"], ("batch",)),
                       "k": tuple(zeros(a, KEY_AXES) for a in shapes["k"]),
                       "v": tuple(zeros(a, VALUE_AXES) for a in shapes["v"])}
-        self.state = jax.tree.map(jnp.copy, empty_state(self.slots))
+        replicated = jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec())
+        self.state = jax.tree.map(lambda a: jax.device_put(jnp.copy(a), replicated), empty_state(self.slots))
+        self._programs(jax.tree.map(lambda a: a.sharding, self.cache), jax.tree.map(lambda a: a.sharding, self.state))
 
     def cache_bytes(self) -> int:
         self.ensure_allocated()

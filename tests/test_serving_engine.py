@@ -254,6 +254,21 @@ def test_four_devices_split_slots_and_weights(tiny_gemma3_dir, sched, gemma3_pip
     assert proc.returncode == 0, proc.stderr[-3000:]
     out = json.loads(next(l for l in proc.stdout.splitlines() if l.startswith("RESULT"))[len("RESULT"):])
     assert out["mesh"] == {"data": 2, "model": 2}
-    assert out["cache_spec"] == "P('data', 'model')"  # slots over data, kv heads over model
+    assert out["cache_spec"] == "P('data', 'model', None, None)"  # slots over data, kv heads over model
     one = [sched.submit(request(gemma3_pipeline, p, 12)).result(WAIT_S).token_ids for p in PROMPTS[:4]]
     assert out["tokens"] == one
+
+
+def test_warm_up_compiles_what_text_requests_need(gemma3_pipeline):
+    """After ``warm_up``, text requests of any length (several chunks included) on any slots compile nothing."""
+    s = Scheduler(gemma3_pipeline.engine, gemma3_pipeline.processor, slots=2, context=512, chunk=64,
+                  prefix_cache_mb=0)
+    try:
+        s.warm_up()
+        before = s.compilations()
+        prompts = [conversation("Hi."), conversation(LONG_TEXT, system="Be brief."), conversation("Why? " * 9)]
+        handles = [s.submit(request(gemma3_pipeline, p, 5, temperature=0.3 * i, seed=i)) for i, p in enumerate(prompts)]
+        assert [len(h.result(WAIT_S).token_ids) for h in handles] == [5, 5, 5]
+        assert s.compilations() == before
+    finally:
+        s.close()
