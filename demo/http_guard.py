@@ -16,6 +16,8 @@ import hmac
 import ipaddress
 import json
 
+from omnijax.demo.openai_protocol import RequestError
+
 LOOPBACK_NAMES = ("localhost", "127.0.0.1", "::1")
 OPEN_PATHS = ("/health",)
 
@@ -45,8 +47,12 @@ async def send_error(send, status: int, message: str, type_: str, code: str | No
     await send({"type": "http.response.body", "body": body})
 
 
-class BodyTooLarge(Exception):
-    pass
+class BodyTooLarge(RequestError):
+    """Raised while a handler reads a body past the cap: handlers answer it as any refused request (413)."""
+
+    def __init__(self, max_body: int):
+        super().__init__(f"the request body is larger than {max_body / 2**20:g} MB (--max-body-mb)", status=413,
+                         code="body_too_large")
 
 
 class HttpGuard:
@@ -87,7 +93,7 @@ class HttpGuard:
             if message["type"] == "http.request":
                 received += len(message.get("body", b""))
                 if received > self.max_body:
-                    raise BodyTooLarge
+                    raise BodyTooLarge(self.max_body)
             return message
 
         async def tracked_send(message):
