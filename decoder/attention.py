@@ -42,12 +42,13 @@ class PromptContext(NamedTuple):
 
 class StepContext(NamedTuple):
     """What every layer of a decode step shares: the new token's position [B], its rope tables
-    {rope_key: (cos, sin) [B, 1, ...]}, and the position held in each cache slot before the token
-    {slots: [B, slots]}."""
+    {rope_key: (cos, sin) [B, 1, ...]}, the position held in each cache slot before the token {slots: [B, slots]},
+    and ``reach``: how many slots any decoding row holds (a long cache is read only that far; None: whole)."""
 
     pos: jax.Array
     rope: dict
     slot_pos: dict
+    reach: jax.Array | None = None
 
 
 class ChunkContext(NamedTuple):
@@ -195,6 +196,7 @@ class Attention(nnx.Module):
     def step(self, x_B1D: jax.Array, ctx: StepContext, cache: LayerCache) -> tuple[jax.Array, LayerCache | None]:
         """One new token per row -> (output [B, 1, D], this layer's cache holding the token's key/value as its
         pending token; ``kv_cache.write_pending`` writes it into the ring once the cache's last reader has run).
+        ``cache`` may hold more rows than the step (rows 0..B-1 are the step's).
         A layer that shares an earlier layer's keys/values reads that layer's cache, its token included, and
         returns None."""
         spec = self.spec
@@ -203,5 +205,5 @@ class Attention(nnx.Module):
         if k is not None:
             cache = mine = LayerCache(cache.k, cache.v, k.transpose(0, 2, 1, 3), v.transpose(0, 2, 1, 3))
         out = cache_attention(q, cache.k, cache.v, ctx.slot_pos[cache.k.shape[-1]], cache.token_k, cache.token_v,
-                              ctx.pos, spec.mask, scale=spec.q_scale, softcap=spec.softcap)
+                              ctx.pos, spec.mask, scale=spec.q_scale, softcap=spec.softcap, reach=ctx.reach)
         return self._output(out), mine

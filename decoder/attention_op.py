@@ -212,19 +212,50 @@ def prompt_attention(q_BLNH: jax.Array, k_BLKH: jax.Array, v_BLKH: jax.Array, me
     return out[:, :l]
 
 
-def cache_attention(q_B1NH: jax.Array, cache_k_BKHS: jax.Array, cache_v_BKSH: jax.Array, slot_pos_BS: jax.Array,
+def cache_attention(q_B1NH: jax.Array, cache_k_SKHC: jax.Array, cache_v_SKCH: jax.Array, slot_pos_BC: jax.Array,
                     token_k_BK1H: jax.Array, token_v_BK1H: jax.Array, q_pos_B: jax.Array, mask: MaskSpec, *,
-                    scale: float, softcap: float | None = None) -> jax.Array:
+                    scale: float, softcap: float | None = None, reach: jax.Array | None = None) -> jax.Array:
     """One new token per row attending to a layer's cache (the ring as it was) and to the token's own key/value, one
     softmax -> [batch, 1, N, H].
 
-    The key cache holds keys transposed ([B, K, H, S]), so the scores are a plain [G, H] x [H, S] product per kv
-    head; ``slot_pos_BS`` is the position held in each slot (-1 empty)."""
+    The cache may hold more rows than the step (S >= B; rows 0..B-1 are read). The key cache holds keys transposed
+    ([S, K, H, C]), so the scores are a plain [G, H] x [H, C] product per kv head; ``slot_pos_BC`` is the position
+    held in each slot (-1 empty). A cache longer than 512 slots is read in 128-slot blocks, only as far as ``reach``
+    (slots held by any row; None: all): a long context budget costs nothing until it is used."""
+    b = q_B1NH.shape[0]
+    c = cache_k_SKHC.shape[-1]
     q_pos = q_pos_B[:, None]
-    vis_cache = visible(q_pos, slot_pos_BS, mask)
     vis_token = (q_pos >= 0)[:, :, None]
-    return dot_attention(q_B1NH, [(cache_k_BKHS, cache_v_BKSH, vis_cache), (token_k_BK1H, token_v_BK1H, vis_token)],
-                         scale=scale, softcap=softcap, keys_transposed=True)
+    if c <= 512 or c % K_BLOCK:
+        vis_cache = visible(q_pos, slot_pos_BC, mask)
+        return dot_attention(q_B1NH, [(cache_k_SKHC[:b], cache_v_SKCH[:b], vis_cache),
+                                      (token_k_BK1H, token_v_BK1H, vis_token)],
+                             scale=scale, softcap=softcap, keys_transposed=True)
+    _, _, n, h = q_B1NH.shape
+    kv = cache_k_SKHC.shape[1]
+    g = n // kv
+    q = _group_queries(q_B1NH, kv, scale)  # [B, K, G, H]
+    zero = jnp.zeros((), jnp.int32)
+    held = c if reach is None else jnp.minimum(reach, c)
+
+    def one_block(j, carry):
+        m, total, acc = carry
+        ks = j * K_BLOCK
+        kj = jax.lax.dynamic_slice(cache_k_SKHC, (zero, zero, zero, ks), (b, kv, h, K_BLOCK))
+        vj = jax.lax.dynamic_slice(cache_v_SKCH, (zero, zero, ks, zero), (b, kv, K_BLOCK, h))
+        kp = jax.lax.dynamic_slice_in_dim(slot_pos_BC, ks, K_BLOCK, axis=1)
+        s = _scores(q, kj, softcap=softcap, keys_transposed=True).reshape(b, kv, g, 1, K_BLOCK)
+        s = s + jnp.where(visible(q_pos, kp, mask), 0.0, NEG)[:, None, None]
+        return _accumulate(m, total, acc, s, vj, q.dtype)
+
+    init = (jnp.full((b, kv, g, 1), NEG, jnp.float32), jnp.zeros((b, kv, g, 1), jnp.float32),
+            jnp.zeros((b, kv, g, h), jnp.float32))
+    carry = jax.lax.fori_loop(0, (held + K_BLOCK - 1) // K_BLOCK, one_block, init)
+    s = _scores(q, token_k_BK1H, softcap=softcap).reshape(b, kv, g, 1, 1)
+    s = s + jnp.where(vis_token, 0.0, NEG)[:, None, None]
+    _, total, acc = _accumulate(*carry, s, token_v_BK1H, q.dtype)
+    out = acc / total.reshape(b, kv, g)[..., None]
+    return _ungroup(out.astype(q_B1NH.dtype), 1)
 
 
 def _history_block(s: int) -> int:

@@ -10,7 +10,7 @@ layer keeps the cache length; a layer that shares another layer's keys/values ke
 position p lives in slot p % slots, so the position a slot holds follows from the row's length alone
 (``slot_positions``) and nothing else is stored.
 
-In a decode step a layer's ``LayerCache`` is its ring plus the step's new token (``token_k``, ``token_v``): the layer
+In a decode step a layer's ``LayerCache`` is its ring (every row of it) plus the step's new token (``token_k``, ``token_v``): the layer
 that owns the cache adds the token, it and the layers that share the cache attend over ring and token, and once the
 cache's last reader has run the token is written into its slot (``write_pending``). The write is ordered after that
 reader's output, so every read of the ring comes first and the compiler updates the ring in place inside the decode
@@ -115,21 +115,17 @@ def fill_from_prompt(k_BLKH: jax.Array, v_BLKH: jax.Array, length_B: jax.Array, 
 
 
 def write_token(cache_k_SKHC: jax.Array, cache_v_SKCH: jax.Array, k_BK1H: jax.Array, v_BK1H: jax.Array,
-                length_B: jax.Array, active_B: jax.Array | None = None) -> tuple[jax.Array, jax.Array]:
+                length_B: jax.Array) -> tuple[jax.Array, jax.Array]:
     """The layer's cache with each row's new key/value written at slot length % slots (its own slot per row).
 
-    The cache may hold more rows than there are new tokens (S >= B): the tokens go to rows 0..B-1. ``active_B``:
-    rows whose token is written; the others keep what their slot holds."""
+    The cache may hold more rows than there are new tokens (S >= B): the tokens go to rows 0..B-1. Every row
+    writes (a masked write would make the compiler rewrite whole caches): a row that is not decoding writes at
+    its next position, which nothing reads before it is written again (see ``DecoderModel.step``)."""
     b = k_BK1H.shape[0]
     s, _, _, slots = cache_k_SKHC.shape
     slot_B = length_B % slots
     k_new = k_BK1H.astype(cache_k_SKHC.dtype)[:, :, 0]  # [B, K, H]
     v_new = v_BK1H.astype(cache_v_SKCH.dtype)[:, :, 0]
-    if active_B is not None:
-        old_k = jnp.take_along_axis(cache_k_SKHC[:b], slot_B[:, None, None, None], axis=3)[..., 0]
-        old_v = jnp.take_along_axis(cache_v_SKCH[:b], slot_B[:, None, None, None], axis=2)[:, :, 0]
-        k_new = jnp.where(active_B[:, None, None], k_new, old_k)
-        v_new = jnp.where(active_B[:, None, None], v_new, old_v)
     zero = jnp.zeros((), jnp.int32)
     if b == s and b > 1:  # a slot per row: a scatter batched over rows (stays shard-local when rows are split)
         k = jax.vmap(lambda c, n, t: jax.lax.dynamic_update_slice(c, n[..., None], (zero, zero, t)))(
@@ -145,15 +141,11 @@ def write_token(cache_k_SKHC: jax.Array, cache_v_SKCH: jax.Array, k_BK1H: jax.Ar
     return constrain(k, KEY_AXES), constrain(v, VALUE_AXES)
 
 
-def write_pending(cache: LayerCache, length_B: jax.Array, after_BLD: jax.Array,
-                  into: tuple[jax.Array, jax.Array] | None = None,
-                  active_B: jax.Array | None = None) -> tuple[jax.Array, jax.Array]:
+def write_pending(cache: LayerCache, length_B: jax.Array, after_BLD: jax.Array) -> tuple[jax.Array, jax.Array]:
     """(keys, values) with the cache's pending token written at slot length % slots, the write ordered after
-    ``after_BLD`` (the output of the cache's last reader in this step). ``into``: the arrays written (default the
-    cache's own: ``cache`` may be the first rows of them); ``active_B``: as in ``write_token``."""
+    ``after_BLD`` (the output of the cache's last reader in this step)."""
     dep = after_BLD[:, None, :1, :1]  # [B, 1, 1, 1]: replicated over the model axis, so the dependency stays local
-    k, v = into if into is not None else (cache.k, cache.v)
-    return write_token(k, v, after(cache.token_k, dep), after(cache.token_v, dep), length_B, active_B)
+    return write_token(cache.k, cache.v, after(cache.token_k, dep), after(cache.token_v, dep), length_B)
 
 
 def after(x: jax.Array, dep: jax.Array) -> jax.Array:

@@ -213,29 +213,31 @@ class DecoderModel(nnx.Module):
         """One token per row at position cache["length"] -> (logits [B, V], the cache with it written).
 
         The cache may hold more rows than there are tokens: the tokens are rows 0..B-1 of it, the other rows are
-        left alone. ``active_B``: the rows that take their token (the others' caches and lengths stay as they are;
-        their logits mean nothing). A layer that owns keys/values takes its cache and returns it holding the token;
-        a layer that shares them reads the owner's cache, token included. Once a cache's last reader has run, its
-        token is written into its ring (``write_pending``)."""
+        left alone. ``active_B``: the rows that take their token; the others keep their length (their logits mean
+        nothing) and their token lands at their next position, which nothing reads: a row filled by chunks writes
+        that position next, and in a ring the slot it takes held a position the next query no longer sees. A layer
+        that owns keys/values takes its cache and returns it holding the token; a layer that shares them reads the
+        owner's cache, token included. Once a cache's last reader has run, its token is written into its ring
+        (``write_pending``)."""
         spec = self.spec
         b = tokens_B.shape[0]
         pos = cache["length"][:b]
         tokens = tokens_B[:, None]
         x = self.embed(tokens, {})
         per_layer = self._layer_inputs(tokens, x)
+        reach = jnp.max(pos if active_B is None else jnp.where(active_B, pos, 0))
         ctx = StepContext(pos, self.rope_tables(rope_pos_AB[:, :, None]),
-                          {s: slot_positions(pos, s) for s in sorted({k.shape[-1] for k in cache["k"]})})
+                          {s: slot_positions(pos, s) for s in sorted({k.shape[-1] for k in cache["k"]})}, reach)
         index, last = cache_index(spec), last_readers(spec)
-        full = list(zip(cache["k"], cache["v"]))
-        caches = [LayerCache(k[:b], v[:b]) for k, v in full]
+        caches = [LayerCache(k, v) for k, v in zip(cache["k"], cache["v"])]
         for i, layer in enumerate(self.layers):
             j = index[spec.kv_layer(i)]
             x, mine = layer.step(x, ctx, caches[j], None if per_layer is None else per_layer[:, :, i])
             if mine is not None:
                 caches[j] = mine
             if last[j] == i:
-                full[j] = write_pending(caches[j], pos, x, into=full[j], active_B=active_B)
+                caches[j] = LayerCache(*write_pending(caches[j], pos, x))
         grown = pos + (1 if active_B is None else active_B.astype(jnp.int32))
         length = grown if b == cache["length"].shape[0] else cache["length"].at[:b].set(grown)
-        return self.logits(x)[:, 0], {"length": length, "k": tuple(k for k, _ in full),
-                                      "v": tuple(v for _, v in full)}
+        return self.logits(x)[:, 0], {"length": length, "k": tuple(c.k for c in caches),
+                                      "v": tuple(c.v for c in caches)}

@@ -2,7 +2,7 @@
 
 A copy of every cache buffer at every generated token costs time proportional to the cache length; it appears when
 the compiler cannot order the cache write after the cache reads of the same step. Checked for a step over every
-slot and for a step over the first slot only (a lone request decodes at batch 1 while the other slots stay put).
+slot and for a step over the first slot only (a lone request decodes at batch 1 while the other slots stay put), with short and long caches.
 """
 
 import pytest
@@ -10,10 +10,11 @@ import pytest
 from omnijax.app.scheduler import Scheduler
 
 
-@pytest.mark.parametrize("rows", [1, 4])
-def test_decode_step_writes_the_cache_in_place(gemma3_pipeline, rows):
+@pytest.mark.parametrize("rows, context", [(1, 256), (4, 256), (1, 1024), (4, 1024)])
+def test_decode_step_writes_the_cache_in_place(gemma3_pipeline, rows, context):
+    """Short caches are read whole, long ones (over 512 slots) in blocks as far as they are held."""
     engine = gemma3_pipeline.engine
-    slots = Scheduler(engine, gemma3_pipeline.processor, slots=4, context=256).slots
+    slots = Scheduler(engine, gemma3_pipeline.processor, slots=4, context=context).slots
     slots.ensure_allocated()
     compiled = slots._decode.lower(engine.params, slots.cache, slots.state, engine.eos_ids, rows=rows).compile()
     hlo = compiled.as_text()
