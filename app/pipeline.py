@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import dataclasses
 import logging
+import math
+import numbers
 import pathlib
 import time
 from typing import Any, Generator, Sequence
@@ -17,14 +19,16 @@ from omnijax.app.checkpoint import abstract_params, load_params
 from omnijax.app.checkpoint_source import open_checkpoint
 from omnijax.app.compilation_cache import enable_compilation_cache
 from omnijax.app.config_limits import check_config_limits
-from omnijax.common.errors import PromptError
+from omnijax.common.errors import CheckpointError, PromptError, SettingError
 from omnijax.app.families import family_for_config
 from omnijax.app.generation import Engine
 from omnijax.app.model import abstract_model
 from omnijax.app.sampling import check_settings
+from omnijax.app.vocabulary import check_vocabulary
 from omnijax.common.sharding import make_mesh
 from omnijax.preprocess.processor import PreparedPrompt
 from omnijax.preprocess.raw_prompt import raw_prompt_ids
+from omnijax.preprocess.request_limits import check_text_size
 
 log = logging.getLogger(__name__)
 
@@ -46,6 +50,23 @@ class GenerationResult:
 def _is_batch(messages: Any) -> bool:
     """A list of conversations or of raw prompts (one conversation is a list of message dicts)."""
     return isinstance(messages, (list, tuple)) and bool(messages) and isinstance(messages[0], (list, tuple, str))
+
+
+MAX_AUDIO_SECONDS_SETTING = 86400.0  # max_audio_seconds: a day
+
+
+def check_load_settings(dtype, model_axis, max_context, max_audio_seconds) -> None:
+    """SettingError naming the first ``from_pretrained`` argument of the wrong type or out of range."""
+    if dtype not in _JAX_DTYPES:
+        raise SettingError(f"unsupported dtype {dtype!r}; use one of {sorted(_JAX_DTYPES)}")
+    for name, value, low in (("model_axis", model_axis, 1), ("max_context", max_context, 2)):
+        if value is not None and (isinstance(value, bool) or not isinstance(value, numbers.Integral) or value < low):
+            raise SettingError(f"{name} must be None or an integer >= {low}, got {value!r}")
+    if max_audio_seconds is not None and (
+            isinstance(max_audio_seconds, bool) or not isinstance(max_audio_seconds, numbers.Real)
+            or not math.isfinite(max_audio_seconds) or not 0 < max_audio_seconds <= MAX_AUDIO_SECONDS_SETTING):
+        raise SettingError(f"max_audio_seconds must be None or a number in (0, {MAX_AUDIO_SECONDS_SETTING:g}], got "
+                           f"{max_audio_seconds!r}")
 
 
 class Pipeline:
@@ -81,8 +102,7 @@ class Pipeline:
         sharding the weights. max_context: context budget in tokens (prompt + new tokens), at most the model's own
         limit. max_audio_seconds: longest audio clip accepted (families with audio input).
         """
-        if dtype not in _JAX_DTYPES:
-            raise ValueError(f"unsupported dtype {dtype!r}; use one of {sorted(_JAX_DTYPES)}")
+        check_load_settings(dtype, model_axis, max_context, max_audio_seconds)
         enable_compilation_cache()
         if path is None:
             from omnijax.app.default_model import default_model_dir
@@ -91,12 +111,21 @@ class Pipeline:
         ckpt = open_checkpoint(path)
         check_config_limits(ckpt.hf_config)
         spec = family_for_config(ckpt.hf_config)
-        cfg = spec.parse_config(ckpt.hf_config)
+        try:
+            cfg = spec.parse_config(ckpt.hf_config)
+        except (ArithmeticError, AttributeError, IndexError, KeyError, TypeError, ValueError) as e:
+            raise CheckpointError(f"config.json is not a valid {spec.name} config: {e!r}") from e
         if ckpt.eos_ids is not None:
             cfg = dataclasses.replace(cfg, eos_ids=ckpt.eos_ids)
         processor = spec.make_processor(ckpt.folder, cfg, max_audio_seconds=max_audio_seconds,
                                         **ckpt.processor_kwargs)
-        mesh = mesh if mesh is not None else make_mesh(model_axis)
+        check_vocabulary(processor.tokenizer, cfg.decoder.vocab_size, tuple(t for _, t in cfg.media_token_ids),
+                         cfg.eos_ids, str(ckpt.path))
+        if mesh is None:
+            try:
+                mesh = make_mesh(model_axis)
+            except ValueError as e:
+                raise SettingError(f"model_axis: {e}") from None
         cfg = dataclasses.replace(cfg, decoder=cfg.decoder.with_kv_repeat(mesh.shape["model"]))
         graphdef, shapes = abstract_params(abstract_model(cfg, spec))
         weight_map = spec.weight_map(cfg)
@@ -107,6 +136,7 @@ class Pipeline:
         log.info("loaded %s (%s, %s) in %.1fs", ckpt.path, spec.name, ckpt.format, time.perf_counter() - start)
         engine = Engine(cfg, graphdef, params, mesh, collate=processor.collate, dtype=_JAX_DTYPES[dtype],
                         max_context=max_context)
+        processor.budget = dataclasses.replace(processor.budget, max_tokens=engine.max_context)
         return cls(ckpt.path, spec, cfg, engine, processor, ckpt.hf_config)
 
     def prepare(self, messages) -> PreparedPrompt:
@@ -118,6 +148,8 @@ class Pipeline:
     def prepare_raw(self, text: str) -> PreparedPrompt:
         """A raw-completion prompt: ``text`` tokenized as the tokenizer does by default (BOS as it is configured to
         add), with no chat template. Media placeholder tokens are refused (a raw prompt carries no media)."""
+        if isinstance(text, str):
+            check_text_size([text], self.processor.budget.max_text_bytes, "the raw prompt")
         ids = raw_prompt_ids(self.processor.tokenizer, text)
         for modality, token_id in self.config.media_token_ids:
             if np.any(ids == token_id):

@@ -1,0 +1,62 @@
+"""What a hostile or broken checkpoint can do: refused with the right OmnijaxError, quickly, in bounded memory, and the
+process keeps loading and answering good checkpoints afterwards.
+
+Every case of the reliability report's checkpoint classes runs in one child process under a 5 GB address-space cap
+(tests/fixtures/bounded.py; a JAX process with a tiny model maps about 2 GB), each measured: the error type and
+message, its time (a generous bound: a hang would run into minutes) and how much the peak resident memory grew
+(each case stays far below what the report saw: a 2**31-layer config, a 4M-token vocabulary, a 3 GB string).
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from fixtures import hostile_checkpoints
+from fixtures.bounded import run_cases
+
+# case -> (error type, a part of its message)
+EXPECTED = {
+    "gguf_block_count_2_31": ("CheckpointError", "block_count = 2147483648 is not usable"),
+    "gguf_head_count_0": ("CheckpointError", "head_count = 0 is not usable"),
+    "gguf_sliding_window_pattern_0": ("CheckpointError", "sliding_window_pattern = 0 is not usable"),
+    "gguf_alignment_string": ("CheckpointError", "general.alignment 'abc'"),
+    "gguf_vocabulary_4m_tokens": ("CheckpointError", "metadata array of 4000000 values"),
+    "gguf_tokenizer_larger_than_embedding": ("CheckpointError", r"tokenizer has 495 tokens \(added tokens included\) "
+                                                                r"but the embedding and output layer have 490 rows"),
+    "gguf_chat_template_nested_loops": ("PromptError", "steps"),
+    "tokenizer_json_120mb": ("CheckpointError", "tokenizer.json in .* is 120 MB"),
+    "tokenizer_json_added_token_beyond_embedding": ("CheckpointError", "tokenizer has 491 tokens .* have 489 rows"),
+    "weight_full_of_nan": ("CheckpointError", "layers.1.mlp.down_proj.weight' holds NaN"),
+    "config_json_nested_10000_deep": ("CheckpointError", "config.json nests too deeply"),
+    "config_text_config_list": ("CheckpointError", r"text_config = \[\] is not usable"),
+    "generation_config_eos_text": ("CheckpointError", "generation_config.json: eos_token_id = 'abc'"),
+    "generation_config_eos_10_30": ("CheckpointError", "generation_config.json: eos_token_id = 10000000"),
+    "dtype_int8": ("SettingError", "unsupported dtype 'int8'"),
+    "chat_template_nested_loops": ("PromptError", "chat template was stopped: it took more than"),
+    "chat_template_huge_string": ("PromptError", "'\\*' would make a value of more than"),
+}
+MAX_SECONDS = 60  # each case; all are refused in well under a second of work (loading JAX aside)
+MAX_GROWTH_MB = 400  # peak resident memory growth of each case (loading a tiny model included)
+
+
+@pytest.fixture(scope="module")
+def results(tmp_path_factory):
+    folder = hostile_checkpoints.write_all(tmp_path_factory.mktemp("hostile_checkpoints"))
+    return run_cases("hostile_checkpoints", list(EXPECTED), memory_gb=5, timeout=900, args=[str(folder)])
+
+
+@pytest.mark.parametrize("case", list(EXPECTED))
+def test_hostile_checkpoint_is_refused_quickly_in_bounded_memory(results, case):
+    import re
+
+    kind, message = EXPECTED[case]
+    got = results[case]
+    assert got["error"] == kind and got["omnijax"], got
+    assert re.search(message, got["message"]), got["message"]
+    assert got["seconds"] < MAX_SECONDS and got["peak_growth_mb"] < MAX_GROWTH_MB, got
+
+
+def test_the_process_keeps_working_after_every_case(results):
+    works = results["still_works"]
+    assert set(works) == {"good", "good.gguf"} and all(1 <= n <= 3 for n in works.values()), works
+    assert results["peak_mb"] < 3000, results["peak_mb"]
