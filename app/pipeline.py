@@ -28,7 +28,7 @@ from omnijax.app.vocabulary import check_vocabulary
 from omnijax.common.sharding import make_mesh
 from omnijax.preprocess.processor import PreparedPrompt
 from omnijax.preprocess.raw_prompt import raw_prompt_ids
-from omnijax.preprocess.request_limits import check_text_size
+from omnijax.preprocess.request_limits import RequestBudget, check_text_size
 
 log = logging.getLogger(__name__)
 
@@ -136,7 +136,7 @@ class Pipeline:
         log.info("loaded %s (%s, %s) in %.1fs", ckpt.path, spec.name, ckpt.format, time.perf_counter() - start)
         engine = Engine(cfg, graphdef, params, mesh, collate=processor.collate, dtype=_JAX_DTYPES[dtype],
                         max_context=max_context)
-        processor.budget = dataclasses.replace(processor.budget, max_tokens=engine.max_context)
+        processor.budget = RequestBudget.for_context(engine.max_context)
         return cls(ckpt.path, spec, cfg, engine, processor, ckpt.hf_config)
 
     def prepare(self, messages) -> PreparedPrompt:

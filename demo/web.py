@@ -107,13 +107,14 @@ def make_responder(pipe, *, max_upload_mb: float = DEFAULT_MAX_UPLOAD_MB) -> Cal
     media_kinds = accepted_media(pipe)
     raw = completion_mode(pipe)
     max_bytes = int(max_upload_mb * 2**20)
+    text_limit = getattr(getattr(getattr(pipe, "processor", None), "budget", None), "max_text_bytes", MAX_TEXT_BYTES)
     lock = threading.Lock()  # the Pipeline is not thread-safe: one generation at a time
 
     def respond(message, history, max_new_tokens, temperature, top_p, top_k, seed):
         message = message or {}
         paths = [_file_path(f) for f in message.get("files") or []]
         try:
-            check_text_size([message.get("text") or ""], where="the message")  # before anything is built from it
+            check_text_size([message.get("text") or ""], text_limit, "the message")  # before anything is built
             media = [(validate_upload(p, max_bytes=max_bytes, modalities=media_kinds), p) for p in paths]
             if raw:
                 messages = message.get("text") or ""

@@ -126,7 +126,7 @@ class Processor:
     def prepare(self, messages: Any) -> PreparedPrompt:
         messages = normalize_messages(messages, self.roles)
         check_text_size([p["text"] for m in messages for p in m["content"] if p["type"] == "text"],
-                        self.budget.max_text_bytes, "the messages")
+                        self.budget.max_text_bytes, "the conversation")
         sources = {kind: media_of(messages, kind) for kind in MEDIA_TYPES}
         for kind, found in sources.items():
             if found and kind not in self.modalities:

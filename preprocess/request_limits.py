@@ -3,8 +3,9 @@
 The work a request causes is bounded by the request's own budget, whatever the front end (Python API, CLI, web
 demo, captioner, HTTP server):
 
-* text: at most ``max_text_bytes`` (UTF-8) of text in all its messages together (``MAX_TEXT_BYTES``), and only
-  valid Unicode (a lone surrogate cannot be tokenized);
+* text: at most ``max_text_bytes`` (UTF-8) of text in all its messages together (``MAX_TEXT_BYTES``, and at most
+  ``TEXT_BYTES_PER_TOKEN`` bytes per token of the context budget), and only valid Unicode (a lone surrogate cannot
+  be tokenized);
 * media: at most ``max_media_items`` images and audio clips (``MAX_MEDIA_ITEMS``); images of at most
   ``max_pixels`` pixels together as they are decoded (``MAX_REQUEST_PIXELS``; an image larger than
   ``WORKING_IMAGE_PIXELS`` counts at its reduced size), audio of at most ``max_audio_seconds`` together
@@ -30,6 +31,7 @@ from omnijax.common.errors import PromptError
 from omnijax.preprocess.media_limits import reduce_factor
 
 MAX_TEXT_BYTES = 1 << 20  # 1 MiB: 250k tokens of English, beyond every context budget omnijax serves on CPU
+TEXT_BYTES_PER_TOKEN = 64  # no text averages more per token (a token of 31 spaces is 31 bytes)
 MAX_MEDIA_ITEMS = 64
 MAX_REQUEST_PIXELS = 128_000_000  # e.g. 8 images of 16 MP
 MAX_REQUEST_AUDIO_SECONDS = 3600.0
@@ -44,6 +46,12 @@ class RequestBudget:
     max_pixels: int = MAX_REQUEST_PIXELS
     max_audio_seconds: float = MAX_REQUEST_AUDIO_SECONDS
     max_tokens: int | None = None
+
+    @classmethod
+    def for_context(cls, max_tokens: int) -> "RequestBudget":
+        """The default limits for a context budget of ``max_tokens``: text is also at most TEXT_BYTES_PER_TOKEN
+        bytes per token of it (more text could not fit in any case)."""
+        return cls(max_text_bytes=min(MAX_TEXT_BYTES, TEXT_BYTES_PER_TOKEN * max_tokens), max_tokens=max_tokens)
 
 
 def text_bytes(text: str, where: str) -> int:

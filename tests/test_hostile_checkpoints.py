@@ -60,3 +60,40 @@ def test_the_process_keeps_working_after_every_case(results):
     works = results["still_works"]
     assert set(works) == {"good", "good.gguf"} and all(1 <= n <= 3 for n in works.values()), works
     assert results["peak_mb"] < 3000, results["peak_mb"]
+
+
+class _Tokenizer:
+    def __init__(self, size, added=()):
+        self.size, self.added_tokens_decoder = size, {i: None for i in added}
+
+    def __len__(self):
+        return self.size
+
+
+def test_vocabulary_rule_keeps_legitimate_layouts():
+    from omnijax.app.vocabulary import check_vocabulary
+    from omnijax.common.errors import CheckpointError
+
+    check_vocabulary(_Tokenizer(262145, added=[262144]), 262208, (262144,), (1, 106), "gemma-3-4b")  # padding rows
+    check_vocabulary(_Tokenizer(490, added=[489]), 489, (489,), (1,), "tiny gemma3")  # soft token == vocab_size
+    check_vocabulary(_Tokenizer(262144), 262144, (), (1,), "gemma-3-270m")
+    with pytest.raises(CheckpointError, match="tokenizer has 491 tokens .* have 489 rows: 1 token id"):
+        check_vocabulary(_Tokenizer(491, added=[489, 490]), 489, (489,), (1,), "x")
+    with pytest.raises(CheckpointError, match="tokenizer has 601 tokens"):
+        check_vocabulary(_Tokenizer(480, added=[600]), 600, (), (1,), "x")  # an added id past len(tokenizer)
+    with pytest.raises(CheckpointError, match=r"end-of-generation id\(s\) \[700\]"):
+        check_vocabulary(_Tokenizer(480), 600, (), (1, 700), "x")
+
+
+def test_load_settings_are_checked_before_anything_is_read(tmp_path):
+    from omnijax.app.pipeline import Pipeline
+    from omnijax.common.errors import SettingError
+
+    for kwargs, message in [({"dtype": "int8"}, "unsupported dtype"), ({"max_context": 0}, "max_context must be"),
+                            ({"max_context": True}, "max_context must be"), ({"model_axis": 0}, "model_axis must be"),
+                            ({"max_audio_seconds": float("nan")}, "max_audio_seconds must be"),
+                            ({"max_audio_seconds": 1e12}, "max_audio_seconds must be")]:
+        with pytest.raises(SettingError, match=message):
+            Pipeline.from_pretrained(tmp_path / "not even read", **kwargs)
+        with pytest.raises(ValueError):  # also a ValueError, as before
+            Pipeline.from_pretrained(tmp_path / "not even read", **kwargs)
