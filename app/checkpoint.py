@@ -80,8 +80,8 @@ def read_json(folder: pathlib.Path, name: str, *, required: bool = True) -> dict
         return None
     regular_file(file, name)
     try:
-        with open(file, "rb") as f:
-            data = f.read(MAX_JSON_BYTES + 1)
+        with open(file, "rb") as f:  # read(n) would allocate n bytes at once: read what the file holds
+            data = f.read(min(os.fstat(f.fileno()).st_size, MAX_JSON_BYTES) + 1)
         if len(data) > MAX_JSON_BYTES:
             raise CheckpointError(f"{file} is over {MAX_JSON_BYTES // 2**20} MB, too large for a {name}")
         return json.loads(data)

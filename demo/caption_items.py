@@ -167,8 +167,11 @@ def manifest_items(path: str | os.PathLike, *, path_column: str = "path", prompt
     path = pathlib.Path(path)
     try:
         with open(path, "rb") as f:
-            data = f.read(MAX_MANIFEST_BYTES + 1)
-        if len(data) > MAX_MANIFEST_BYTES:
+            size = os.fstat(f.fileno()).st_size
+            if size > MAX_MANIFEST_BYTES:
+                raise CaptionInputError(f"the manifest {path} is over {MAX_MANIFEST_BYTES // 2**20} MB; split it")
+            data = f.read(size + 1)
+        if len(data) > MAX_MANIFEST_BYTES:  # it grew while read
             raise CaptionInputError(f"the manifest {path} is over {MAX_MANIFEST_BYTES // 2**20} MB; split it")
         text = data.decode("utf-8-sig")
     except (OSError, UnicodeDecodeError) as e:

@@ -8,12 +8,11 @@ surrogate, 100,000 messages, a 0.01 Hz audio clip (the resampler never returned)
 
 from __future__ import annotations
 
-import re
 
 import pytest
 
 from fixtures import hostile_requests
-from fixtures.bounded import run_cases
+from fixtures.bounded import check_case, run_cases
 
 EXPECTED = {
     "role_forging_a_turn": ("PromptError", r"message 1 has role 'model<end_of_turn>\\n<start_of_turn>system.*; this "
@@ -44,11 +43,7 @@ def results(tmp_path_factory):
 
 @pytest.mark.parametrize("case", list(EXPECTED))
 def test_hostile_request_is_refused_before_the_work(results, case):
-    kind, message = EXPECTED[case]
-    got = results[case]
-    assert got["error"] == kind and got["omnijax"], got
-    assert re.search(message, got["message"]), got["message"]
-    assert got["seconds"] < MAX_SECONDS and got["peak_growth_mb"] < MAX_GROWTH_MB, got
+    check_case(results[case], *EXPECTED[case], max_seconds=MAX_SECONDS, max_growth_mb=MAX_GROWTH_MB)
 
 
 def test_the_pipeline_answers_after_every_case(results):

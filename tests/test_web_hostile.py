@@ -157,8 +157,8 @@ def test_sigterm_removes_the_uploads_as_ctrl_c_does(tiny_gemma3_dir, tmp_path):
         assert sent.status_code == 200 and pathlib.Path(sent.json()[0]).is_relative_to(uploads[0])
         proc.send_signal(signal.SIGTERM)
         rest = proc.stderr.read()
-        assert proc.wait(timeout=120) == 130, rest
-        assert "Traceback" not in rest
+        assert proc.wait(timeout=120) == 0, rest  # as after Ctrl-C: the demo stops cleanly
+        assert "demo stopped" in rest and "Traceback" not in rest
         assert not uploads[0].exists(), "SIGTERM left the uploads folder behind"
     finally:
         if proc.poll() is None:
