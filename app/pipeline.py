@@ -53,6 +53,7 @@ def _is_batch(messages: Any) -> bool:
 
 
 MAX_AUDIO_SECONDS_SETTING = 86400.0  # max_audio_seconds: a day
+MAX_BATCH = 1024  # prompts generated together (each row holds its own KV cache)
 
 
 def check_load_settings(dtype, model_axis, max_context, max_audio_seconds) -> None:
@@ -163,6 +164,8 @@ class Pipeline:
         check_settings(max_new_tokens, temperature, top_k, top_p, seed, stop)
         batch = _is_batch(messages)
         conversations = list(messages) if batch else [messages]
+        if len(conversations) > MAX_BATCH:  # before any of them is prepared
+            raise SettingError(f"a batch holds at most {MAX_BATCH} conversations, got {len(conversations)}")
         prompts = [self.prepare(c) for c in conversations]
         results = self.generate_prepared(prompts, max_new_tokens=max_new_tokens, temperature=temperature,
                                          top_k=top_k, top_p=top_p, seed=seed, stop=stop)
@@ -177,6 +180,9 @@ class Pipeline:
         short last batch reuses the compiled program of full ones. ``seconds`` is the batch's generation time.
         """
         sampling, max_new_tokens, stop = check_settings(max_new_tokens, temperature, top_k, top_p, seed, stop)
+        if not 1 <= len(prompts) <= MAX_BATCH or (pad_to is not None and not 0 <= pad_to <= MAX_BATCH):
+            raise SettingError(f"a batch holds 1 to {MAX_BATCH} prompts (padded to at most {MAX_BATCH}); got "
+                               f"{len(prompts)} prompts, pad_to {pad_to}")
         batch = list(prompts) + [prompts[0]] * max(0, (pad_to or 0) - len(prompts))
         start = time.perf_counter()
         tokens = self.engine.generate(batch, max_new_tokens, sampling)

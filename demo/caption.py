@@ -26,6 +26,7 @@ import jax
 
 from omnijax.common.distributed import broadcast_from_first
 from omnijax.common.errors import OmnijaxError
+from omnijax.app.pipeline import MAX_BATCH
 from omnijax.app.sampling import SamplingParams
 from omnijax.demo.caption_items import (DEFAULT_PROMPTS, CaptionInputError, CaptionItem, check_parts, dedup_rows,
                                 finished_paths, part_path, part_pattern, remaining, row_status, shard_items)
@@ -35,7 +36,7 @@ from omnijax.demo.caption_output import (OutputLock, append_row, check_not_an_in
 from omnijax.demo.interrupts import CtrlC
 
 
-MAX_BATCH_SIZE = 1024  # prompts generated together (each holds a KV cache)
+MAX_BATCH_SIZE = MAX_BATCH  # prompts generated together (each holds a KV cache)
 MAX_WORKERS = 256  # threads preparing items
 
 

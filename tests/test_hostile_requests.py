@@ -28,6 +28,8 @@ EXPECTED = {
     "raw_text_5mb": ("PromptError", "the raw prompt holds more than 65536 bytes of text"),
     "text_lone_surrogate": ("PromptError", "U\\+D800 at character 3, a lone surrogate"),
     "messages_100000": ("PromptError", "100000 messages; at most 4096"),
+    "batch_of_2000_conversations": ("SettingError", "a batch holds at most 1024 conversations, got 2000"),
+    "batch_padded_to_ten_million": ("SettingError", "pad_to 10000000"),
     "audio_rate_0_01_hz": ("MediaError", r"sampling rate 0.01 Hz is outside \[1000, 384000\] Hz"),
 }
 MAX_SECONDS = 30
