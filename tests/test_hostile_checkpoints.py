@@ -57,11 +57,16 @@ def test_the_process_keeps_working_after_every_case(results):
 
 
 class _Tokenizer:
-    def __init__(self, size, added=()):
+    def __init__(self, size, added=(), image_token=None):
         self.size, self.added_tokens_decoder = size, {i: None for i in added}
+        self.special_tokens_map = {"image_token": "<img>"} if image_token is not None else {}
+        self.image_token = image_token
 
     def __len__(self):
         return self.size
+
+    def convert_tokens_to_ids(self, token):
+        return self.image_token
 
 
 def test_vocabulary_rule_keeps_legitimate_layouts():
@@ -71,6 +76,10 @@ def test_vocabulary_rule_keeps_legitimate_layouts():
     check_vocabulary(_Tokenizer(262145, added=[262144]), 262208, (262144,), (1, 106), "gemma-3-4b")  # padding rows
     check_vocabulary(_Tokenizer(490, added=[489]), 489, (489,), (1,), "tiny gemma3")  # soft token == vocab_size
     check_vocabulary(_Tokenizer(262144), 262144, (), (1,), "gemma-3-270m")
+    # a text-only model whose tokenizer declares the image soft token of its multimodal sibling at vocab_size
+    check_vocabulary(_Tokenizer(262145, added=[262144], image_token=262144), 262144, (), (1, 106), "gemma-3-1b")
+    with pytest.raises(CheckpointError, match="tokenizer has 262145 tokens"):
+        check_vocabulary(_Tokenizer(262145, added=[262144]), 262144, (), (1, 106), "x")  # an undeclared extra
     with pytest.raises(CheckpointError, match="tokenizer has 491 tokens .* have 489 rows: 1 token id"):
         check_vocabulary(_Tokenizer(491, added=[489, 490]), 489, (489,), (1,), "x")
     with pytest.raises(CheckpointError, match="tokenizer has 601 tokens"):
