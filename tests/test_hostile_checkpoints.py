@@ -53,7 +53,7 @@ def test_hostile_checkpoint_is_refused_quickly_in_bounded_memory(results, case):
 def test_the_process_keeps_working_after_every_case(results):
     works = results["still_works"]
     assert set(works) == {"good", "good.gguf"} and all(1 <= n <= 3 for n in works.values()), works
-    assert results["peak_mb"] < 3000, results["peak_mb"]
+    assert results["peak_mb"] < 1500, results["peak_mb"]  # the whole child, a tiny model loaded (~520 MB)
 
 
 class _Tokenizer:

@@ -50,3 +50,4 @@ def test_hostile_request_is_refused_before_the_work(results, case):
 
 def test_the_pipeline_answers_after_every_case(results):
     assert 1 <= results["still_works"] <= 4
+    assert results["peak_mb"] < 1500, results["peak_mb"]  # the whole child, two pipelines loaded (~500 MB)
