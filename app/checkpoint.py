@@ -21,7 +21,7 @@ import numpy as np
 from flax import nnx
 from safetensors import safe_open
 
-from omnijax.common.errors import CheckpointError
+from omnijax.common.errors import CheckpointError, SettingError
 from omnijax.common.weights import ParamPath, TensorSpec
 from omnijax.common.sharding import named_sharding
 
@@ -34,7 +34,7 @@ def numpy_dtype(name: str):
     try:
         return _NUMPY_DTYPES[str(name)]
     except KeyError:
-        raise ValueError(f"unsupported dtype {name!r}; use one of {sorted(_NUMPY_DTYPES)}") from None
+        raise SettingError(f"unsupported dtype {name!r}; use one of {sorted(_NUMPY_DTYPES)}") from None
 
 
 # The weight dtypes omnijax reads (safetensors header names); anything else (integers, booleans, 8-bit floats
@@ -80,13 +80,32 @@ def read_json(folder: pathlib.Path, name: str, *, required: bool = True) -> dict
         return None
     regular_file(file, name)
     try:
-        with open(file, "rb") as f:
-            data = f.read(MAX_JSON_BYTES + 1)
+        with open(file, "rb") as f:  # read(n) would allocate n bytes at once: read what the file holds
+            data = f.read(min(os.fstat(f.fileno()).st_size, MAX_JSON_BYTES) + 1)
         if len(data) > MAX_JSON_BYTES:
             raise CheckpointError(f"{file} is over {MAX_JSON_BYTES // 2**20} MB, too large for a {name}")
         return json.loads(data)
+    except RecursionError:
+        raise CheckpointError(f"{file} nests too deeply to be read as JSON") from None
     except (OSError, ValueError) as e:
         raise CheckpointError(f"{file} is not readable JSON: {e}") from e
+
+
+FINITE_CHECK_BLOCK = 1 << 22  # values checked at a time (a 16 MB block of float32)
+
+
+def check_finite(array: np.ndarray, name: str) -> None:
+    """CheckpointError naming tensor ``name`` when ``array`` (a float array, as it will be used) holds a NaN or an
+    infinity: such a weight makes every answer garbage. Checked block by block, without a full-size temporary."""
+    if not (np.issubdtype(array.dtype, np.floating) or array.dtype == ml_dtypes.bfloat16):
+        return
+    flat = array.reshape(-1)
+    for start in range(0, flat.size, FINITE_CHECK_BLOCK):
+        block = flat[start:start + FINITE_CHECK_BLOCK]
+        if not np.isfinite(block).all():
+            bad = int(np.count_nonzero(~np.isfinite(block)))
+            raise CheckpointError(f"tensor {name!r} holds NaN or infinite values ({bad}+ of {flat.size} as "
+                                  f"{array.dtype}); the checkpoint is broken, or its values do not fit {array.dtype}")
 
 
 def weight_file_name(folder: pathlib.Path, name) -> str:
@@ -280,6 +299,7 @@ def load_params(index: TensorSource, params: dict[ParamPath, tuple[tuple, tuple]
         if not np.issubdtype(array.dtype, np.floating) and array.dtype != ml_dtypes.bfloat16:
             raise CheckpointError(f"tensor {name!r} has non-float dtype {array.dtype}")
         array = np.ascontiguousarray(array.astype(target, copy=False)).reshape(shape)  # (0-d stays 0-d)
+        check_finite(array, name)
         sharding = named_sharding(axes, shape, mesh)
         value = jax.make_array_from_callback(shape, sharding, lambda idx, a=array: a[idx])
         del array

@@ -15,6 +15,7 @@ import pathlib
 from typing import Any, Callable
 
 from omnijax.app.checkpoint import TensorIndex, check_folder_files, numpy_dtype, read_json
+from omnijax.app.config_limits import check_config_limits, check_token_ids
 from omnijax.common.errors import CheckpointError
 
 log = logging.getLogger(__name__)
@@ -81,8 +82,11 @@ def open_folder(folder: pathlib.Path) -> Checkpoint:
     check_folder_files(folder)
     hf_config = read_json(folder, "config.json")
     generation = read_json(folder, "generation_config.json", required=False) or {}
+    if not isinstance(generation, dict):
+        raise CheckpointError(f"generation_config.json in {str(folder)!r} must hold a JSON object")
     eos = generation.get("eos_token_id")
-    eos_ids = None if eos is None else (tuple(int(e) for e in eos) if isinstance(eos, list) else (int(eos),))
+    check_token_ids("eos_token_id", eos, "generation_config.json")
+    eos_ids = tuple(int(e) for e in (eos if isinstance(eos, list) else [eos]) if e is not None and e >= 0) or None
 
     def open_tensors(spec, weight_map, dtype):
         return TensorIndex(folder, spec.key_aliases)
@@ -98,6 +102,7 @@ def open_gguf(file: pathlib.Path) -> Checkpoint:
     from omnijax.app.gguf.arch import GGUFMetadata
     from omnijax.app.gguf.dequant import check_types
     from omnijax.app.gguf.file import GGUFFile
+    from omnijax.app.gguf.limits import check_gguf_metadata
     from omnijax.app.gguf.tensors import GGUFTensors
     from omnijax.preprocess.tokenizer import load_gguf_tokenizer
 
@@ -106,7 +111,16 @@ def open_gguf(file: pathlib.Path) -> Checkpoint:
         arch = gguf_arch_for(gguf.architecture, file)
         check_types(file, {name: info.ggml_type for name, info in gguf.tensors.items()})
         meta = GGUFMetadata(gguf.metadata, {name: info.shape for name, info in gguf.tensors.items()}, file)
-        hf_config = arch.hf_config(meta)
+        check_gguf_metadata(meta)  # before any value is used
+        try:
+            hf_config = arch.hf_config(meta)
+        except (ArithmeticError, AttributeError, IndexError, KeyError, TypeError, ValueError) as e:
+            raise CheckpointError(f"{file}: its metadata does not describe a usable {arch.architecture} model: "
+                                  f"{e!r}") from e
+        try:
+            check_config_limits(hf_config)  # before the tokenizer is built from the metadata
+        except CheckpointError as e:
+            raise CheckpointError(f"{file}: {e} (the config its metadata describes)") from None
     except BaseException:
         gguf.close()
         raise

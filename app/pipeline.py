@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import dataclasses
 import logging
+import math
+import numbers
 import pathlib
 import time
 from typing import Any, Generator, Sequence
@@ -21,7 +23,7 @@ from omnijax.app.checkpoint import abstract_params, load_params
 from omnijax.app.checkpoint_source import open_checkpoint
 from omnijax.app.compilation_cache import enable_compilation_cache
 from omnijax.app.config_limits import check_config_limits
-from omnijax.common.errors import PromptError
+from omnijax.common.errors import CheckpointError, PromptError, SettingError
 from omnijax.app.families import family_for_config
 from omnijax.app.generation import Engine
 from omnijax.app.model import abstract_model
@@ -29,9 +31,11 @@ from omnijax.app.requests import GenerationResult, Request, RequestHandle
 from omnijax.app.sampling import check_settings
 from omnijax.app.scheduler import (DEFAULT_MAX_QUEUE, DEFAULT_MEDIA_CACHE_MB, DEFAULT_PREFIX_CACHE_MB, Scheduler)
 from omnijax.app.slots import DEFAULT_CHUNK, DEFAULT_SLOTS
+from omnijax.app.vocabulary import check_vocabulary
 from omnijax.common.sharding import make_mesh
 from omnijax.preprocess.processor import PreparedPrompt
 from omnijax.preprocess.raw_prompt import raw_prompt_ids
+from omnijax.preprocess.request_limits import RequestBudget, check_text_size
 
 log = logging.getLogger(__name__)
 
@@ -42,6 +46,33 @@ DEFAULT_CONTEXT = 8192  # a slot's context when the caller names none (at most t
 def _is_batch(messages: Any) -> bool:
     """A list of conversations or of raw prompts (one conversation is a list of message dicts)."""
     return isinstance(messages, (list, tuple)) and bool(messages) and isinstance(messages[0], (list, tuple, str))
+
+
+MAX_AUDIO_SECONDS_SETTING = 86400.0  # max_audio_seconds: a day
+MAX_BATCH = 1024  # prompts one call generates, and the engine's slots (each holds its own KV cache)
+
+
+def check_load_settings(dtype, model_axis, max_context, max_audio_seconds, max_batch=DEFAULT_SLOTS,
+                        chunk=DEFAULT_CHUNK, max_queue=DEFAULT_MAX_QUEUE, prefix_cache_mb=0.0,
+                        media_cache_mb=0.0) -> None:
+    """SettingError naming the first ``from_pretrained`` argument of the wrong type or out of range."""
+    if dtype not in _JAX_DTYPES:
+        raise SettingError(f"unsupported dtype {dtype!r}; use one of {sorted(_JAX_DTYPES)}")
+    for name, value, low in (("model_axis", model_axis, 1), ("max_context", max_context, 2)):
+        if value is not None and (isinstance(value, bool) or not isinstance(value, numbers.Integral) or value < low):
+            raise SettingError(f"{name} must be None or an integer >= {low}, got {value!r}")
+    for name, value, high in (("max_batch", max_batch, MAX_BATCH), ("chunk", chunk, 1 << 16),
+                              ("max_queue", max_queue, 1 << 20)):
+        if isinstance(value, bool) or not isinstance(value, numbers.Integral) or not 1 <= value <= high:
+            raise SettingError(f"{name} must be an integer in [1, {high}], got {value!r}")
+    for name, value in (("prefix_cache_mb", prefix_cache_mb), ("media_cache_mb", media_cache_mb)):
+        if isinstance(value, bool) or not isinstance(value, numbers.Real) or not 0 <= value <= 1 << 20:
+            raise SettingError(f"{name} must be a number of MB in [0, {1 << 20}], got {value!r}")
+    if max_audio_seconds is not None and (
+            isinstance(max_audio_seconds, bool) or not isinstance(max_audio_seconds, numbers.Real)
+            or not math.isfinite(max_audio_seconds) or not 0 < max_audio_seconds <= MAX_AUDIO_SECONDS_SETTING):
+        raise SettingError(f"max_audio_seconds must be None or a number in (0, {MAX_AUDIO_SECONDS_SETTING:g}], got "
+                           f"{max_audio_seconds!r}")
 
 
 class Pipeline:
@@ -87,8 +118,8 @@ class Pipeline:
         and media caches keep up to ``prefix_cache_mb`` / ``media_cache_mb`` (0: off), and at most
         ``max_queue`` requests wait for a slot.
         """
-        if dtype not in _JAX_DTYPES:
-            raise ValueError(f"unsupported dtype {dtype!r}; use one of {sorted(_JAX_DTYPES)}")
+        check_load_settings(dtype, model_axis, max_context, max_audio_seconds, max_batch, chunk, max_queue,
+                            prefix_cache_mb, media_cache_mb)
         enable_compilation_cache()
         if path is None:
             from omnijax.app.default_model import default_model_dir
@@ -97,12 +128,21 @@ class Pipeline:
         ckpt = open_checkpoint(path)
         check_config_limits(ckpt.hf_config)
         spec = family_for_config(ckpt.hf_config)
-        cfg = spec.parse_config(ckpt.hf_config)
+        try:
+            cfg = spec.parse_config(ckpt.hf_config)
+        except (ArithmeticError, AttributeError, IndexError, KeyError, TypeError, ValueError) as e:
+            raise CheckpointError(f"config.json is not a valid {spec.name} config: {e!r}") from e
         if ckpt.eos_ids is not None:
             cfg = dataclasses.replace(cfg, eos_ids=ckpt.eos_ids)
         processor = spec.make_processor(ckpt.folder, cfg, max_audio_seconds=max_audio_seconds,
                                         **ckpt.processor_kwargs)
-        mesh = mesh if mesh is not None else make_mesh(model_axis)
+        check_vocabulary(processor.tokenizer, cfg.decoder.vocab_size, tuple(t for _, t in cfg.media_token_ids),
+                         cfg.eos_ids, str(ckpt.path))
+        if mesh is None:
+            try:
+                mesh = make_mesh(model_axis)
+            except ValueError as e:
+                raise SettingError(f"model_axis: {e}") from None
         cfg = dataclasses.replace(cfg, decoder=cfg.decoder.with_kv_repeat(mesh.shape["model"]))
         graphdef, shapes = abstract_params(abstract_model(cfg, spec))
         weight_map = spec.weight_map(cfg)
@@ -117,6 +157,7 @@ class Pipeline:
                               context=max_context or min(engine.max_context, DEFAULT_CONTEXT), chunk=chunk,
                               prefix_cache_mb=prefix_cache_mb, media_cache_mb=media_cache_mb, max_queue=max_queue,
                               threaded=jax.process_count() == 1)
+        processor.budget = RequestBudget.for_context(scheduler.context)
         return cls(ckpt.path, spec, cfg, engine, processor, ckpt.hf_config, scheduler)
 
     def prepare(self, messages) -> PreparedPrompt:
@@ -128,6 +169,8 @@ class Pipeline:
     def prepare_raw(self, text: str) -> PreparedPrompt:
         """A raw-completion prompt: ``text`` tokenized as the tokenizer does by default (BOS as it is configured to
         add), with no chat template. Media placeholder tokens are refused (a raw prompt carries no media)."""
+        if isinstance(text, str):
+            check_text_size([text], self.processor.budget.max_text_bytes, "the raw prompt")
         ids = raw_prompt_ids(self.processor.tokenizer, text)
         for modality, token_id in self.config.media_token_ids:
             if np.any(ids == token_id):
@@ -170,6 +213,8 @@ class Pipeline:
         check_settings(max_new_tokens, temperature, top_k, top_p, seed, stop)
         batch = _is_batch(messages)
         conversations = list(messages) if batch else [messages]
+        if len(conversations) > MAX_BATCH:  # before any of them is prepared
+            raise SettingError(f"a batch holds at most {MAX_BATCH} conversations, got {len(conversations)}")
         prompts = [self.prepare(c) for c in conversations]
         results = self.generate_prepared(prompts, max_new_tokens=max_new_tokens, temperature=temperature,
                                          top_k=top_k, top_p=top_p, seed=seed, stop=stop)
@@ -178,8 +223,10 @@ class Pipeline:
     def generate_prepared(self, prompts: list[PreparedPrompt], *, max_new_tokens: int = 64, temperature: float = 0.0,
                           top_k: int = 0, top_p: float = 1.0, seed: int = 0, stop: Sequence[str] | None = None,
                           ignore_eos: bool = False) -> list[GenerationResult]:
-        """``generate`` for prompts already prepared (``prepare``), one result per prompt."""
+        """``generate`` for prompts already prepared (``prepare``), one result per prompt (1 to 1024 of them)."""
         check_settings(max_new_tokens, temperature, top_k, top_p, seed, stop)
+        if not 1 <= len(prompts) <= MAX_BATCH:
+            raise SettingError(f"generate takes 1 to {MAX_BATCH} prompts at once, got {len(prompts)}")
         for p in prompts:
             self.scheduler.check_fits(len(p.token_ids), max_new_tokens)
         settings = dict(max_new_tokens=max_new_tokens, temperature=temperature, top_k=top_k, top_p=top_p, seed=seed,

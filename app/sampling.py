@@ -21,7 +21,7 @@ from omnijax.common.errors import SamplingError
 
 MAX_TOP_K = 2**31 - 1  # top_k is an int32 on device; values at or above the vocabulary size keep every token
 SEED_RANGE = (-(2**63), 2**63)  # what jax.random.key takes
-MAX_NEW_TOKENS = 2**31 - 1
+MAX_NEW_TOKENS = 1 << 24  # the longest context a config may state (app/config_limits.py)
 MAX_STOPS = 32
 MAX_STOP_CHARS = 256
 
@@ -91,7 +91,7 @@ class SamplingParams:
 def check_max_new_tokens(value) -> int:
     """``value`` as an int when it is a whole number >= 1, else SamplingError."""
     if not _is_int(value) or not 1 <= value <= MAX_NEW_TOKENS:
-        raise SamplingError(f"max_new_tokens must be an integer >= 1, got {value!r}")
+        raise SamplingError(f"max_new_tokens must be an integer in [1, {MAX_NEW_TOKENS}], got {value!r}")
     return int(value)
 
 

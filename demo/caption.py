@@ -30,11 +30,18 @@ import jax
 
 from omnijax.common.distributed import broadcast_from_first
 from omnijax.common.errors import OmnijaxError
+from omnijax.app.pipeline import MAX_BATCH
 from omnijax.app.sampling import SamplingParams
 from omnijax.demo.caption_items import (DEFAULT_PROMPTS, CaptionInputError, CaptionItem, check_parts, dedup_rows,
                                 finished_paths, part_path, part_pattern, remaining, row_status, shard_items)
-from omnijax.demo.caption_output import OutputLock, check_not_an_input, read_output, replace_file, row_bytes
+from omnijax.common.errors import printable
+from omnijax.demo.caption_output import (OutputLock, append_row, check_not_an_input, read_output,
+                                         remove_stale_temp_files, replace_file)
 from omnijax.demo.interrupts import CtrlC
+
+
+MAX_BATCH_SIZE = MAX_BATCH  # prompts generated together (each holds a KV cache)
+MAX_WORKERS = 256  # threads preparing items
 
 
 @dataclasses.dataclass(frozen=True)
@@ -54,10 +61,11 @@ class CaptionOptions:
     progress: bool = True
 
     def __post_init__(self):
-        if self.batch_size < 1:
-            raise ValueError(f"batch_size must be >= 1, got {self.batch_size}")
-        if self.workers < 0:
-            raise ValueError(f"workers must be >= 0, got {self.workers}")
+        if isinstance(self.batch_size, bool) or not isinstance(self.batch_size, int) \
+                or not 1 <= self.batch_size <= MAX_BATCH_SIZE:
+            raise ValueError(f"batch_size must be an integer in [1, {MAX_BATCH_SIZE}], got {self.batch_size!r}")
+        if isinstance(self.workers, bool) or not isinstance(self.workers, int) or not 0 <= self.workers <= MAX_WORKERS:
+            raise ValueError(f"workers must be an integer in [0, {MAX_WORKERS}], got {self.workers!r}")
 
 
 @dataclasses.dataclass
@@ -213,8 +221,10 @@ class InFlight:
 class RowWriter:
     """Appends rows to a JSONL file, one write + flush per row, so a kill loses at most the row in flight.
 
-    Opening checks that the file is a caption file (demo/caption_output.py), reads the rows already there and
-    cuts off a torn last line (text after the last newline). Hold the output's lock (``OutputLock``) first.
+    Opening checks that the file is a caption file (demo/caption_output.py), reads the rows already there, cuts
+    off a torn last line (text after the last newline) and removes the temporary files of a killed rewrite. Hold
+    the output's lock (``OutputLock``) first. A row that cannot be written (a full disk) is cut off and raises
+    CaptionInputError: the file keeps every complete row.
     """
 
     def __init__(self, path: str | os.PathLike):
@@ -222,22 +232,24 @@ class RowWriter:
         self.existing, complete, size = read_output(self.path)
         try:
             self.path.parent.mkdir(parents=True, exist_ok=True)
+            remove_stale_temp_files(self.path)
             if complete < size:
                 os.truncate(self.path, complete)
-            self._file = open(self.path, "ab")
+            self._file = open(self.path, "ab", buffering=0)
         except OSError as e:
             raise CaptionInputError(f"cannot use {self.path} as the output file: {e.strerror or e}") from e
 
     def write(self, row: dict) -> None:
-        self._file.write(row_bytes(row))
-        self._file.flush()
+        append_row(self._file, row, self.path)
 
     def drop(self, paths: set[str]) -> None:
         """Rewrite the file without the rows of ``paths`` (atomically: a crash leaves the old or the new file)."""
         self._file.close()
         self.existing = [row for row in self.existing if row["path"] not in paths]
-        replace_file(self.path, self.existing)
-        self._file = open(self.path, "ab")
+        try:
+            replace_file(self.path, self.existing)
+        finally:
+            self._file = open(self.path, "ab", buffering=0)
 
     def close(self) -> None:
         self._file.close()
@@ -292,6 +304,14 @@ class _Progress:
             self._bar.close()
         elif self._plain is not None and self._plain["n"]:
             print(file=self._plain["stream"])
+
+
+def check_fits(pipe, options: CaptionOptions) -> None:
+    """CaptionInputError when ``max_new_tokens`` alone fills the model's context budget: every item would fail."""
+    budget = getattr(getattr(pipe, "engine", None), "max_context", None)
+    if isinstance(budget, int) and options.max_new_tokens >= budget:
+        raise CaptionInputError(f"--max-new-tokens {options.max_new_tokens} leaves no room for a prompt in the "
+                                f"model's context budget of {budget} tokens")
 
 
 def supported(pipe, item: CaptionItem) -> bool:
@@ -361,6 +381,7 @@ def run_captions(pipe, items: Sequence[CaptionItem], out: str | os.PathLike,
             if todo and not hasattr(pipe, "prepare"):
                 pipe = pipe()
                 start = time.perf_counter()  # throughput counts captioning, not loading
+            check_fits(pipe, options)
             progress = _Progress(len(todo), options.progress and log is not None, log or sys.stderr)
             runnable = []
             for item in todo:
@@ -408,7 +429,7 @@ def run_captions(pipe, items: Sequence[CaptionItem], out: str | os.PathLike,
                     summary.seconds = time.perf_counter() - start
                     summary.interrupted = ctrl_c.requested
                     if log:
-                        print(f"[omnijax] {summary.line()}", file=log)
+                        print(f"[omnijax] {printable(summary.line())}", file=log)
     return summary
 
 
@@ -450,6 +471,7 @@ def merge_parts(out: str | os.PathLike, *, remove_parts: bool = False) -> MergeS
     check_parts([(index, count, path.name) for index, count, path in found])
     parts = [path for _, _, path in found]
     with OutputLock(out):
+        remove_stale_temp_files(out)
         rows = read_output(out)[0]
         for part in parts:
             rows += read_output(part, what="part file")[0]

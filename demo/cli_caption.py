@@ -38,6 +38,8 @@ def add_caption_parser(subparsers) -> argparse.ArgumentParser:
     p.add_argument("--path-column", default="path", help="the manifest's path column (default: path)")
     p.add_argument("--prompt-column", default="prompt", help="the manifest's prompt column (default: prompt)")
     p.add_argument("--retry-errors", action="store_true", help="redo items whose row in OUT is an error")
+    p.add_argument("--allow-outside-paths", action="store_true",
+                   help="let a manifest name files outside its own folder (refused by default)")
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
     p.add_argument("--merge", action="store_true", help="join OUT's part files into OUT (one row per path) and exit")
     p.add_argument("--distributed", action="store_true",
@@ -71,7 +73,7 @@ def _shard_of(args) -> tuple[int, int]:
 
 def run_caption(args) -> int:
     """0 when the run finished (failed items are rows, not a failure of the run), 130 when interrupted."""
-    from omnijax.app.sampling import SamplingParams
+    from omnijax.app.sampling import SamplingParams, check_max_new_tokens
     from omnijax.demo.caption import CaptionOptions, merge_parts, run_captions
     from omnijax.demo.caption_items import CaptionInputError, discover
 
@@ -95,9 +97,9 @@ def run_caption(args) -> int:
             retry_errors=args.retry_errors, progress=not args.no_progress)
     except ValueError as e:
         raise CaptionInputError(str(e)) from e
-    if options.max_new_tokens < 1:
-        raise CaptionInputError(f"--max-new-tokens must be >= 1, got {options.max_new_tokens}")
-    items = discover(args.input, path_column=args.path_column, prompt_column=args.prompt_column)
+    check_max_new_tokens(options.max_new_tokens)  # before the model loads (SamplingError: exit 2)
+    items = discover(args.input, path_column=args.path_column, prompt_column=args.prompt_column,
+                     allow_outside=args.allow_outside_paths)
     inputs = [args.input] if os.path.isfile(args.input) else []  # a manifest (or the one media file)
     summary = run_captions(lambda: load_pipeline(args, max_batch=args.batch_size), items, args.out, options,
                            shard_index=shard_index,

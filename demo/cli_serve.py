@@ -27,7 +27,8 @@ def add_serve_parser(subparsers) -> argparse.ArgumentParser:
                    help=f"require 'Authorization: Bearer KEY' on every request (default: ${API_KEY_ENV} if set)")
     p.add_argument("--served-model-name", default=None, help="the model name clients use (default: the folder's)")
     p.add_argument("--allow-host", action="append", default=[],
-                   help="another Host header value to answer (a name this server is reached by; repeatable)")
+                   help="another host name to answer to (a name this server is reached by, e.g. behind a proxy; "
+                        "repeatable; addresses and localhost are always answered)")
     p.add_argument("--allow-remote-media", action="store_true",
                    help="fetch http(s) image / audio / video URLs in requests (default: data: URLs only)")
     p.add_argument("--max-body-mb", type=_megabytes, default=64,
@@ -55,7 +56,7 @@ def run_serve(args) -> int:
               + ("" if (args.api_key or os.environ.get(API_KEY_ENV)) else " (no --api-key set)"), file=sys.stderr)
     import uvicorn
 
-    from omnijax.demo.http_guard import allowed_hosts
+    from omnijax.demo.host_check import allowed_names
     from omnijax.demo.remote_media import fetcher
     from omnijax.demo.server import build_app, serving
 
@@ -71,7 +72,7 @@ def run_serve(args) -> int:
             os.environ["GRADIO_TEMP_DIR"] = str(server.upload_root / "ui")  # removed with the server's uploads
             ui = build_demo(pipe, max_upload_mb=args.max_upload_mb)
             ui.queue(default_concurrency_limit=None, max_size=64)
-        app = build_app(server, hosts=allowed_hosts(args.host, args.port, tuple(args.allow_host)),
+        app = build_app(server, names=allowed_names(args.host, args.allow_host),
                         max_body_mb=args.max_body_mb, api_key=args.api_key or os.environ.get(API_KEY_ENV) or None,
                         ui=ui)
         config = uvicorn.Config(app, host=args.host, port=args.port, log_level="warning", access_log=False,

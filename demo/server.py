@@ -36,7 +36,9 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 from omnijax.app.scheduler import QueueFullError
 from omnijax.common.errors import OmnijaxError
 from omnijax.demo import openai_protocol as api
-from omnijax.demo.http_guard import HttpGuard
+from omnijax.demo.api_key import ApiKeyCheck
+from omnijax.demo.body_limit import BodyLimit
+from omnijax.demo.host_check import HostCheck
 from omnijax.demo.metrics import CONTENT_TYPE, metrics_text
 
 log = logging.getLogger(__name__)
@@ -222,10 +224,10 @@ async def _cancel_on_disconnect(request: Request, handle) -> None:
             return
 
 
-def build_app(server: Server, *, hosts: frozenset[str] | None, max_body_mb: float = DEFAULT_MAX_BODY_MB,
+def build_app(server: Server, *, names: frozenset[str] = frozenset(), max_body_mb: float = DEFAULT_MAX_BODY_MB,
               api_key: str | None = None, ui=None) -> Any:
-    """The ASGI app: the API routes, error handlers, the guard (hosts, body cap, API key) and, with ``ui`` (a
-    gradio Blocks), the web demo at ``/``."""
+    """The ASGI app: the API routes and error handlers behind the Host check (``names``: see
+    demo/host_check.py), the body cap and the API key; with ``ui`` (a gradio Blocks), the web demo at ``/ui``."""
     app = FastAPI(title="omnijax", docs_url=None, redoc_url=None, openapi_url=None)
     app.add_api_route("/health", lambda: {"status": "ok"}, methods=["GET"])
     app.add_api_route("/v1/models", server.models, methods=["GET"])
@@ -251,7 +253,7 @@ def build_app(server: Server, *, hosts: frozenset[str] | None, max_body_mb: floa
         import gradio as gr
 
         app = gr.mount_gradio_app(app, ui, path="/ui")
-    return HttpGuard(app, hosts=hosts, max_body=int(max_body_mb * 2**20), api_key=api_key)
+    return HostCheck(BodyLimit(ApiKeyCheck(app, api_key), int(max_body_mb * 2**20)), names)
 
 
 @contextlib.contextmanager

@@ -29,6 +29,10 @@ from typing import Any, Callable, Iterator
 import gradio as gr
 
 from omnijax.common.errors import OmnijaxError, PromptError
+from omnijax.demo.body_limit import BodyLimit
+from omnijax.demo.host_check import HostCheck, allowed_names
+from omnijax.demo.interrupts import terminate_as_interrupt
+from omnijax.preprocess.request_limits import MAX_TEXT_BYTES, check_text_size
 from omnijax.demo.chat_state import (
     AUDIO_EXTENSIONS,
     DEFAULT_MAX_UPLOAD_MB,
@@ -52,6 +56,10 @@ DEFAULT_MODEL_NOTICE = ("This is the embedded default model: a small model train
                         "(circles, squares and triangles in six colours). Ask it to describe a picture, count the "
                         "shapes or name a shape's colour; try the examples below. Start with `--model DIR` for a "
                         "real checkpoint.")
+# The largest request body besides uploads (the message, the chat history and the settings, as JSON): text is
+# capped at MAX_TEXT_BYTES per request, and JSON escapes at most a few bytes per character.
+MAX_BODY_BYTES = 8 * MAX_TEXT_BYTES
+UPLOAD_PATH = "/gradio_api/upload"  # streams to disk under gradio's own cap (--max-upload-mb)
 COMPLETION_NOTICE = ("This checkpoint has no chat template (a base model): each message is continued as plain "
                      "text, without the earlier turns.")
 
@@ -100,11 +108,13 @@ def make_responder(pipe, *, max_upload_mb: float = DEFAULT_MAX_UPLOAD_MB) -> Cal
     media_kinds = accepted_media(pipe)
     raw = completion_mode(pipe)
     max_bytes = int(max_upload_mb * 2**20)
+    text_limit = getattr(getattr(getattr(pipe, "processor", None), "budget", None), "max_text_bytes", MAX_TEXT_BYTES)
 
     def respond(message, history, max_new_tokens, temperature, top_p, top_k, seed):
         message = message or {}
         paths = [_file_path(f) for f in message.get("files") or []]
         try:
+            check_text_size([message.get("text") or ""], text_limit, "the message")  # before anything is built
             media = [(validate_upload(p, max_bytes=max_bytes, modalities=media_kinds), p) for p in paths]
             if raw:
                 messages = message.get("text") or ""
@@ -202,20 +212,28 @@ def build_demo(pipe, *, max_upload_mb: float = DEFAULT_MAX_UPLOAD_MB, notice: st
 
 
 def launch(demo: gr.Blocks, *, host: str = "127.0.0.1", port: int = 7860,
-           max_upload_mb: float = DEFAULT_MAX_UPLOAD_MB, block: bool = True, quiet: bool = False):
+           max_upload_mb: float = DEFAULT_MAX_UPLOAD_MB, block: bool = True, quiet: bool = False,
+           allow_hosts: tuple[str, ...] = ()):
     """Serve ``demo`` on ``host:port``: requests run side by side on the pipeline's engine (gradio's queue holds
-    at most 64 waiting events), uploads capped at ``max_upload_mb``.
+    at most 64 waiting events), uploads capped at ``max_upload_mb``, other request bodies at MAX_BODY_BYTES, only
+    for requests addressed to its own names (demo/host_check.py: ``host`` when it is a name, ``allow_hosts``,
+    addresses and localhost).
 
     block=False returns once the server is up (call ``demo.close()`` to stop it). A port in use or an address
     that cannot be listened on raises ServeError naming the --port / --host flag.
     """
+    from starlette.middleware import Middleware
+
     from omnijax.demo.cli_web import listen_problem
 
     demo.queue(default_concurrency_limit=None, max_size=64)
+    guards = [Middleware(HostCheck, names=allowed_names(host, allow_hosts)),
+              Middleware(BodyLimit, max_bytes=MAX_BODY_BYTES, exempt=(UPLOAD_PATH,))]
     try:
         return demo.launch(server_name=host, server_port=port, max_file_size=int(max_upload_mb * 2**20),
                            share=False, inbrowser=False, show_error=True, ssr_mode=False, pwa=False,
-                           mcp_server=False, prevent_thread_lock=not block, quiet=quiet)
+                           mcp_server=False, prevent_thread_lock=not block, quiet=quiet,
+                           app_kwargs={"middleware": guards})
     except OSError as e:
         raise listen_problem(host, port, e) from None
 
@@ -256,8 +274,14 @@ def serve(args, *, block: bool = True) -> gr.Blocks:
     ``args.host:args.port`` until Ctrl-C. Returns the demo (after the server stops, or at once with block=False:
     then ``stop(demo)`` ends it).
 
-    Uploads are kept in a folder of this run (GRADIO_TEMP_DIR, set for this process), removed when it stops.
+    Uploads are kept in a folder of this run (GRADIO_TEMP_DIR, set for this process), removed when it stops, on
+    Ctrl-C and on SIGTERM alike.
     """
+    with terminate_as_interrupt():
+        return _serve(args, block)
+
+
+def _serve(args, block: bool) -> gr.Blocks:
     from omnijax.app.cli import load_pipeline
 
     pipe = load_pipeline(args)
@@ -270,7 +294,8 @@ def serve(args, *, block: bool = True) -> gr.Blocks:
                       examples=default_model_examples() if default else None)
     demo.omnijax_upload_dir, demo.omnijax_previous_temp_dir = upload_dir, previous
     try:
-        launch(demo, host=args.host, port=args.port, max_upload_mb=args.max_upload_mb, block=False, quiet=True)
+        launch(demo, host=args.host, port=args.port, max_upload_mb=args.max_upload_mb, block=False, quiet=True,
+               allow_hosts=tuple(getattr(args, "allow_host", None) or ()))
     except BaseException:
         stop(demo)
         raise

@@ -97,8 +97,10 @@ def test_glob_and_single_file_inputs(mixed_folder, monkeypatch):
 
 
 def test_manifest_parsing_and_errors(tmp_path):
-    items = parse_jsonl_manifest('{"path": "x/a.png", "prompt": "Hi?"}\n\n{"path": "/abs/b.wav"}\n', "m.jsonl",
-                                 str(tmp_path))
+    text = '{"path": "x/a.png", "prompt": "Hi?"}\n\n{"path": "/abs/b.wav"}\n'
+    with pytest.raises(CaptionInputError, match=r"m\.jsonl line 3: '/abs/b.wav' is outside the manifest's folder"):
+        parse_jsonl_manifest(text, "m.jsonl", str(tmp_path))
+    items = parse_jsonl_manifest(text, "m.jsonl", str(tmp_path), allow_outside=True)
     assert items == [CaptionItem(str(tmp_path / "x" / "a.png"), "image", "Hi?"), CaptionItem("/abs/b.wav", "audio")]
     with pytest.raises(CaptionInputError, match=r"m\.jsonl line 2 is not valid JSON"):
         parse_jsonl_manifest('{"path": "a.png"}\n{"path": \n', "m.jsonl", "/")

@@ -38,6 +38,8 @@ class Gemma4Processor(Processor):
     checkpoint); image_bidirectional: image soft tokens attend their block both ways; max_audio_seconds: the longest
     clip accepted (at most the feature extractor's 30 s)."""
 
+    roles = ("system", "developer", "user", "assistant")  # the roles its chat template knows
+
     def __init__(self, folder: pathlib.Path, *, token_ids: dict[str, int], image_bidirectional: bool = False,
                  max_audio_seconds: float | None = None):
         tokenizer = load_tokenizer(folder)

@@ -35,6 +35,8 @@ class Qwen3OmniProcessor(Processor):
     (the MRoPE token ids and constants); vision, audio: the towers' input layouts; max_audio_seconds: the longest
     clip accepted (default 1200 s)."""
 
+    roles = ("system", "user", "assistant", "tool")  # the roles its chat template knows
+
     def __init__(self, folder: pathlib.Path, *, image_token_id: int, audio_token_id: int, thinker_config: dict,
                  vision: image_batch.VisionInput, audio: audio_batch.AudioInput,
                  max_audio_seconds: float | None = None):
@@ -64,7 +66,8 @@ class Qwen3OmniProcessor(Processor):
             "image": Modality(image_token_id, self.process_images,
                               functools.partial(image_batch.collate, vision=vision, max_pixels=max_pixels)),
             "audio": Modality(audio_token_id, self.process_clips,
-                              functools.partial(audio_batch.collate, audio=audio, max_frames=max_frames))})
+                              functools.partial(audio_batch.collate, audio=audio, max_frames=max_frames),
+                              independent=False)})  # the clips of a prompt are padded to the longest
 
     def process_images(self, sources: list) -> MediaItems:
         """{"patches": [t*h*w, C*T*p*p], "grid": (t, h, w)} per image; t*h*w / merge**2 soft tokens; the layout
