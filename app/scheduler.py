@@ -19,6 +19,7 @@ process, so every process runs the same programs in the same order.
 
 from __future__ import annotations
 
+import atexit
 import collections
 import dataclasses
 import logging
@@ -202,6 +203,8 @@ class Scheduler:
     def _ensure_thread(self) -> None:
         with self._wake:
             if self._thread is None or not self._thread.is_alive():
+                if self._thread is None:  # stopped before the interpreter goes: a thread killed inside XLA aborts
+                    atexit.register(self.close)
                 self._thread = threading.Thread(target=self._serve, name="omnijax-engine", daemon=True)
                 self._thread.start()
 
