@@ -6,14 +6,16 @@ from typing import Any
 
 from omnijax.common.errors import PromptError
 from omnijax.preprocess.user_text import mark, protected_pattern, spells_special_token, unmark
+from omnijax.preprocess.video_source import check_video_part
 
-MEDIA_TYPES = ("image", "audio")
+MEDIA_TYPES = ("image", "audio", "video")
 
 
 def normalize_messages(messages: Any) -> list[dict]:
     """Validate transformers-style chat messages; string content becomes one text part.
 
-    Returns new message dicts whose content is a list of parts {"type": "text"|"image"|"audio", ...}.
+    Returns new message dicts whose content is a list of parts {"type": "text"|"image"|"audio"|"video", ...} (video
+    parts checked by ``preprocess.video_source.check_video_part``).
     """
     if not isinstance(messages, (list, tuple)) or not messages:
         raise PromptError("messages must be a non-empty list of {'role': ..., 'content': ...} dicts")
@@ -31,12 +33,14 @@ def normalize_messages(messages: Any) -> list[dict]:
                 if kind == "text":
                     if not isinstance(part.get("text"), str):
                         raise PromptError(f"message {i} part {j}: a text part needs a string 'text'")
+                elif kind == "video":
+                    check_video_part(part, f"message {i} part {j}")
                 elif kind in MEDIA_TYPES:
                     if part.get(kind) is None and part.get("path") is None and part.get("url") is None:
                         raise PromptError(f"message {i} part {j}: an {kind} part needs its {kind!r} value")
                 else:
                     raise PromptError(f"message {i} part {j}: unknown content type {kind!r} "
-                                      f"(expected 'text', 'image' or 'audio')")
+                                      f"(expected 'text', 'image', 'audio' or 'video')")
                 parts.append(dict(part))
         else:
             raise PromptError(f"message {i}: content must be a string or a list of parts")
