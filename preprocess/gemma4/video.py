@@ -4,7 +4,8 @@
 Settings (:class:`Gemma4VideoConfig`): the checkpoint's ``"video_processor"`` section of ``processor_config.json``
 (or ``video_preprocessor_config.json``), missing keys taking ``Gemma4VideoProcessor``'s defaults (70 soft tokens
 a frame, 3 x 3 pooling, 32 frames, bicubic, pixels / 255). A file is sampled uniformly: ``num_frames`` frames, or
-the part's ``fps`` frames a second when it names one (``default_sample_indices_fn``).
+the part's ``fps`` frames a second when it names one (``default_sample_indices_fn``); a video shorter than
+``num_frames`` frames gives all its frames (transformers raises a ValueError).
 
 Each frame (all of one size) is resized to the aspect-ratio-preserving size of the frame budget (torchvision's
 uint8 bicubic, preprocess/resize_uint8.py), rescaled and normalized the torchvision way (preprocess/video_pixels.py)
@@ -62,7 +63,10 @@ class Gemma4VideoConfig:
         return cls(pixels, num_frames)
 
     def frame_indices(self, total_frames: int, video_fps: float, fps: float | None) -> list[int]:
-        return uniform_frame_indices(total_frames, video_fps, num_frames=None if fps else self.num_frames, fps=fps)
+        """``num_frames`` frames, or ``fps`` frames a second when the part names a rate. A video with fewer frames
+        than ``num_frames`` gives all of them (transformers raises)."""
+        count = None if fps else min(self.num_frames, total_frames)
+        return uniform_frame_indices(total_frames, video_fps, num_frames=count, fps=fps)
 
     def target_size(self, height: int, width: int) -> tuple[int, int]:
         p = self.pixels
