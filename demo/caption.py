@@ -35,7 +35,7 @@ from omnijax.demo.interrupts import CtrlC
 
 @dataclasses.dataclass(frozen=True)
 class CaptionOptions:
-    """prompt: the default prompt (None: "Describe this image." / "Describe this audio."); a manifest's
+    """prompt: the default prompt (None: "Describe this image." / "... audio." / "... video."); a manifest's
     per-item prompt wins. system: an optional system message. workers: grain threads preparing items (0: in the
     main thread). retry_errors: redo items whose row is an error row (that row is removed first)."""
 

@@ -21,13 +21,15 @@ import re
 from typing import Iterable, Sequence
 
 from omnijax.common.errors import OmnijaxError
+from omnijax.preprocess.video_source import VIDEO_EXTENSIONS
 
 IMAGE_EXTENSIONS = frozenset({".jpg", ".jpeg", ".jfif", ".png", ".gif", ".bmp", ".webp", ".tif", ".tiff", ".ppm",
                               ".pgm", ".pbm", ".pnm", ".ico", ".tga"})
 AUDIO_EXTENSIONS = frozenset({".wav", ".mp3", ".flac", ".ogg", ".oga", ".opus", ".m4a", ".aac", ".aif", ".aiff",
                               ".wma"})
 MANIFEST_EXTENSIONS = frozenset({".jsonl", ".ndjson", ".csv"})
-DEFAULT_PROMPTS = {"image": "Describe this image.", "audio": "Describe this audio."}
+DEFAULT_PROMPTS = {"image": "Describe this image.", "audio": "Describe this audio.",
+                   "video": "Describe this video."}
 _GLOB_CHARS = re.compile(r"[*?\[]")
 STATUSES = ("ok", "skipped", "error")
 
@@ -38,7 +40,7 @@ class CaptionInputError(OmnijaxError):
 
 @dataclasses.dataclass(frozen=True)
 class CaptionItem:
-    """One thing to caption. path: absolute normalised path (the item's key); kind: "image" or "audio";
+    """One thing to caption. path: absolute normalised path (the item's key); kind: "image", "audio" or "video";
     prompt: a per-item prompt from a manifest, or None for the run's default."""
 
     path: str
@@ -49,12 +51,14 @@ class CaptionItem:
 # ---- discovery ---------------------------------------------------------------------------------------------------
 
 def media_kind(path: str) -> str | None:
-    """"image", "audio" or None (not a media file), from the file extension."""
+    """"image", "audio", "video" or None (not a media file), from the file extension."""
     ext = os.path.splitext(path)[1].lower()
     if ext in IMAGE_EXTENSIONS:
         return "image"
     if ext in AUDIO_EXTENSIONS:
         return "audio"
+    if ext in VIDEO_EXTENSIONS:
+        return "video"
     return None
 
 
@@ -93,7 +97,7 @@ def glob_items(pattern: str) -> list[CaptionItem]:
 
 
 def _manifest_item(record: dict, where: str, base: str, path_column: str, prompt_column: str) -> CaptionItem:
-    """A manifest row as an item; a path without a known audio or image extension is taken as an image."""
+    """A manifest row as an item; a path without a known audio, video or image extension is taken as an image."""
     value = record.get(path_column)
     if not isinstance(value, str) or not value.strip():
         raise CaptionInputError(f"{where}: no {path_column!r} value (columns: {sorted(record)})")

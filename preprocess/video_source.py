@@ -31,6 +31,8 @@ from omnijax.preprocess.video_sampling import SampledFrames
 
 AUDIO_RATE = 16000
 VIDEO_KEYS = ("video", "path", "url")
+# File name extensions the front ends take as videos (containers FFmpeg reads).
+VIDEO_EXTENSIONS = frozenset({".mp4", ".m4v", ".mov", ".mkv", ".webm", ".avi", ".mpg", ".mpeg", ".ts", ".3gp"})
 
 
 @dataclasses.dataclass
