@@ -20,6 +20,7 @@ An unchanged size returns the frame as it is (torchvision does).
 
 from __future__ import annotations
 
+import functools
 import math
 
 import numpy as np
@@ -74,20 +75,32 @@ def axis_weights(in_size: int, out_size: int, resample: int = BICUBIC) -> tuple[
     return xmin, w16, precision
 
 
-def _pass(image: np.ndarray, axis: int, out_size: int, resample: int) -> np.ndarray:
-    """One separable pass of uint8 ``image`` [H, W, C] along ``axis`` (0: height, 1: width) to ``out_size``."""
-    in_size = image.shape[axis]
+@functools.lru_cache(maxsize=64)
+def _axis_matrix(in_size: int, out_size: int, resample: int):
+    """(sparse [out, in] float64 matrix of one axis's int16 weights, precision): an axis's taps as a matrix, so
+    a pass is one sparse product (integer sums of at most 2**31 are exact in float64)."""
+    import scipy.sparse
+
     xmin, w16, precision = axis_weights(in_size, out_size, resample)
-    src = image.astype(np.int64)
-    shape = list(image.shape)
-    shape[axis] = out_size
-    acc = np.full(shape, 1 << (precision - 1) if precision > 0 else 0, np.int64)
-    for k in range(w16.shape[1]):
-        index = np.minimum(xmin + k, in_size - 1)  # weights past a row's taps are 0
-        weight = w16[:, k]
-        taken = np.take(src, index, axis=axis)
-        acc += taken * (weight[:, None, None] if axis == 0 else weight[None, :, None])
-    return np.clip(acc >> precision, 0, 255).astype(np.uint8)
+    rows = np.repeat(np.arange(out_size), w16.shape[1])
+    cols = (xmin[:, None] + np.arange(w16.shape[1])[None, :]).reshape(-1)
+    keep = (w16.reshape(-1) != 0) & (cols < in_size)
+    matrix = scipy.sparse.csr_matrix((w16.reshape(-1)[keep].astype(np.float64), (rows[keep], cols[keep])),
+                                     shape=(out_size, in_size))
+    return matrix, precision
+
+
+def _pass(image: np.ndarray, axis: int, out_size: int, resample: int) -> np.ndarray:
+    """One separable pass of uint8 ``image`` [H, W, C] along ``axis`` (0: height, 1: width) to ``out_size``:
+    ``clip((sum(w * x) + 2**(p - 1)) >> p, 0, 255)`` per output."""
+    matrix, precision = _axis_matrix(image.shape[axis], out_size, resample)
+    moved = np.moveaxis(image, axis, 0)
+    rest = moved.shape[1:]
+    sums = matrix @ moved.reshape(moved.shape[0], -1).astype(np.float64)
+    if precision > 0:
+        sums = np.floor((sums + float(1 << (precision - 1))) / float(1 << precision))  # >> precision, exactly
+    out = np.clip(sums, 0, 255).astype(np.uint8).reshape((out_size,) + rest)
+    return np.ascontiguousarray(np.moveaxis(out, 0, axis))
 
 
 def resize_uint8(image_HWC: np.ndarray, height: int, width: int, resample: int = BICUBIC) -> np.ndarray:
