@@ -27,15 +27,7 @@ import subprocess
 import sys
 import time
 
-MB = 1 << 20
-
-
-def _status_kb(field: str) -> int:
-    with open("/proc/self/status") as f:
-        for line in f:
-            if line.startswith(field + ":"):
-                return int(line.split()[1])
-    raise RuntimeError(f"no {field} in /proc/self/status")
+from bench.load import MB, _status_kb
 
 
 def write_file(path: pathlib.Path, seconds: int, fps: int) -> None:

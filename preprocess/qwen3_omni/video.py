@@ -7,7 +7,8 @@ Settings (:class:`QwenVideoConfig`): the checkpoint's video processor section (`
 at the part's ``fps``, else the config's ``fps``, else 2 frames a second (qwen-omni-utils' default), clamped to
 ``[min_frames, max_frames]`` (``Qwen2VLVideoProcessor.sample_frames``). transformers' ``Qwen3OmniMoeProcessor``
 passes its own default size to the video processor whenever the caller names none; omnijax takes the
-checkpoint's video processor settings, as the issue of pixel budgets is the checkpoint's to state.
+checkpoint's video processor settings (the pixel budget is the checkpoint's to state) and that default only when
+the checkpoint has none.
 
 Frames (all of one size): ``smart_resize`` to multiples of patch x merge (torchvision's uint8 bicubic,
 preprocess/resize_uint8.py), fused rescale + normalize (preprocess/video_pixels.py), the frame count padded to a
@@ -24,7 +25,6 @@ sampled frames' rate (the array's fps, or ``SampledFrames.sampled_fps`` for a fi
 from __future__ import annotations
 
 import dataclasses
-import json
 import os
 import pathlib
 
@@ -145,7 +145,3 @@ def video_replacement(grid: tuple[int, int, int], seconds: float, audio_tokens: 
     order = interleaved_order(grid, seconds, audio_tokens, per_second, merge)
     return tokens["audio_start"] + "".join(tokens["video"] if v else tokens["audio"] for v in order) + \
         tokens["audio_end"]
-
-
-def describe(cfg: QwenVideoConfig) -> str:
-    return json.dumps({"fps": cfg.fps, "min_frames": cfg.min_frames, "max_frames": cfg.max_frames})
