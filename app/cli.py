@@ -45,11 +45,14 @@ def add_engine_flags(p: argparse.ArgumentParser, *, max_batch: bool = True) -> N
 
 
 def add_generate_parser(sub) -> argparse.ArgumentParser:
-    gen = sub.add_parser("generate", help="answer one prompt with optional images and audio")
+    gen = sub.add_parser("generate", help="answer one prompt with optional images, audio and videos")
     add_model_flags(gen)
     gen.add_argument("--prompt", required=True, help="the user's text")
     gen.add_argument("--image", action="append", default=[], help="an image file (repeatable)")
     gen.add_argument("--audio", action="append", default=[], help="an audio file (repeatable)")
+    gen.add_argument("--video", action="append", default=[],
+                     help="a video file (repeatable), sampled as the checkpoint's video processor says, with its "
+                          "sound track where the model takes audio")
     gen.add_argument("--system", help="an optional system message")
     gen.add_argument("--raw", action="store_true",
                      help="continue --prompt as plain text (base models): no chat template, text only")
@@ -91,27 +94,29 @@ def load_pipeline(args, **overrides):
 
 
 def messages_from(args) -> list[dict] | str:
-    """The chat messages of ``--prompt`` (with ``--image`` / ``--audio`` / ``--system``), or with ``--raw`` the
-    prompt string itself."""
+    """The chat messages of ``--prompt`` (with ``--image`` / ``--audio`` / ``--video`` / ``--system``), or with
+    ``--raw`` the prompt string itself."""
+    videos = getattr(args, "video", None) or []
     if getattr(args, "raw", False):
-        extras = [flag for flag, value in (("--image", args.image), ("--audio", args.audio), ("--system", args.system))
-                  if value]
+        extras = [flag for flag, value in (("--image", args.image), ("--audio", args.audio), ("--video", videos),
+                                           ("--system", args.system)) if value]
         if extras:
             raise PromptError(f"--raw continues plain text and takes no {', '.join(extras)}")
         return args.prompt
     content = [{"type": "image", "image": path} for path in args.image]
     content += [{"type": "audio", "audio": path} for path in args.audio]
+    content += [{"type": "video", "video": path} for path in videos]
     content.append({"type": "text", "text": args.prompt})
     messages = [{"role": "system", "content": [{"type": "text", "text": args.system}]}] if args.system else []
     return messages + [{"role": "user", "content": content}]
 
 
 def check_media_paths(args) -> None:
-    """Every ``--image`` / ``--audio`` file exists and is a readable regular file, and ``--model`` (when given)
+    """Every ``--image`` / ``--audio`` / ``--video`` file exists and is a readable regular file, and ``--model`` (when given)
     exists: checked before anything loads."""
     from omnijax.preprocess.sources import check_media_file
 
-    for flag in ("image", "audio"):
+    for flag in ("image", "audio", "video"):
         for path in getattr(args, flag, None) or ():
             check_media_file(path, flag)
     if getattr(args, "model", None) is not None and not pathlib.Path(args.model).expanduser().exists():

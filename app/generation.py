@@ -63,14 +63,14 @@ def make_batch(prompts: list[PreparedPrompt], length: int, pad_id: int, rope_axe
     b = len(prompts)
     tokens = np.full((b, length), pad_id, np.int32)
     bidir = np.zeros((b, length), bool)
-    rope_pos = np.zeros((rope_axes, b, length), np.int32)
+    rope_pos = np.zeros((rope_axes, b, length), np.float32)  # time-aware positions may be fractional
     lengths = np.array([len(p.token_ids) for p in prompts], np.int32)
     for i, p in enumerate(prompts):
         n = len(p.token_ids)
         tokens[i, :n] = p.token_ids
         bidir[i, :n] = p.bidirectional
         rope_pos[:, i, :n] = np.arange(n) if p.rope_positions is None else p.rope_positions
-    deltas = np.array([p.rope_delta for p in prompts], np.int32)
+    deltas = np.array([p.rope_delta for p in prompts], np.float32)
     media = {}
     for modality in sorted({m for p in prompts for m in p.media}):
         items = [x for p in prompts for x in p.media.get(modality, [])]
@@ -122,15 +122,16 @@ class Engine:
         return nnx.merge(self.graphdef, params)
 
     def _encode_impl(self, params, inputs, *, modality):
-        return tuple(self.model(params).encoders[modality](inputs))
+        return tuple(self.model(params).encoders[self.cfg.encoder_of(modality)](inputs))
 
     def _prefill_impl(self, params, tokens_BL, lengths_B, bidir_BL, rope_pos_ABL, rope, media, *, cache_len,
                       all_logits=False):
         dec = self.model(params).decoder
         deep = self.cfg.deepstack_modality
+        deepstack = tuple(self.cfg.media_token_id(m) for m in media
+                          if deep is not None and self.cfg.encoder_of(m) == self.cfg.encoder_of(deep))
         prompt = Prompt(tokens_BL, lengths_B, rope_pos_ABL, bidir_BL,
-                        {self.cfg.media_token_id(m): Media(*out) for m, out in media.items()},
-                        self.cfg.media_token_id(deep) if deep in media else None)
+                        {self.cfg.media_token_id(m): Media(*out) for m, out in media.items()}, deepstack)
         return dec.prefill(prompt, cache_len=cache_len, cache_dtype=self.dtype, all_logits=all_logits, rope=rope,
                            attention=self.attention)
 

@@ -323,13 +323,13 @@ class Scheduler:
         ids = prompt.token_ids
         media, offsets = {}, {}
         for token_id, m in live.media.items():
-            if np.any(ids[a:b] == token_id) or token_id == self._deepstack_id(live):
+            if np.any(ids[a:b] == token_id):
                 media[token_id] = m
                 offsets[token_id] = int(np.sum(ids[:a] == token_id))
         rope = np.arange(a, b)[None] if prompt.rope_positions is None else prompt.rope_positions[:, a:b]
-        deep = self._deepstack_id(live)
+        deepstack = tuple(t for t in self._deepstack_ids(live) if t in media)
         logits = self.slots.extend(ids[a:b], a, live.slot, rope, prompt.bidirectional[a:b], media, offsets,
-                                   deep if deep in media else None, bucket_for(b - a, self.engine.buckets))
+                                   deepstack, bucket_for(b - a, self.engine.buckets))
         if live.chunks:
             if b in live.keep_at:
                 self._keep_prefix(live, b, None)
@@ -339,9 +339,15 @@ class Scheduler:
             self._keep_prefix(live, n, logits)
         self._insert(live, logits)
 
-    def _deepstack_id(self, live: Live) -> int | None:
-        deep = self.engine.cfg.deepstack_modality
-        return self.engine.cfg.media_token_id(deep) if deep in live.request.prompt.media else None
+    def _deepstack_ids(self, live: Live) -> tuple[int, ...]:
+        """The placeholder ids of the prompt's media whose extra feature maps are added after the first layers:
+        those read by the deepstack modality's encoder (images, and video frames through the same tower)."""
+        cfg = self.engine.cfg
+        deep = cfg.deepstack_modality
+        if deep is None:
+            return ()
+        return tuple(cfg.media_token_id(m) for m in live.request.prompt.media
+                     if cfg.encoder_of(m) == cfg.encoder_of(deep))
 
     def _insert(self, live: Live, logits) -> None:
         req = live.request

@@ -36,7 +36,8 @@ DEFAULT_SLOTS = 8
 class SlotState(NamedTuple):
     """The decoding state of every slot, each [slots]: ``token`` (generated token number ``index`` of the slot's
     request, not yet in the cache), ``active`` (the slot decodes at the next step), ``remaining`` (tokens it may
-    still generate after ``token``), ``delta`` (added to the cache length for the RoPE position), ``eos_on`` (end
+    still generate after ``token``), ``delta`` (added to the cache length for the RoPE position; float32, as
+    time-aware positions may be fractional), ``eos_on`` (end
     ids end the request), ``settings`` ({temperature, top_k, top_p: [slots], key: [slots, 2]})."""
 
     token: jax.Array
@@ -51,7 +52,8 @@ class SlotState(NamedTuple):
 def empty_state(slots: int) -> SlotState:
     zeros = jnp.zeros((slots,), jnp.int32)
     key = jax.random.key_data(jax.random.key(0))
-    return SlotState(zeros, zeros, jnp.zeros((slots,), bool), zeros, zeros, jnp.ones((slots,), bool),
+    return SlotState(zeros, zeros, jnp.zeros((slots,), bool), zeros, jnp.zeros((slots,), jnp.float32),
+                     jnp.ones((slots,), bool),
                      {"temperature": jnp.zeros((slots,), jnp.float32), "top_k": zeros,
                       "top_p": jnp.ones((slots,), jnp.float32), "key": jnp.broadcast_to(key, (slots, *key.shape))})
 
@@ -163,13 +165,13 @@ class Slots:
         return next(r for r in self.rows if r > highest_slot)
 
     def extend(self, tokens: np.ndarray, start: int, row: int, rope_pos: np.ndarray, bidirectional: np.ndarray,
-               media: dict, offsets: dict, deepstack: int | None, length: int) -> jax.Array:
+               media: dict, offsets: dict, deepstack: tuple[int, ...], length: int) -> jax.Array:
         """Run one chunk (``tokens`` [count] of a prompt at positions start..) into slot ``row``, right-padded to
         ``length`` -> the logits [1, V] at its last token (a device array)."""
         count = len(tokens)
         tok = np.full((1, length), self.cfg.pad_id, np.int32)
         tok[0, :count] = tokens
-        pos = np.zeros((rope_pos.shape[0], 1, length), np.int32)
+        pos = np.zeros((rope_pos.shape[0], 1, length), np.float32)
         pos[:, 0, :count] = rope_pos
         bid = np.zeros((1, length), bool)
         bid[0, :count] = bidirectional
@@ -183,7 +185,7 @@ class Slots:
                eos_on: bool) -> jax.Array:
         """Make ``slot`` active with its first token drawn from ``logits``; returns that token (device)."""
         self.state, token = self._insert(self.state, np.int32(slot), logits_1V, row_settings(sampling),
-                                         np.int32(max_new), np.int32(delta), np.bool_(eos_on), self.engine.eos_ids)
+                                         np.int32(max_new), np.float32(delta), np.bool_(eos_on), self.engine.eos_ids)
         return token
 
     def decode(self, rows: int) -> tuple[jax.Array, jax.Array]:
@@ -208,10 +210,10 @@ class Slots:
         """Compile the chunk program for each of ``chunk_lengths`` (text), insert, release and every decode row
         count (nothing stays active)."""
         self.ensure_allocated()
-        rope = np.zeros((self.cfg.decoder.rope_axes, 1), np.int32)
+        rope = np.zeros((self.cfg.decoder.rope_axes, 1), np.float32)
         logits = None
         for length in chunk_lengths:
-            logits = self.extend(np.array([self.cfg.pad_id]), 0, 0, rope, np.zeros(1, bool), {}, {}, None, length)
+            logits = self.extend(np.array([self.cfg.pad_id]), 0, 0, rope, np.zeros(1, bool), {}, {}, (), length)
         self.insert(0, logits, SamplingParams(), 2, 0, True)
         self.release(0)
         for rows in self.rows:

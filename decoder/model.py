@@ -42,8 +42,8 @@ class Prompt(NamedTuple):
 
     tokens [B, L] int32 (media placeholders included); lengths [B]; rope_pos [axes, B, L] RoPE positions (axes 3
     for MRoPE); bidirectional [B, L] bool: tokens of media blocks that attend to their whole block.
-    media: {placeholder token id: Media}; deepstack: the placeholder id whose Media extras are added after the
-    first layers (or None).
+    media: {placeholder token id: Media}; deepstack: the placeholder ids whose Media extras are added after the
+    first layers (images and video frames of one vision tower; each at its own placeholders).
     """
 
     tokens: jax.Array
@@ -51,16 +51,17 @@ class Prompt(NamedTuple):
     rope_pos: jax.Array
     bidirectional: jax.Array
     media: dict
-    deepstack: int | None = None
+    deepstack: tuple[int, ...] = ()
 
 
 class Chunk(NamedTuple):
     """T tokens of one row's prompt, after the ``start`` tokens its cache row ``row`` holds.
 
     tokens [1, T] int32 (right-padded; media placeholders included); count: how many are real; rope_pos
-    [axes, 1, T]; bidirectional [1, T]: tokens of media blocks that attend to their whole block (a chunk never
-    splits such a block). media: {placeholder id: Media} with the rows of the whole prompt's media;
-    offsets: {placeholder id: how many of its placeholders come before the chunk}. deepstack: as in ``Prompt``.
+    [axes, 1, T] (float32: time-aware positions may be fractional); bidirectional [1, T]: tokens of media blocks
+    that attend to their whole block (a chunk never splits such a block). media: {placeholder id: Media} with the
+    rows of the whole prompt's media; offsets: {placeholder id: how many of its placeholders come before the
+    chunk}. deepstack: as in ``Prompt``.
     """
 
     tokens: jax.Array
@@ -71,7 +72,7 @@ class Chunk(NamedTuple):
     bidirectional: jax.Array
     media: dict
     offsets: dict
-    deepstack: int | None = None
+    deepstack: tuple[int, ...] = ()
 
 
 def block_ids(is_media_BL: jax.Array) -> jax.Array:
@@ -146,10 +147,10 @@ class DecoderModel(nnx.Module):
         meta = prompt_meta(prompt.lengths, prompt.bidirectional)
         ctx = PromptContext(meta, rope if rope is not None else self.rope_tables(prompt.rope_pos), backend=attention)
         per_layer = self._layer_inputs(prompt.tokens, x)
-        deepstack = () if prompt.deepstack is None else prompt.media[prompt.deepstack].extras
+        deepstack = max((len(prompt.media[t].extras) for t in prompt.deepstack), default=0)
         last_rows = jnp.maximum(prompt.lengths - 1, 0)[:, None]  # [B, 1]
         # from this layer on only each row's last position is needed (later layers compute no keys/values)
-        narrow_from = len(spec.layers) if all_logits else max(spec.last_kv_layer, len(deepstack))
+        narrow_from = len(spec.layers) if all_logits else max(spec.last_kv_layer, deepstack)
         slots = cache_slots(spec, cache_len)
         prompt_kv: dict[int, tuple] = {}  # owner layer -> its keys and values [B, L, K, H], for sharing layers
         caches: list[LayerCache] = []
@@ -163,9 +164,10 @@ class DecoderModel(nnx.Module):
             if kv is not None:
                 prompt_kv[i] = kv
                 caches.append(LayerCache(*fill_from_prompt(*kv, prompt.lengths, slots[i], cache_dtype)))
-            if i < len(deepstack):
-                m = prompt.media[prompt.deepstack]
-                x = add_at_placeholders(x, prompt.tokens == prompt.deepstack, deepstack[i], m.valid)
+            for token_id in prompt.deepstack:
+                m = prompt.media[token_id]
+                if i < len(m.extras):
+                    x = add_at_placeholders(x, prompt.tokens == token_id, m.extras[i], m.valid)
         logits = self.logits(x)
         logits = logits if all_logits else logits[:, 0]
         return logits, {"length": prompt.lengths.astype(jnp.int32), "k": tuple(c.k for c in caches),
@@ -187,7 +189,6 @@ class DecoderModel(nnx.Module):
                            {n: slot_positions(chunk.start[None], n)[0] for n in sorted({k.shape[-1]
                                                                                         for k in cache["k"]})})
         per_layer = self._layer_inputs(chunk.tokens, x)
-        deepstack = () if chunk.deepstack is None else chunk.media[chunk.deepstack].extras
         index = cache_index(spec)
         chunk_kv: dict[int, tuple] = {}  # owner layer -> the chunk's keys and values, for sharing layers
         for i, layer in enumerate(self.layers):
@@ -196,10 +197,11 @@ class DecoderModel(nnx.Module):
                                  None if per_layer is None else per_layer[:, :, i])
             if kv is not None:
                 chunk_kv[i] = kv
-            if i < len(deepstack):
-                m = chunk.media[chunk.deepstack]
-                x = add_at_placeholders(x, chunk.tokens == chunk.deepstack, deepstack[i], m.valid,
-                                        chunk.offsets.get(chunk.deepstack, 0))
+            for token_id in chunk.deepstack:
+                m = chunk.media[token_id]
+                if i < len(m.extras):
+                    x = add_at_placeholders(x, chunk.tokens == token_id, m.extras[i], m.valid,
+                                            chunk.offsets.get(token_id, 0))
         keys, values = list(cache["k"]), list(cache["v"])
         for i, (k, v) in chunk_kv.items():
             j = index[i]

@@ -46,7 +46,7 @@ MAX_WORKERS = 256  # threads preparing items
 
 @dataclasses.dataclass(frozen=True)
 class CaptionOptions:
-    """prompt: the default prompt (None: "Describe this image." / "Describe this audio."); a manifest's
+    """prompt: the default prompt (None: "Describe this image." / "... audio." / "... video."); a manifest's
     per-item prompt wins. system: an optional system message. workers: grain threads preparing items (0: in the
     main thread). retry_errors: redo items whose row is an error row (that row is removed first)."""
 

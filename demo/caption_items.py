@@ -21,6 +21,7 @@ import re
 from typing import Iterable, Sequence
 
 from omnijax.common.errors import OmnijaxError
+from omnijax.preprocess.video_source import VIDEO_EXTENSIONS
 
 IMAGE_EXTENSIONS = frozenset({".jpg", ".jpeg", ".jfif", ".png", ".gif", ".bmp", ".webp", ".tif", ".tiff", ".ppm",
                               ".pgm", ".pbm", ".pnm", ".ico", ".tga"})
@@ -28,7 +29,8 @@ AUDIO_EXTENSIONS = frozenset({".wav", ".mp3", ".flac", ".ogg", ".oga", ".opus", 
                               ".wma"})
 MANIFEST_EXTENSIONS = frozenset({".jsonl", ".ndjson", ".csv"})
 MAX_MANIFEST_BYTES = 256 * 2**20  # a manifest of millions of items
-DEFAULT_PROMPTS = {"image": "Describe this image.", "audio": "Describe this audio."}
+DEFAULT_PROMPTS = {"image": "Describe this image.", "audio": "Describe this audio.",
+                   "video": "Describe this video."}
 _GLOB_CHARS = re.compile(r"[*?\[]")
 STATUSES = ("ok", "skipped", "error")
 
@@ -39,7 +41,7 @@ class CaptionInputError(OmnijaxError):
 
 @dataclasses.dataclass(frozen=True)
 class CaptionItem:
-    """One thing to caption. path: absolute normalised path (the item's key); kind: "image" or "audio";
+    """One thing to caption. path: absolute normalised path (the item's key); kind: "image", "audio" or "video";
     prompt: a per-item prompt from a manifest, or None for the run's default."""
 
     path: str
@@ -50,12 +52,14 @@ class CaptionItem:
 # ---- discovery ---------------------------------------------------------------------------------------------------
 
 def media_kind(path: str) -> str | None:
-    """"image", "audio" or None (not a media file), from the file extension."""
+    """"image", "audio", "video" or None (not a media file), from the file extension."""
     ext = os.path.splitext(path)[1].lower()
     if ext in IMAGE_EXTENSIONS:
         return "image"
     if ext in AUDIO_EXTENSIONS:
         return "audio"
+    if ext in VIDEO_EXTENSIONS:
+        return "video"
     return None
 
 
@@ -101,8 +105,8 @@ def inside(path: str, folder: str) -> bool:
 
 def _manifest_item(record: dict, where: str, base: str, path_column: str, prompt_column: str,
                    allow_outside: bool = False) -> CaptionItem:
-    """A manifest row as an item; a path without a known audio or image extension is taken as an image. A path
-    outside the manifest's folder ``base`` (``../x``, an absolute path elsewhere) is refused unless
+    """A manifest row as an item; a path without a known audio, video or image extension is taken as an image. A
+    path outside the manifest's folder ``base`` (``../x``, an absolute path elsewhere) is refused unless
     ``allow_outside``: a manifest names files of its own dataset."""
     value = record.get(path_column)
     if not isinstance(value, str) or not value.strip():

@@ -1,4 +1,5 @@
-"""``omnijax caption``: caption a folder, glob or manifest of images (and audio) into a JSONL file, resumably.
+"""``omnijax caption``: caption a folder, glob or manifest of images (and audio and videos) into a JSONL file,
+resumably.
 
     omnijax caption --model DIR --input photos/ --out captions.jsonl --batch-size 8 --workers 4
     omnijax caption --merge --out captions.jsonl          # join the part files of a multi-process run
@@ -18,7 +19,7 @@ from omnijax.common.errors import OmnijaxError
 def add_caption_parser(subparsers) -> argparse.ArgumentParser:
 
     p = subparsers.add_parser(
-        "caption", help="caption every image (and audio file) of a folder, glob or manifest into a JSONL file",
+        "caption", help="caption every image (and audio and video file) of a folder, glob or manifest into a JSONL file",
         description="One JSON line per media item, flushed as items finish. Rerunning the same command resumes: "
                     "items already in the output are skipped. With --distributed, several JAX processes run the "
                     "model on one mesh spanning them and process 0 writes OUT. With --process-index / "
@@ -28,7 +29,7 @@ def add_caption_parser(subparsers) -> argparse.ArgumentParser:
     p.add_argument("--input", help="a folder (searched recursively), a glob (quote it; ** recurses), a .jsonl/.csv "
                                    "manifest with a path column and an optional prompt column, or one media file")
     p.add_argument("--out", required=True, help="the JSONL output file (appended to; its items are skipped)")
-    p.add_argument("--prompt", help="the default prompt (default: 'Describe this image.' / 'Describe this audio.'); "
+    p.add_argument("--prompt", help="the default prompt (default: 'Describe this image.' / '... audio.' / '... video.'); "
                                     "a manifest's per-item prompt wins")
     p.add_argument("--system", help="an optional system message")
     p.add_argument("--batch-size", type=int, default=8,

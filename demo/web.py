@@ -1,10 +1,10 @@
 """The gradio web demo: a multimodal chat with any loaded ``Pipeline`` (``omnijax demo``).
 
-A ``gr.ChatInterface`` with a ``gr.MultimodalTextbox`` (images, and audio files / microphone when the model takes
-audio), answers streamed piece by piece, gradio's Stop button (it closes the generator, which cancels the request
-and frees its slot at the engine's next step), sampling controls, and one stats line per answer. Every browser
-tab's request goes to the pipeline's serving engine, so several tabs generate at the same time (the engine's
-slots decode them together; a request beyond its slots waits for one). A bad file or a failed
+A ``gr.ChatInterface`` with a ``gr.MultimodalTextbox`` (images, audio files / microphone and video files, each when
+the model takes it), answers streamed piece by piece, gradio's Stop button (it closes the generator, which cancels
+the request and frees its slot at the engine's next step), sampling controls, and one stats line per answer. Every
+browser tab's request goes to the pipeline's serving engine, so several tabs generate at the same time (the
+engine's slots decode them together; a request beyond its slots waits for one). A bad file or a failed
 generation becomes an error message in the chat; the server keeps serving. The page names the inputs the model
 takes and offers attachments only for those (none for a text-only model); a model without a chat template (a base
 model) continues each message as plain text.
@@ -38,6 +38,7 @@ from omnijax.demo.chat_state import (
     DEFAULT_MAX_UPLOAD_MB,
     IMAGE_EXTENSIONS,
     MEDIA_KINDS,
+    VIDEO_EXTENSIONS,
     AnswerStats,
     answer_message,
     build_messages,
@@ -65,7 +66,7 @@ COMPLETION_NOTICE = ("This checkpoint has no chat template (a base model): each 
 
 
 def accepted_media(pipe) -> tuple[str, ...]:
-    """The media kinds ("image", "audio") the pipeline's model takes, from ``pipe.config.modalities``."""
+    """The media kinds ("image", "audio", "video") the pipeline's model takes, from ``pipe.config.modalities``."""
     return tuple(kind for kind in MEDIA_KINDS if kind in pipe.config.modalities)
 
 
@@ -177,7 +178,7 @@ def build_demo(pipe, *, max_upload_mb: float = DEFAULT_MAX_UPLOAD_MB, notice: st
     kinds = accepted_media(pipe)
     if completion_mode(pipe):
         notice = "\n\n".join(n for n in (notice, COMPLETION_NOTICE) if n)
-    by_kind = {"image": IMAGE_EXTENSIONS, "audio": AUDIO_EXTENSIONS}
+    by_kind = {"image": IMAGE_EXTENSIONS, "audio": AUDIO_EXTENSIONS, "video": VIDEO_EXTENSIONS}
     extensions = sorted(ext for kind in kinds for ext in by_kind[kind])
     attach = " or ".join(f"{k}s" for k in kinds)
     sources = (["upload"] if kinds else []) + (["microphone"] if "audio" in kinds else [])

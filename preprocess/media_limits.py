@@ -49,3 +49,13 @@ def reduce_factor(width: int, height: int) -> int:
     while math.ceil(width / factor) * math.ceil(height / factor) > WORKING_IMAGE_PIXELS:
         factor += 1
     return factor
+
+
+# Video files (checked from the headers before any frame is decoded; preprocess/video_decode.py) and videos as
+# frame arrays: at most 3 hours, frames of at most 8192 x 4320 pixels (DCI 8K), at most a million frames in the
+# file, and at most MAX_VIDEO_SAMPLED_FRAMES frames kept for the model (sampling keeps far fewer: 768 at most for
+# Qwen3-Omni, 32 by default for Gemma 4).
+MAX_VIDEO_SECONDS = 3 * 3600
+MAX_VIDEO_FRAME_PIXELS = 8192 * 4320
+MAX_VIDEO_FRAMES = 1_000_000
+MAX_VIDEO_SAMPLED_FRAMES = 1024

@@ -4,8 +4,9 @@
 
 1. normalise the messages (preprocess/prompts.py) and refuse media of a modality the checkpoint does not take
    (before reading any of it);
-2. turn each modality's media sources (paths, PIL images, arrays, ...) into encoder inputs and soft-token counts:
-   the family's ``Modality.process``;
+2. read the media a family reads ahead (``load_media``: videos, whose sound track may become an audio part), then
+   turn each modality's media sources (paths, PIL images, arrays, loaded videos, ...) into encoder inputs and
+   soft-token counts: the family's ``Modality.process`` (``process_media``);
 3. render the chat template with user text escaped (``render_chat``);
 4. expand the template's media markers into soft-token runs: the family's ``expand``;
 5. tokenize (``encode_prompt``, preprocess/user_text.py) and check that the placeholder tokens of every modality are
@@ -32,7 +33,7 @@ from omnijax.preprocess.request_limits import RequestBudget, check_media_budget,
 from omnijax.preprocess.user_text import encode_prompt
 
 # How refusals and checks name the items of each modality.
-PLURALS = {"image": "images", "audio": "audio clips"}
+PLURALS = {"image": "images", "audio": "audio clips", "video": "videos"}
 
 
 @dataclasses.dataclass
@@ -43,7 +44,8 @@ class PreparedPrompt:
     media: modality -> encoder inputs, one per media item in order of appearance (e.g. pixel values [3, H, W]
         per image or crop); the processor's ``collate`` of the modality batches them.
     bidirectional: [seq] bool, True for tokens that attend to their whole block both ways (media soft tokens).
-    rope_positions: [axes, seq] RoPE positions when they are not 0..seq-1 (e.g. 3-D MRoPE positions).
+    rope_positions: [axes, seq] float32 RoPE positions when they are not 0..seq-1 (e.g. 3-D MRoPE positions, whose
+        temporal ones may be fractional for videos).
     rope_delta: added to the sequence position of every generated token to get its RoPE position.
     """
 
@@ -51,7 +53,7 @@ class PreparedPrompt:
     media: dict[str, list]
     bidirectional: np.ndarray
     rope_positions: np.ndarray | None = None
-    rope_delta: int = 0
+    rope_delta: float = 0
 
 
 @dataclasses.dataclass(frozen=True)
@@ -133,7 +135,8 @@ class Processor:
                 raise PromptError(refusal(kind, len(found), tuple(self.modalities)))
         check_media_budget(sources, self.budget, frozenset(m for m, modality in self.modalities.items()
                                                            if not modality.independent))
-        media = self.process_media(sources)
+        messages = self.load_media(messages)
+        media = self.process_media(messages)
         ids = encode_prompt(self.tokenizer, self.expand(render_chat(self.tokenizer, messages), media))
         for m, modality in self.modalities.items():
             check_soft_tokens(ids, m, modality.token_id, media.get(m))
@@ -141,9 +144,11 @@ class Processor:
         return PreparedPrompt(token_ids=ids, media={m: items.inputs for m, items in media.items()},
                               bidirectional=np.isin(ids, soft), **self.finish(ids, media))
 
-    def process_media(self, sources: dict[str, list]) -> dict[str, MediaItems]:
-        """Each modality's sources -> MediaItems; independent items one at a time, refusing the prompt as soon as
-        its media alone are over the context budget."""
+    def process_media(self, messages: list[dict]) -> dict[str, MediaItems]:
+        """{modality: its items} for the media of ``messages``: each modality's sources in order of appearance
+        through its ``process``; independent items one at a time, refusing the prompt as soon as its media alone
+        are over the context budget."""
+        sources = {kind: media_of(messages, kind) for kind in MEDIA_TYPES}
         media: dict[str, MediaItems] = {}
         tokens, done, total = 0, 0, sum(len(found) for found in sources.values())
         for m in MEDIA_TYPES:
@@ -163,6 +168,11 @@ class Processor:
         return self.tokenizer.decode(list(token_ids), skip_special_tokens=True)
 
     # ---- hooks -----------------------------------------------------------------------------------------------
+
+    def load_media(self, messages: list[dict]) -> list[dict]:
+        """The messages with media a family reads ahead of the rest (videos: frames and sound track), possibly
+        with parts added (a video's sound as an audio part). The base class reads nothing ahead."""
+        return messages
 
     def expand(self, text: str, media: dict[str, MediaItems]) -> str:
         """The rendered prompt with each media marker replaced by its item's soft-token run (PromptError when the

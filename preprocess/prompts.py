@@ -7,8 +7,9 @@ from typing import Any
 from omnijax.common.errors import PromptError
 from omnijax.preprocess.chat_template import render_chat_template
 from omnijax.preprocess.user_text import mark, protected_pattern, spells_special_token, unmark
+from omnijax.preprocess.video_source import check_video_part
 
-MEDIA_TYPES = ("image", "audio")
+MEDIA_TYPES = ("image", "audio", "video")
 # The roles every family's chat template knows; a family's processor states its own set (``Processor.roles``).
 DEFAULT_ROLES = ("system", "user", "assistant")
 MAX_MESSAGES = 4096  # messages of one conversation
@@ -29,7 +30,8 @@ def normalize_messages(messages: Any, roles: tuple[str, ...] = DEFAULT_ROLES) ->
 
     Every role must be one of ``roles`` (a role is written into the prompt as it is: anything else could forge a
     turn). Returns new message dicts whose content is a list of parts {"type": "text", "text": str} or
-    {"type": "image"|"audio", ...}: a text part keeps only its text.
+    {"type": "image"|"audio"|"video", ...}: a text part keeps only its text; video parts are checked by
+    ``preprocess.video_source.check_video_part``.
     """
     if not isinstance(messages, (list, tuple)) or not messages:
         raise PromptError("messages must be a non-empty list of {'role': ..., 'content': ...} dicts")
@@ -57,12 +59,14 @@ def normalize_messages(messages: Any, roles: tuple[str, ...] = DEFAULT_ROLES) ->
                         raise PromptError(f"message {i} part {j}: a text part needs a string 'text'")
                     parts.append({"type": "text", "text": part["text"]})
                     continue
+                elif kind == "video":
+                    check_video_part(part, f"message {i} part {j}")
                 elif kind in MEDIA_TYPES:
                     if part.get(kind) is None and part.get("path") is None and part.get("url") is None:
                         raise PromptError(f"message {i} part {j}: an {kind} part needs its {kind!r} value")
                 else:
                     raise PromptError(f"message {i} part {j}: unknown content type {kind!r} "
-                                      f"(expected 'text', 'image' or 'audio')")
+                                      f"(expected 'text', 'image', 'audio' or 'video')")
                 parts.append(dict(part))
         else:
             raise PromptError(f"message {i}: content must be a string or a list of parts")

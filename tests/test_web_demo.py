@@ -46,7 +46,8 @@ def _gr_file(path: str, mime: str = "image/png") -> dict:
 def test_media_kind_by_extension_then_mime():
     assert media_kind("/x/a.PNG") == "image" and media_kind("b.jpeg") == "image" and media_kind("c.webp") == "image"
     assert media_kind("rec/audio.wav") == "audio" and media_kind("song.MP3") == "audio"
-    assert media_kind("notes.txt") is None and media_kind("vector.svg") is None and media_kind("clip.mp4") is None
+    assert media_kind("notes.txt") is None and media_kind("vector.svg") is None and media_kind("clip.mp4") == "video"
+    assert media_kind("upload", "video/webm") == "video"
     assert media_kind("pasted", "image/png") == "image" and media_kind("blob", "audio/wav") == "audio"
     assert media_kind("pasted", "image/svg+xml") is None and media_kind("noext") is None
     assert media_kind("a.txt", "image/png") is None  # a known extension that is not media decides
