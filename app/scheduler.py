@@ -26,6 +26,7 @@ import logging
 import threading
 import time
 
+import jax
 import numpy as np
 
 from omnijax.app.answer_text import AnswerText, answer_for
@@ -358,7 +359,7 @@ class Scheduler:
 
     def _keep_prefix(self, live: Live, length: int, logits) -> None:
         saved = self.slots.snapshot(live.slot, length_bucket(length, 64))
-        nbytes = sum(int(a.nbytes) for a in _leaves(saved)) + (0 if logits is None else int(logits.nbytes))
+        nbytes = sum(int(a.nbytes) for a in jax.tree.leaves(saved)) + (0 if logits is None else int(logits.nbytes))
         self.prefix.store_entry(live.ids, PrefixEntry(saved, length, logits, nbytes))
 
     def _dispatch_decode(self):
@@ -430,8 +431,3 @@ class Scheduler:
             finish_reason=reason, seconds=now - live.handle.submitted, cached_tokens=live.cached,
             first_token_seconds=None if live.first_token is None else live.first_token - live.handle.submitted))
 
-
-def _leaves(tree) -> list:
-    import jax
-
-    return jax.tree.leaves(tree)
