@@ -13,11 +13,12 @@ import jax.numpy as jnp
 import numpy as np
 
 from omnijax.app.answer_text import answer_for
-from omnijax.app.checkpoint import abstract_params, load_params
+from omnijax.app.checkpoint import abstract_params, load_params, quantizable_params
 from omnijax.app.checkpoint_source import open_checkpoint
 from omnijax.app.compilation_cache import enable_compilation_cache
 from omnijax.app.config_limits import check_config_limits
-from omnijax.common.errors import PromptError
+from omnijax.common.errors import PromptError, SettingError
+from omnijax.common.quantized import check_quantize
 from omnijax.app.families import family_for_config
 from omnijax.app.generation import Engine
 from omnijax.app.model import abstract_model
@@ -29,6 +30,13 @@ from omnijax.preprocess.raw_prompt import raw_prompt_ids
 log = logging.getLogger(__name__)
 
 _JAX_DTYPES = {"float32": jnp.float32, "bfloat16": jnp.bfloat16, "float16": jnp.float16}
+
+
+def check_dtype(dtype) -> str:
+    """``dtype`` when it names a weight dtype omnijax loads, else SettingError naming the valid ones."""
+    if dtype not in _JAX_DTYPES:
+        raise SettingError(f"unsupported dtype {dtype!r}; use one of {', '.join(sorted(_JAX_DTYPES))}")
+    return dtype
 
 
 @dataclasses.dataclass
@@ -49,13 +57,17 @@ def _is_batch(messages: Any) -> bool:
 
 
 class Pipeline:
-    def __init__(self, folder: pathlib.Path, spec, cfg, engine: Engine, processor, hf_config: dict):
+    def __init__(self, folder: pathlib.Path, spec, cfg, engine: Engine, processor, hf_config: dict, *,
+                 dtype: str = "float32", quantize: str | None = None):
         self.folder = folder
         self.spec = spec
         self.config = cfg
         self.engine = engine
         self.processor = processor
         self.hf_config = hf_config
+        self.dtype = dtype
+        self.quantize = quantize
+        self._scorer = None
 
     @property
     def family(self) -> str:
@@ -71,18 +83,23 @@ class Pipeline:
         return bool(getattr(getattr(self.processor, "tokenizer", None), "chat_template", None))
 
     @classmethod
-    def from_pretrained(cls, path=None, *, dtype: str = "float32", mesh=None, model_axis: int | None = None,
-                        max_context: int | None = None, max_audio_seconds: float | None = None) -> "Pipeline":
+    def from_pretrained(cls, path=None, *, dtype: str = "float32", quantize: str | None = None, mesh=None,
+                        model_axis: int | None = None, max_context: int | None = None,
+                        max_audio_seconds: float | None = None) -> "Pipeline":
         """Load a local Hugging Face checkpoint folder, a GGUF file, or a folder holding one GGUF file (``path=None``:
         the embedded default model).
 
         dtype: parameter dtype ("float32", "bfloat16", "float16"); GGUF tensors are dequantized into it.
+        quantize: None, "int8" or "int4": the decoder's weight matrices (projections, experts, embedding / output
+        matrix) are stored quantized (int8 per output channel; int4 in groups of 32, two per byte) and widened
+        next to their products (common/matmul_policy.py); the rest stays in ``dtype``. A GGUF file's tensors are
+        converted one at a time.
         mesh: a ("data", "model") jax Mesh; default: all devices with ``model_axis`` of them (default all)
         sharding the weights. max_context: context budget in tokens (prompt + new tokens), at most the model's own
         limit. max_audio_seconds: longest audio clip accepted (families with audio input).
         """
-        if dtype not in _JAX_DTYPES:
-            raise ValueError(f"unsupported dtype {dtype!r}; use one of {sorted(_JAX_DTYPES)}")
+        dtype = check_dtype(dtype)
+        quantize = check_quantize(quantize)
         enable_compilation_cache()
         if path is None:
             from omnijax.app.default_model import default_model_dir
@@ -98,16 +115,37 @@ class Pipeline:
                                         **ckpt.processor_kwargs)
         mesh = mesh if mesh is not None else make_mesh(model_axis)
         cfg = dataclasses.replace(cfg, decoder=cfg.decoder.with_kv_repeat(mesh.shape["model"]))
-        graphdef, shapes = abstract_params(abstract_model(cfg, spec))
+        skeleton = abstract_model(cfg, spec)
+        graphdef, shapes = abstract_params(skeleton)
         weight_map = spec.weight_map(cfg)
         start = time.perf_counter()
-        tensors = ckpt.open_tensors(spec, weight_map, dtype)
+        # quantized weights are made from float32 tensors (one at a time), the others cast to dtype as they come
+        tensors = ckpt.open_tensors(spec, weight_map, "float32" if quantize else dtype)
         params = load_params(tensors, shapes, weight_map, dtype=dtype, mesh=mesh,
-                             unused_patterns=spec.unused_keys(cfg, ckpt.hf_config))
+                             unused_patterns=spec.unused_keys(cfg, ckpt.hf_config), quantize_mode=quantize,
+                             quant_axes=quantizable_params(skeleton) if quantize else None)
         log.info("loaded %s (%s, %s) in %.1fs", ckpt.path, spec.name, ckpt.format, time.perf_counter() - start)
         engine = Engine(cfg, graphdef, params, mesh, collate=processor.collate, dtype=_JAX_DTYPES[dtype],
                         max_context=max_context)
-        return cls(ckpt.path, spec, cfg, engine, processor, ckpt.hf_config)
+        return cls(ckpt.path, spec, cfg, engine, processor, ckpt.hf_config, dtype=dtype, quantize=quantize)
+
+    def score(self, texts) -> list[np.ndarray] | np.ndarray:
+        """For each raw text (a string, or a list of them), the natural-log probability of each of its tokens after
+        the first given the ones before it: a float32 numpy array of length (tokens - 1) per text. The text is
+        tokenized as a raw prompt (``prepare_raw``: BOS as the tokenizer adds it); a text longer than the scoring
+        window (1024 tokens, at most the context budget) is scored in overlapping windows, each token once.
+        ``app.scoring.perplexity`` of the result is the perplexity."""
+        from omnijax.app.scoring import Scorer
+
+        single = isinstance(texts, str)
+        items = [texts] if single else list(texts)
+        bad = [type(t).__name__ for t in items if not isinstance(t, str)]
+        if bad:
+            raise PromptError(f"score takes texts (strings), got {bad[0]}")
+        if self._scorer is None:
+            self._scorer = Scorer(self.engine)
+        out = [self._scorer.score(self.prepare_raw(t).token_ids) for t in items]
+        return out[0] if single else out
 
     def prepare(self, messages) -> PreparedPrompt:
         """Chat messages -> PreparedPrompt through the family's processor; a plain string is a raw prompt."""

@@ -23,3 +23,7 @@ class UnsupportedModelError(CheckpointError):
 
 class SamplingError(OmnijaxError, ValueError):
     """A generation setting (temperature, top_k, top_p, seed, max_new_tokens, stop strings) is out of range."""
+
+
+class SettingError(OmnijaxError, ValueError):
+    """A loading setting (the weights' dtype, their quantization) is not one omnijax knows."""
