@@ -136,3 +136,26 @@ def test_weights_stream_in_near_the_final_weights_plus_one_tensor(real_gguf):
     assert 1000 < m["weights_mb"] < 1100  # 268M float32 parameters
     assert m["weights_peak_mb"] <= m["weights_mb"] + m["largest_tensor_mb"] + 128
     assert m["rss_after_mb"] - m["rss_before_weights_mb"] <= m["weights_mb"] + 128
+
+
+HELD_OUT = ("The river had been rising for three days when the ferryman decided to close the crossing. He tied the "
+            "boat to the old oak by the landing, carried the oars up to his cottage and told the travellers waiting "
+            "on the bank that they would have to go round by the bridge, twenty miles upstream. Most of them grumbled "
+            "and left. One woman stayed. She said that her sister lived in the village on the far side and was ill, "
+            "and that she could not wait for the water to fall. The ferryman looked at the brown current, at the "
+            "branches turning in it, and at the clouds still piling up in the west. Then he went back down to the "
+            "landing and untied the boat.")
+
+
+def test_quantized_perplexity_stays_near_float32(real_gguf, gguf_pipe):
+    """Perplexity of a held-out text: int8 within 1% and int4 within 3% of float32 (the same GGUF file)."""
+    from omnijax.app.scoring import perplexity
+
+    ref = perplexity([gguf_pipe.score(HELD_OUT)])
+    assert 1.0 < ref < 100.0
+    for mode, limit in (("int8", 0.01), ("int4", 0.03)):
+        pipe = Pipeline.from_pretrained(real_gguf, quantize=mode)
+        got = perplexity([pipe.score(HELD_OUT)])
+        print(f"\nperplexity float32 {ref:.4f}, {mode} {got:.4f} ({got / ref - 1:+.2%})")
+        assert abs(got / ref - 1) <= limit, (mode, ref, got)
+        del pipe
