@@ -36,6 +36,18 @@ def peak_rss_mb() -> float:
     return float("nan")
 
 
+def timed_decode(run, new_tokens: int) -> dict:
+    """Time one token and ``new_tokens`` tokens of ``run(n) -> token ids``: the first token's time and decode
+    tokens/s = (new tokens - 1) / (time of all - time of one)."""
+    t = time.perf_counter()
+    run(1)
+    one = time.perf_counter() - t
+    t = time.perf_counter()
+    tokens = run(new_tokens)
+    full = time.perf_counter() - t
+    return {"ttft_s": one, "decode_tok_s": (new_tokens - 1) / (full - one), "tokens": tokens}
+
+
 def probe_llama_cpp(path: str, new_tokens: int, threads: int) -> dict:
     from llama_cpp import Llama
 
@@ -54,14 +66,7 @@ def probe_llama_cpp(path: str, new_tokens: int, threads: int) -> dict:
         return out
 
     run(4)
-    t = time.perf_counter()
-    run(1)
-    one = time.perf_counter() - t
-    t = time.perf_counter()
-    tokens = run(new_tokens)
-    full = time.perf_counter() - t
-    return {"load_s": load_s, "ttft_s": one, "decode_tok_s": (new_tokens - 1) / (full - one), "tokens": tokens,
-            "peak_rss_mb": peak_rss_mb()}
+    return dict(timed_decode(run, new_tokens), load_s=load_s, peak_rss_mb=peak_rss_mb())
 
 
 def probe_omnijax(path: str, new_tokens: int, dtype: str, quantize: str | None) -> dict:
@@ -79,15 +84,9 @@ def probe_omnijax(path: str, new_tokens: int, dtype: str, quantize: str | None) 
         return pipe.engine.generate([prompt], n, SamplingParams(), ignore_eos=True)
 
     run(new_tokens)  # compiles (or reads the compiled programs back from the cache)
-    t = time.perf_counter()
-    run(1)
-    one = time.perf_counter() - t
-    t = time.perf_counter()
-    tokens = run(new_tokens)
-    full = time.perf_counter() - t
+    result = timed_decode(lambda n: run(n)[0].tolist(), new_tokens)
     weights = sum(x.nbytes for x in jax.tree.leaves(pipe.engine.params["decoder"]))
-    return {"load_s": load_s, "ttft_s": one, "decode_tok_s": (new_tokens - 1) / (full - one),
-            "tokens": tokens[0].tolist(), "peak_rss_mb": peak_rss_mb(), "decoder_weight_mb": weights / 2**20}
+    return dict(result, load_s=load_s, peak_rss_mb=peak_rss_mb(), decoder_weight_mb=weights / 2**20)
 
 
 def measure(system: str, path, new_tokens: int, threads: int) -> dict:
