@@ -234,10 +234,15 @@ def quantizable_params(abstract_model: nnx.Module) -> dict[ParamPath, int]:
     _, state = nnx.split(abstract_model)
     out = {}
     for path, var in nnx.to_flat_state(state):
-        axis = var.get_metadata().get("quant_axis")
+        meta = var.get_metadata()
+        axis = meta.get("quant_axis")
         if axis is not None and tuple(path[:len(QUANTIZED_SUBTREE)]) == QUANTIZED_SUBTREE:
-            out[tuple(path)] = int(axis)
+            out[tuple(path)] = int(axis) if meta.get("quant_int4", True) else Int8Only(int(axis))
     return out
+
+
+class Int8Only(int):
+    """A quantizable parameter's axis, for a weight that stays int8 when int4 is asked (``param(..., int4=False)``)."""
 
 
 def check_weight_map(params: dict[ParamPath, tuple[tuple, tuple]], weight_map: dict[ParamPath, TensorSpec],
@@ -308,6 +313,8 @@ def load_params(index: TensorSource, params: dict[ParamPath, tuple[tuple, tuple]
     for path, (shape, axes) in params.items():
         spec = weight_map[path]
         mode = quantize_mode_for(shape, quantize_mode, quant_axes.get(path))
+        if mode == "int4" and isinstance(quant_axes.get(path), Int8Only):
+            mode = "int8"
         direct = getattr(index, "read_quantized", None) if mode is not None and _plain(spec) else None
         if direct is not None:
             parts = direct(spec.keys[0], mode, quant_axes[path], shape)

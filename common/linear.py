@@ -17,14 +17,16 @@ __all__ = ["Linear", "matmul_oi", "param"]
 
 
 def param(rngs: nnx.Rngs, shape: tuple[int, ...], axes: tuple[str | None, ...], dtype=jnp.float32,
-          scale: float = 0.02, quant_axis: int | None = None) -> nnx.Param:
+          scale: float = 0.02, quant_axis: int | None = None, int4: bool = True) -> nnx.Param:
     """A randomly initialised parameter tagged with logical ``axes`` (len(axes) == len(shape)).
 
     quant_axis: for a weight matrix that may be stored quantized (common/quantized.py), the axis its products
-    contract (its values are grouped along it); the loader quantizes only parameters that name one."""
+    contract (its values are grouped along it); the loader quantizes only parameters that name one. int4=False:
+    a weight that stays int8 when int4 is asked (the embedding / output matrix, as llama.cpp's Q4_K_M files keep
+    it at 8 bits: 4 bits there cost far more quality than anywhere else)."""
     if len(axes) != len(shape):
         raise ValueError(f"axes {axes} do not match shape {shape}")
-    extra = {} if quant_axis is None else {"quant_axis": quant_axis % len(shape)}
+    extra = {} if quant_axis is None else {"quant_axis": quant_axis % len(shape), "quant_int4": bool(int4)}
     return nnx.Param(scale * jax.random.normal(rngs.params(), shape, dtype), axes=tuple(axes), **extra)
 
 

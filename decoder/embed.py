@@ -16,9 +16,9 @@ class Embedder(nnx.Module):
         self.vocab_size = vocab_size
         self.embed_scale = embed_scale
         self.substitutes = tuple(substitutes)  # (token id, id whose row it reads)
-        self.embedding = param(rngs, (vocab_size, hidden), ("vocab", "embed"), quant_axis=-1)
+        self.embedding = param(rngs, (vocab_size, hidden), ("vocab", "embed"), quant_axis=-1, int4=False)
         self.lm_head = None if tie else param(rngs, (vocab_size, hidden), ("vocab", "embed"),  # torch layout
-                                              quant_axis=-1)
+                                              quant_axis=-1, int4=False)
 
     def encode(self, tokens_BL: jax.Array) -> jax.Array:
         """Scaled embeddings [batch, seq, hidden]; ids outside the table (media placeholders) read row 0, and each

@@ -118,7 +118,8 @@ def quantized_pipes(tiny_gemma3_dir, gemma3_pipeline):
 def test_the_decoder_matrices_are_stored_quantized_and_the_rest_is_not(quantized_pipes, gemma3_pipeline):
     params = quantized_pipes["int4"].engine.params
     dec = params["decoder"]
-    assert isinstance(dec["embedder"]["embedding"], QuantizedArray) and dec["embedder"]["embedding"].bits == 4
+    assert isinstance(dec["embedder"]["embedding"], QuantizedArray) and dec["embedder"]["embedding"].bits == 8
+    assert dec["layers"][0]["mlp"]["gate_up_proj"].bits == 4
     layer = dec["layers"][0]
     for leaf in (layer["attn"]["qkv"], layer["attn"]["o_proj"]["kernel"], layer["mlp"]["gate_up_proj"],
                  layer["mlp"]["down_proj"]["kernel"]):
