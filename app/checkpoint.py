@@ -317,9 +317,9 @@ def load_params(index: TensorSource, params: dict[ParamPath, tuple[tuple, tuple]
             mode = "int8"
         direct = getattr(index, "read_quantized", None) if mode is not None and _plain(spec) else None
         if direct is not None:
-            parts = direct(spec.keys[0], mode, quant_axes[path], shape)
+            parts = direct(spec.keys[0], mode, int(quant_axes[path]), shape)
             if parts is not None:
-                _set(tree, path, quantized_value(parts, mode, quant_axes[path], axes, mesh))
+                _set(tree, path, quantized_value(parts, mode, int(quant_axes[path]), axes, mesh))
                 continue
         parts = [index.read(key) for key in spec.keys]
         name = spec.keys[0] if len(spec.keys) == 1 else f"{spec.keys[0]} (+{len(spec.keys) - 1} joined)"
@@ -338,7 +338,8 @@ def load_params(index: TensorSource, params: dict[ParamPath, tuple[tuple, tuple]
         if not np.issubdtype(array.dtype, np.floating) and array.dtype != ml_dtypes.bfloat16:
             raise CheckpointError(f"tensor {name!r} has non-float dtype {array.dtype}")
         if mode is not None:
-            value = quantized_value(quantize(array, mode, quant_axes[path]), mode, quant_axes[path], axes, mesh)
+            axis = int(quant_axes[path])
+            value = quantized_value(quantize(array, mode, axis), mode, axis, axes, mesh)
         else:
             value = place(np.ascontiguousarray(array.astype(target, copy=False)).reshape(shape), axes, mesh)
         del array
