@@ -54,7 +54,7 @@ def gguf_files(folder: pathlib.Path) -> list[pathlib.Path]:
                   if p.suffix.lower() == GGUF_SUFFIX and p.is_file() and not p.name.lower().startswith("mmproj"))
 
 
-def open_checkpoint(path) -> Checkpoint:
+def open_checkpoint(path, *, tokenizer_cache=None) -> Checkpoint:
     """A Hugging Face checkpoint folder, a ``.gguf`` file, or a folder holding exactly one ``.gguf`` file (and no
     config.json). CheckpointError says what is missing."""
     target = pathlib.Path(path).expanduser()
@@ -63,13 +63,13 @@ def open_checkpoint(path) -> Checkpoint:
     if target.is_file():
         if target.suffix.lower() != GGUF_SUFFIX:
             raise CheckpointError(f"checkpoint path {str(target)!r} is not a folder or a {GGUF_SUFFIX} file")
-        return open_gguf(target)
+        return open_gguf(target, tokenizer_cache)
     if not target.is_dir():
         raise CheckpointError(f"checkpoint path {str(target)!r} is not a folder")
     if not (target / "config.json").exists():
         found = gguf_files(target)
         if len(found) == 1:
-            return open_gguf(found[0])
+            return open_gguf(found[0], tokenizer_cache)
         if len(found) > 1:
             raise CheckpointError(f"checkpoint folder {str(target)!r} holds several GGUF files "
                                   f"({', '.join(p.name for p in found)}): pass the one to load")
@@ -94,9 +94,10 @@ def open_folder(folder: pathlib.Path) -> Checkpoint:
     return Checkpoint(folder, folder, hf_config, eos_ids, {}, open_tensors, "safetensors")
 
 
-def open_gguf(file: pathlib.Path) -> Checkpoint:
+def open_gguf(file: pathlib.Path, tokenizer_cache=None) -> Checkpoint:
     """A GGUF file: its architecture's ``GGUFArch`` turns the metadata into a Hugging Face config; the tokenizer
-    is built from the metadata. Unsupported architectures and tensor types fail here, before any tensor is
+    is built from the metadata (once: it is kept under ``tokenizer_cache``, default
+    ``$OMNIJAX_HOME/gguf-tokenizers``, keyed by the file's size, time and header). Unsupported architectures and tensor types fail here, before any tensor is
     read."""
     from omnijax.app.families import gguf_arch_for
     from omnijax.app.gguf.arch import GGUFMetadata
@@ -104,7 +105,7 @@ def open_gguf(file: pathlib.Path) -> Checkpoint:
     from omnijax.app.gguf.file import GGUFFile
     from omnijax.app.gguf.limits import check_gguf_metadata
     from omnijax.app.gguf.tensors import GGUFTensors
-    from omnijax.preprocess.tokenizer import load_gguf_tokenizer
+    from omnijax.preprocess.tokenizer import cached_gguf_tokenizer
 
     gguf = GGUFFile(file)
     try:
@@ -124,7 +125,7 @@ def open_gguf(file: pathlib.Path) -> Checkpoint:
     except BaseException:
         gguf.close()
         raise
-    tokenizer = load_gguf_tokenizer(file, hf_config["model_type"])
+    tokenizer = cached_gguf_tokenizer(file, hf_config["model_type"], gguf.data_start, tokenizer_cache)
 
     def open_tensors(spec, weight_map, dtype):
         wanted = {key for tensor in weight_map.values() for key in tensor.keys}

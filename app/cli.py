@@ -1,7 +1,8 @@
-"""Command line of the Python API: ``omnijax generate`` (also ``python -m app generate``).
+"""Command line of the Python API: ``omnijax generate`` and ``omnijax score`` (also ``python -m app ...``).
 
-The shared model and sampling flags live here; the ``omnijax`` program (demo/cli.py) adds the ``caption`` and
-``demo`` commands of demo/ to the same parser."""
+The shared model and sampling flags live here (``add_model_flags`` / ``load_pipeline``: every command that loads a
+model takes them, and they are checked here before anything loads); the ``omnijax`` program (demo/cli.py) adds the
+``caption``, ``demo`` and other commands of demo/ to the same parser."""
 
 from __future__ import annotations
 
@@ -13,6 +14,9 @@ import sys
 import time
 
 from omnijax.common.errors import CheckpointError, OmnijaxError, PromptError
+
+DTYPES = ("float32", "bfloat16", "float16")
+QUANTIZE_CHOICES = ("none", "int8", "int4")
 
 
 def add_sampling_flags(p: argparse.ArgumentParser) -> None:
@@ -26,7 +30,11 @@ def add_sampling_flags(p: argparse.ArgumentParser) -> None:
 def add_model_flags(p: argparse.ArgumentParser) -> None:
     p.add_argument("--model", help="local Hugging Face checkpoint folder, or a .gguf file (default: the embedded "
                                    "default model)")
-    p.add_argument("--dtype", default="float32", choices=["float32", "bfloat16", "float16"])
+    p.add_argument("--dtype", default="float32", choices=list(DTYPES),
+                   help="dtype of the weights that are not quantized (default float32)")
+    p.add_argument("--quantize", default="none", choices=list(QUANTIZE_CHOICES),
+                   help="store the decoder's weight matrices as int8 (per output channel) or int4 (groups of 32); "
+                        "default none")
     p.add_argument("--model-axis", type=int, default=None, help="devices that shard the weights (default: all)")
     p.add_argument("--no-compilation-cache", action="store_true",
                    help="do not keep compiled programs in $OMNIJAX_HOME/jax-cache for the next run")
@@ -62,7 +70,54 @@ def add_generate_parser(sub) -> argparse.ArgumentParser:
     return gen
 
 
-COMMANDS = {"generate": (add_generate_parser, lambda args: run_generate(args))}
+def add_score_parser(sub) -> argparse.ArgumentParser:
+    score = sub.add_parser("score", help="perplexity of text files under the model (raw text, no chat template)")
+    add_model_flags(score)
+    score.add_argument("files", nargs="+", metavar="FILE", help="a UTF-8 text file (repeatable)")
+    return score
+
+
+MAX_SCORE_FILE_BYTES = 64 << 20
+
+
+def read_text_file(path: str) -> str:
+    """The UTF-8 text of ``path`` (a regular file of at most 64 MB), else PromptError naming the problem."""
+    file = pathlib.Path(path).expanduser()
+    try:
+        if not file.is_file():
+            raise PromptError(f"{path!r} is not a readable file")
+        if file.stat().st_size > MAX_SCORE_FILE_BYTES:
+            raise PromptError(f"{path!r} is over {MAX_SCORE_FILE_BYTES >> 20} MB")
+        return file.read_bytes().decode("utf-8")
+    except OSError as e:
+        raise PromptError(f"{path!r} cannot be read: {e.strerror or e}") from e
+    except UnicodeDecodeError as e:
+        raise PromptError(f"{path!r} is not UTF-8 text: {e}") from e
+
+
+def run_score(args) -> int:
+    """One line per file (perplexity, tokens scored, mean log-probability), then the total over every file."""
+    import math
+
+    texts = [read_text_file(f) for f in args.files]  # unreadable files fail before the model loads
+    model_settings(args)
+    pipe = load_pipeline(args)
+    from omnijax.app.scoring import perplexity
+
+    results = []
+    for name, text in zip(args.files, texts):
+        logprobs = pipe.score(text)
+        results.append(logprobs)
+        mean = float(logprobs.mean()) if len(logprobs) else math.nan
+        print(f"{name}: perplexity {perplexity([logprobs]):.4f} over {len(logprobs)} tokens "
+              f"(mean log-probability {mean:.4f})")
+    if len(results) > 1:
+        print(f"total: perplexity {perplexity(results):.4f} over {sum(len(r) for r in results)} tokens")
+    return 0
+
+
+COMMANDS = {"generate": (add_generate_parser, lambda args: run_generate(args)),
+            "score": (add_score_parser, lambda args: run_score(args))}
 
 
 def parser(commands: dict | None = None) -> argparse.ArgumentParser:
@@ -90,7 +145,22 @@ def load_pipeline(args, **overrides):
               f"trained on pictures of simple shapes)", file=sys.stderr)
     engine = {name: getattr(args, name) for name in ("max_batch", "max_context", "prefix_cache_mb", "media_cache_mb")
               if getattr(args, name, None) is not None}
-    return Pipeline.from_pretrained(folder, dtype=args.dtype, model_axis=args.model_axis, **(engine | overrides))
+    return Pipeline.from_pretrained(folder, **model_settings(args), model_axis=args.model_axis,
+                                    **(engine | overrides))
+
+
+def model_settings(args) -> dict:
+    """``dtype`` and ``quantize`` of ``Pipeline.from_pretrained`` from the model flags, checked (SettingError naming
+    the valid values: a caller that built ``args`` without argparse's choices gets the same message)."""
+    from omnijax.common.errors import SettingError
+
+    dtype = getattr(args, "dtype", "float32")
+    quantize = getattr(args, "quantize", "none") or "none"
+    if dtype not in DTYPES:
+        raise SettingError(f"--dtype {dtype!r} is not one of {', '.join(DTYPES)}")
+    if quantize not in QUANTIZE_CHOICES:
+        raise SettingError(f"--quantize {quantize!r} is not one of {', '.join(QUANTIZE_CHOICES)}")
+    return {"dtype": dtype, "quantize": None if quantize == "none" else quantize}
 
 
 def messages_from(args) -> list[dict] | str:
@@ -131,6 +201,7 @@ def run_generate(args) -> int:
     from omnijax.app.sampling import check_settings
 
     check_settings(**sampling)  # ... and so does a bad setting
+    model_settings(args)
     pipe = load_pipeline(args, max_batch=1)
     start = time.perf_counter()
     if args.no_stream:

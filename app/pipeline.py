@@ -19,11 +19,12 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from omnijax.app.checkpoint import abstract_params, load_params
+from omnijax.app.checkpoint import abstract_params, load_params, quantizable_params
 from omnijax.app.checkpoint_source import open_checkpoint
 from omnijax.app.compilation_cache import enable_compilation_cache
 from omnijax.app.config_limits import check_config_limits
 from omnijax.common.errors import CheckpointError, PromptError, SettingError
+from omnijax.common.quantized import check_quantize
 from omnijax.app.families import family_for_config
 from omnijax.app.generation import Engine
 from omnijax.app.model import abstract_model
@@ -57,7 +58,7 @@ def check_load_settings(dtype, model_axis, max_context, max_audio_seconds, max_b
                         media_cache_mb=0.0) -> None:
     """SettingError naming the first ``from_pretrained`` argument of the wrong type or out of range."""
     if dtype not in _JAX_DTYPES:
-        raise SettingError(f"unsupported dtype {dtype!r}; use one of {sorted(_JAX_DTYPES)}")
+        raise SettingError(f"unsupported dtype {dtype!r}; use one of {', '.join(sorted(_JAX_DTYPES))}")
     for name, value, low in (("model_axis", model_axis, 1), ("max_context", max_context, 2)):
         if value is not None and (isinstance(value, bool) or not isinstance(value, numbers.Integral) or value < low):
             raise SettingError(f"{name} must be None or an integer >= {low}, got {value!r}")
@@ -77,7 +78,7 @@ def check_load_settings(dtype, model_axis, max_context, max_audio_seconds, max_b
 
 class Pipeline:
     def __init__(self, folder: pathlib.Path, spec, cfg, engine: Engine, processor, hf_config: dict,
-                 scheduler: Scheduler):
+                 scheduler: Scheduler, *, dtype: str = "float32", quantize: str | None = None):
         self.folder = folder
         self.spec = spec
         self.config = cfg
@@ -85,6 +86,9 @@ class Pipeline:
         self.processor = processor
         self.hf_config = hf_config
         self.scheduler = scheduler
+        self.dtype = dtype
+        self.quantize = quantize
+        self._scorer = None
 
     @property
     def family(self) -> str:
@@ -100,16 +104,20 @@ class Pipeline:
         return bool(getattr(getattr(self.processor, "tokenizer", None), "chat_template", None))
 
     @classmethod
-    def from_pretrained(cls, path=None, *, dtype: str = "float32", mesh=None, model_axis: int | None = None,
-                        max_context: int | None = None, max_audio_seconds: float | None = None,
-                        max_batch: int = DEFAULT_SLOTS, chunk: int = DEFAULT_CHUNK,
-                        prefix_cache_mb: float = DEFAULT_PREFIX_CACHE_MB,
+    def from_pretrained(cls, path=None, *, dtype: str = "float32", quantize: str | None = None, mesh=None,
+                        model_axis: int | None = None, max_context: int | None = None,
+                        max_audio_seconds: float | None = None, max_batch: int = DEFAULT_SLOTS,
+                        chunk: int = DEFAULT_CHUNK, prefix_cache_mb: float = DEFAULT_PREFIX_CACHE_MB,
                         media_cache_mb: float = DEFAULT_MEDIA_CACHE_MB,
                         max_queue: int = DEFAULT_MAX_QUEUE) -> "Pipeline":
         """Load a local Hugging Face checkpoint folder, a GGUF file, or a folder holding one GGUF file (``path=None``:
         the embedded default model).
 
         dtype: parameter dtype ("float32", "bfloat16", "float16"); GGUF tensors are dequantized into it.
+        quantize: None, "int8" or "int4": the decoder's weight matrices (projections, experts, embedding / output
+        matrix) are stored quantized (int8 per output channel; int4 in groups of 32, two per byte) and widened
+        next to their products (common/matmul_policy.py); the rest stays in ``dtype``. A GGUF file's tensors are
+        converted one at a time.
         mesh: a ("data", "model") jax Mesh; default: all devices with ``model_axis`` of them (default all)
         sharding the weights. max_context: context budget in tokens (prompt + new tokens) of each request, at most
         the model's own limit (default: that limit up to 8192). max_audio_seconds: longest audio clip accepted
@@ -120,6 +128,7 @@ class Pipeline:
         """
         check_load_settings(dtype, model_axis, max_context, max_audio_seconds, max_batch, chunk, max_queue,
                             prefix_cache_mb, media_cache_mb)
+        quantize = check_quantize(quantize)
         enable_compilation_cache()
         if path is None:
             from omnijax.app.default_model import default_model_dir
@@ -144,12 +153,15 @@ class Pipeline:
             except ValueError as e:
                 raise SettingError(f"model_axis: {e}") from None
         cfg = dataclasses.replace(cfg, decoder=cfg.decoder.with_kv_repeat(mesh.shape["model"]))
-        graphdef, shapes = abstract_params(abstract_model(cfg, spec))
+        skeleton = abstract_model(cfg, spec)
+        graphdef, shapes = abstract_params(skeleton)
         weight_map = spec.weight_map(cfg)
         start = time.perf_counter()
-        tensors = ckpt.open_tensors(spec, weight_map, dtype)
+        # quantized weights are made from float32 tensors (one at a time), the others cast to dtype as they come
+        tensors = ckpt.open_tensors(spec, weight_map, "float32" if quantize else dtype)
         params = load_params(tensors, shapes, weight_map, dtype=dtype, mesh=mesh,
-                             unused_patterns=spec.unused_keys(cfg, ckpt.hf_config))
+                             unused_patterns=spec.unused_keys(cfg, ckpt.hf_config), quantize_mode=quantize,
+                             quant_axes=quantizable_params(skeleton) if quantize else None)
         log.info("loaded %s (%s, %s) in %.1fs", ckpt.path, spec.name, ckpt.format, time.perf_counter() - start)
         engine = Engine(cfg, graphdef, params, mesh, collate=processor.collate, dtype=_JAX_DTYPES[dtype],
                         max_context=max_context)
@@ -158,7 +170,26 @@ class Pipeline:
                               prefix_cache_mb=prefix_cache_mb, media_cache_mb=media_cache_mb, max_queue=max_queue,
                               threaded=jax.process_count() == 1)
         processor.budget = RequestBudget.for_context(scheduler.context)
-        return cls(ckpt.path, spec, cfg, engine, processor, ckpt.hf_config, scheduler)
+        return cls(ckpt.path, spec, cfg, engine, processor, ckpt.hf_config, scheduler, dtype=dtype,
+                   quantize=quantize)
+
+    def score(self, texts) -> list[np.ndarray] | np.ndarray:
+        """For each raw text (a string, or a list of them), the natural-log probability of each of its tokens after
+        the first given the ones before it: a float32 numpy array of length (tokens - 1) per text. The text is
+        tokenized as a raw prompt (``prepare_raw``: BOS as the tokenizer adds it); a text longer than the scoring
+        window (1024 tokens, at most the context budget) is scored in overlapping windows, each token once.
+        ``app.scoring.perplexity`` of the result is the perplexity."""
+        from omnijax.app.scoring import Scorer
+
+        single = isinstance(texts, str)
+        items = [texts] if single else list(texts)
+        bad = [type(t).__name__ for t in items if not isinstance(t, str)]
+        if bad:
+            raise PromptError(f"score takes texts (strings), got {bad[0]}")
+        if self._scorer is None:
+            self._scorer = Scorer(self.engine)
+        out = [self._scorer.score(self.prepare_raw(t).token_ids) for t in items]
+        return out[0] if single else out
 
     def prepare(self, messages) -> PreparedPrompt:
         """Chat messages -> PreparedPrompt through the family's processor; a plain string is a raw prompt."""

@@ -53,5 +53,5 @@ class SamplingError(OmnijaxError, ValueError):
 
 
 class SettingError(OmnijaxError, ValueError):
-    """A setting of the Python API or a command-line flag (dtype, context budget, batch size, worker count, ...) is
-    not one omnijax accepts."""
+    """A setting of the Python API or a command-line flag (dtype, quantization, context budget, batch size, worker
+    count, ...) is not one omnijax accepts."""

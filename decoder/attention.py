@@ -107,7 +107,7 @@ class Attention(nnx.Module):
         k, g, h = spec.kv_heads, spec.group, spec.head_dim
         self.own_kv = spec.kv_source is None
         self.rows = g + (0 if not self.own_kv else 1 if spec.k_eq_v else 2)  # row groups per kv head
-        self.qkv = param(rngs, (k, self.rows * h, hidden), ("kv_heads", None, "embed"))
+        self.qkv = param(rngs, (k, self.rows * h, hidden), ("kv_heads", None, "embed"), quant_axis=-1)
         self.qkv_bias = nnx.Param(jnp.zeros((k, self.rows * h)), axes=("kv_heads", None)) if spec.bias else None
         self.o_proj = Linear(spec.num_heads * h, hidden, axes=("heads", "embed"), use_bias=spec.bias, rngs=rngs)
         if spec.qk_norm == "rms":

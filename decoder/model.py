@@ -142,6 +142,40 @@ class DecoderModel(nnx.Module):
         the layer runs. ``rope``: tables for ``prompt.rope_pos`` computed beforehand (``rope_tables``).
         ``attention``: the attention backend (``attention_op.backend_for``).
         """
+        x, cache = self._prompt_layers(prompt, cache_len=cache_len, cache_dtype=cache_dtype, all_rows=all_logits,
+                                       rope=rope, attention=attention)
+        logits = self.logits(x)
+        return (logits if all_logits else logits[:, 0]), cache
+
+    def token_logprobs(self, prompt: Prompt, *, cache_len: int, cache_dtype, rope: dict | None = None,
+                       attention: str = "auto", rows_per_chunk: int = 32) -> jax.Array:
+        """[B, L] float32: at each position t, the natural-log probability of token t + 1 of the prompt given the
+        tokens up to t (the log-softmax of the logits gathered at the next token; the last position of each row
+        reads a pad and means nothing). The logits are made ``rows_per_chunk`` positions at a time, so the memory
+        of a long prompt stays [B, rows_per_chunk, V]."""
+        x, _ = self._prompt_layers(prompt, cache_len=cache_len, cache_dtype=cache_dtype, all_rows=True, rope=rope,
+                                   attention=attention)
+        b, l, d = x.shape
+        pad = -l % rows_per_chunk
+        targets = jnp.pad(prompt.tokens[:, 1:], ((0, 0), (0, 1 + pad)))
+        x = jnp.pad(x, ((0, 0), (0, pad), (0, 0)))
+        chunks = (l + pad) // rows_per_chunk
+
+        def one_chunk(args):
+            h_BCD, t_BC = args
+            logp = jax.nn.log_softmax(self.logits(h_BCD).astype(jnp.float32), axis=-1)
+            return jnp.take_along_axis(logp, t_BC[..., None], axis=-1)[..., 0]
+
+        h = x.reshape(b, chunks, rows_per_chunk, d).transpose(1, 0, 2, 3)
+        t = targets.reshape(b, chunks, rows_per_chunk).transpose(1, 0, 2)
+        out = jax.lax.map(one_chunk, (h, t))  # [chunks, B, rows]
+        return out.transpose(1, 0, 2).reshape(b, l + pad)[:, :l]
+
+    def _prompt_layers(self, prompt: Prompt, *, cache_len: int, cache_dtype, all_rows: bool, rope: dict | None,
+                       attention: str) -> tuple[jax.Array, dict]:
+        """The prompt through every layer -> (the last layer's output [B, L, D], or [B, 1, D] at each row's last
+        token unless ``all_rows``; the cache)."""
+        all_logits = all_rows
         spec = self.spec
         x = self.embed(prompt.tokens, prompt.media)
         meta = prompt_meta(prompt.lengths, prompt.bidirectional)
@@ -168,10 +202,8 @@ class DecoderModel(nnx.Module):
                 m = prompt.media[token_id]
                 if i < len(m.extras):
                     x = add_at_placeholders(x, prompt.tokens == token_id, m.extras[i], m.valid)
-        logits = self.logits(x)
-        logits = logits if all_logits else logits[:, 0]
-        return logits, {"length": prompt.lengths.astype(jnp.int32), "k": tuple(c.k for c in caches),
-                        "v": tuple(c.v for c in caches)}
+        return x, {"length": prompt.lengths.astype(jnp.int32), "k": tuple(c.k for c in caches),
+                   "v": tuple(c.v for c in caches)}
 
     def extend(self, chunk: Chunk, cache: dict) -> tuple[jax.Array, dict]:
         """A chunk of one row's prompt continuing that row of the cache -> (logits [1, V] at the chunk's last real

@@ -166,6 +166,66 @@ def byte_fallback_ids(tokenizer) -> frozenset[int]:
     return found
 
 
+GGUF_TOKENIZER_CACHE_VERSION = "1"
+
+
+def gguf_tokenizer_key(file: pathlib.Path, header_bytes: int) -> str:
+    """A key for the tokenizer of a GGUF file: its size, modification time and a hash of its header (the metadata,
+    vocabulary included: ``header_bytes`` from the start), with the cache format and transformers' version."""
+    import hashlib
+
+    import transformers
+
+    stat = file.stat()
+    digest = hashlib.sha256()
+    with open(file, "rb") as f:
+        remaining = header_bytes
+        while remaining > 0:
+            block = f.read(min(remaining, 1 << 20))
+            if not block:
+                break
+            digest.update(block)
+            remaining -= len(block)
+    digest.update(f"{stat.st_size}:{stat.st_mtime_ns}:{GGUF_TOKENIZER_CACHE_VERSION}:{transformers.__version__}"
+                  .encode())
+    return digest.hexdigest()[:32]
+
+
+def cached_gguf_tokenizer(file: pathlib.Path, model_type: str, header_bytes: int, cache_root: pathlib.Path | None):
+    """``load_gguf_tokenizer``, kept after the first time as a tokenizer folder (tokenizer.json in the tokenizers
+    library's own format, with its config and chat template) under ``cache_root/<key>`` (default
+    ``$OMNIJAX_HOME/gguf-tokenizers``): building it from the metadata takes seconds, loading the folder a fraction
+    of one. A cache that cannot be read or written is skipped."""
+    import shutil
+    import tempfile
+
+    from omnijax.common.paths import omnijax_home
+
+    file = pathlib.Path(file)
+    root = pathlib.Path(cache_root) if cache_root is not None else omnijax_home() / "gguf-tokenizers"
+    folder = root / gguf_tokenizer_key(file, header_bytes)
+    if (folder / "tokenizer.json").is_file():
+        try:
+            return load_tokenizer(folder)
+        except CheckpointError:
+            pass  # a damaged entry is built again below
+    tokenizer = load_gguf_tokenizer(file, model_type)
+    try:
+        root.mkdir(parents=True, exist_ok=True)
+        tmp = pathlib.Path(tempfile.mkdtemp(prefix=".building-", dir=root))
+        try:
+            tokenizer.save_pretrained(str(tmp))
+            if folder.exists():
+                shutil.rmtree(folder, ignore_errors=True)
+            os.replace(tmp, folder)
+        finally:
+            if tmp.exists():
+                shutil.rmtree(tmp, ignore_errors=True)
+    except OSError:
+        pass
+    return tokenizer
+
+
 def load_gguf_tokenizer(file: pathlib.Path, model_type: str):
     """The tokenizer a GGUF file describes in its metadata (vocabulary, merges or scores, special ids, BOS/EOS
     flags, chat template), built by transformers as ``from_pretrained(folder, gguf_file=name)`` builds it.
