@@ -332,7 +332,9 @@ def load_params(index: TensorSource, params: dict[ParamPath, tuple[tuple, tuple]
     for path, (shape, axes) in params.items():
         spec = weight_map[path]
         mode = quantize_mode_for(shape, quantize_mode, quant_axes.get(path))
-        if mode == "int4" and isinstance(quant_axes.get(path), Int8Only):
+        wider = getattr(index, "holds_more_than_4_bits", None)
+        if mode == "int4" and (isinstance(quant_axes.get(path), Int8Only)
+                               or wider is not None and any(wider(key) for key in spec.keys)):
             mode = "int8"
         direct = getattr(index, "read_quantized", None) if mode is not None and _plain(spec) else None
         if direct is not None:

@@ -54,7 +54,7 @@ class Scorer:
     def _impl(self, params, tokens_BL, lengths_B, rope_pos_ABL, *, cache_len):
         engine = self.engine
         dec = nnx.merge(engine.graphdef, params).decoder
-        prompt = Prompt(tokens_BL, lengths_B, rope_pos_ABL, jnp.zeros(tokens_BL.shape, bool), {}, None)
+        prompt = Prompt(tokens_BL, lengths_B, rope_pos_ABL, jnp.zeros(tokens_BL.shape, bool), {}, ())
         return dec.token_logprobs(prompt, cache_len=cache_len, cache_dtype=engine.dtype,
                                   attention=engine.attention)
 
@@ -69,9 +69,9 @@ class Scorer:
         rope = np.zeros((engine.cfg.decoder.rope_axes, 1, length), np.int32)
         rope[:, 0, :len(ids)] = np.arange(len(ids))
         with use_mesh(engine.mesh):
-            out = self._logprobs(engine.params, engine._put(tokens, ("batch", "length")),
-                                 engine._put(np.array([len(ids)], np.int32), ("batch",)),
-                                 engine._put(rope, (None, "batch", "length")), cache_len=length)
+            out = self._logprobs(engine.params, engine.put(tokens, ("batch", "length")),
+                                 engine.put(np.array([len(ids)], np.int32), ("batch",)),
+                                 engine.put(rope, (None, "batch", "length")), cache_len=length)
         return host_array(out)[0, :len(ids)]
 
     def score(self, ids: np.ndarray) -> np.ndarray:

@@ -19,6 +19,9 @@ from PIL import Image
 
 # The suite runs on CPU (parity with transformers on CPU float32), also on machines with an accelerator.
 os.environ.setdefault("JAX_PLATFORMS", "cpu")
+# The suite neither reads nor writes the user's persistent compilation cache (a stale or foreign entry must not
+# decide a test); tests/test_compilation_cache.py turns it on in its own processes.
+os.environ["OMNIJAX_COMPILATION_CACHE"] = "0"
 
 _ROOT = str(pathlib.Path(__file__).resolve().parents[1])
 if _ROOT not in sys.path:  # plain `pytest` (not `python -m pytest`) does not put the repository root on the path
@@ -27,6 +30,20 @@ if _ROOT not in sys.path:  # plain `pytest` (not `python -m pytest`) does not pu
 from fixtures import tiny_gemma3 as dm  # noqa: E402
 
 TORCH_SEED = 1234
+
+
+@pytest.fixture(scope="module", autouse=True)
+def _free_compiled_programs():
+    """After each test module, drop every compiled program (the session's pipelines compile again when used): each
+    program holds memory mappings of its machine code, and one process running the whole suite would otherwise
+    reach the kernel's limit on mappings (vm.max_map_count, 65530 by default), where compiling crashes."""
+    yield
+    import gc
+
+    import jax
+
+    jax.clear_caches()
+    gc.collect()
 
 
 def _randomise_(model, seed: int = TORCH_SEED) -> None:

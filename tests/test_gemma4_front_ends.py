@@ -42,6 +42,6 @@ def test_web_demo_offers_the_microphone_for_audio_models(gemma4_small_pipeline, 
         config = build_demo(pipe).get_config_file()
         return next(c["props"] for c in config["components"] if c["props"].get("elem_id") == "chat-input")["sources"]
 
-    assert gemma4_small_pipeline.config.modalities == ("image", "audio")
+    assert gemma4_small_pipeline.config.modalities == ("image", "audio", "video")
     assert sources(gemma4_small_pipeline) == ["upload", "microphone"]
     assert sources(gemma4_moe_pipeline) == ["upload"]

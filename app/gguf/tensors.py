@@ -66,6 +66,14 @@ class GGUFTensors:
     def shape(self, key: str) -> tuple[int, ...]:
         return self.info(key).shape
 
+    def holds_more_than_4_bits(self, key: str) -> bool:
+        """Whether the file stores ``key`` quantized with more than 4 bits a value (Q5_*, Q6_K, Q8_*): such a
+        tensor stays int8 when int4 is asked, as a Q4_K_M file keeps its sensitive tensors above 4 bits."""
+        import gguf
+
+        name = gguf.GGMLQuantizationType(self.info(key).ggml_type).name
+        return name.startswith(("Q5", "Q6", "Q8"))
+
     def read(self, key: str) -> np.ndarray:
         """The tensor ``key`` dequantized, with the architecture's transforms for it applied in float32, as
         ``self.dtype``."""
