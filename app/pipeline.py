@@ -1,5 +1,6 @@
 """The Python API: ``Pipeline.from_pretrained(folder or .gguf file)`` then ``generate`` / ``stream`` on chat messages
-or, for base models, on plain text (raw completion)."""
+or, for base models, on plain text (raw completion); a model with a talker also answers aloud (``speak=True``: the
+speech path is app/speech.py, entered through ``_speak`` only)."""
 
 from __future__ import annotations
 
@@ -7,7 +8,7 @@ import dataclasses
 import logging
 import pathlib
 import time
-from typing import Any, Generator, Sequence
+from typing import Any, Generator, Iterator, Sequence
 
 import jax.numpy as jnp
 import numpy as np
@@ -17,11 +18,12 @@ from omnijax.app.checkpoint import abstract_params, load_params
 from omnijax.app.checkpoint_source import open_checkpoint
 from omnijax.app.compilation_cache import enable_compilation_cache
 from omnijax.app.config_limits import check_config_limits
-from omnijax.common.errors import PromptError
+from omnijax.common.errors import CapabilityError, PromptError
 from omnijax.app.families import family_for_config
 from omnijax.app.generation import Engine
 from omnijax.app.model import abstract_model
-from omnijax.app.sampling import check_settings
+from omnijax.app.sampling import SamplingParams, check_settings
+from omnijax.app.speech_events import AudioChunk, TextPiece
 from omnijax.common.sharding import make_mesh
 from omnijax.preprocess.processor import PreparedPrompt
 from omnijax.preprocess.raw_prompt import raw_prompt_ids
@@ -34,13 +36,18 @@ _JAX_DTYPES = {"float32": jnp.float32, "bfloat16": jnp.bfloat16, "float16": jnp.
 @dataclasses.dataclass
 class GenerationResult:
     """text: the answer (special tokens removed, cut before a stop string); token_ids: generated ids (an EOS that
-    ended the answer included, as transformers' generate returns it); finish_reason: "eos", "stop" or "length"."""
+    ended the answer included, as transformers' generate returns it); finish_reason: "eos", "stop" or "length".
+    With ``speak=True``: audio (float32 mono samples in [-1, 1]), sample_rate (Hz) and audio_codes (int32
+    [frames, code groups], the codec codes the audio was made from); None otherwise."""
 
     text: str
     token_ids: list[int]
     prompt_tokens: int
     finish_reason: str
     seconds: float = 0.0
+    audio: np.ndarray | None = None
+    sample_rate: int | None = None
+    audio_codes: np.ndarray | None = None
 
 
 def _is_batch(messages: Any) -> bool:
@@ -56,6 +63,21 @@ class Pipeline:
         self.engine = engine
         self.processor = processor
         self.hf_config = hf_config
+        self.speech = None
+        if cfg.speech is not None:
+            from omnijax.app.speech import SpeechEngine
+
+            self.speech = SpeechEngine(engine, cfg.speech)
+
+    @property
+    def has_talker(self) -> bool:
+        """Whether the model can answer aloud (``speak=True``)."""
+        return self.speech is not None
+
+    @property
+    def voices(self) -> tuple[str, ...]:
+        """The voices ``voice=`` takes (the checkpoint's speakers; the first is the default); () without a talker."""
+        return self.speech.voices if self.speech is not None else ()
 
     @property
     def family(self) -> str:
@@ -126,15 +148,47 @@ class Pipeline:
         return PreparedPrompt(token_ids=ids, media={}, bidirectional=np.zeros(len(ids), bool))
 
     def generate(self, messages, *, max_new_tokens: int = 64, temperature: float = 0.0, top_k: int = 0,
-                 top_p: float = 1.0, seed: int = 0, stop: Sequence[str] | None = None):
-        """One conversation (or raw prompt string) -> GenerationResult; a list of them -> list of GenerationResult."""
-        check_settings(max_new_tokens, temperature, top_k, top_p, seed, stop)
+                 top_p: float = 1.0, seed: int = 0, stop: Sequence[str] | None = None, speak: bool = False,
+                 voice: str | None = None, max_speech_frames: int | None = None):
+        """One conversation (or raw prompt string) -> GenerationResult; a list of them -> list of GenerationResult.
+
+        speak: also answer aloud (one conversation, a model with a talker): the result carries ``audio``,
+        ``sample_rate`` and ``audio_codes``. voice: one of ``voices`` (default: the first). max_speech_frames: a
+        cap on the codec frames spoken (default 4096)."""
+        sampling, _, _ = check_settings(max_new_tokens, temperature, top_k, top_p, seed, stop)
         batch = _is_batch(messages)
+        if speak:
+            self._check_speak(messages, voice, max_speech_frames)
         conversations = list(messages) if batch else [messages]
         prompts = [self.prepare(c) for c in conversations]
         results = self.generate_prepared(prompts, max_new_tokens=max_new_tokens, temperature=temperature,
                                          top_k=top_k, top_p=top_p, seed=seed, stop=stop)
+        if speak:
+            chunks = list(self._speak(prompts[0], results[0], voice, sampling, max_speech_frames))
+            _attach_audio(results[0], chunks, self.speech)
         return results if batch else results[0]
+
+    def _check_speak(self, messages, voice, max_speech_frames) -> None:
+        """Refuse a request to speak that cannot be served, before any work."""
+        if self.speech is None:
+            raise CapabilityError(f"{self.name} ({self.family}) has no talker: it cannot answer aloud (speak=True); "
+                                  f"it answers in text only")
+        if _is_batch(messages):
+            raise PromptError("speak=True takes one conversation, not a batch")
+        if isinstance(messages, str):
+            raise PromptError("speak=True needs chat messages (the talker speaks the assistant's turn), not a raw "
+                              "prompt")
+        self.speech.voice_id(voice)
+        if max_speech_frames is not None and (isinstance(max_speech_frames, bool) or
+                                              not isinstance(max_speech_frames, int) or max_speech_frames < 1):
+            raise PromptError(f"max_speech_frames must be an integer >= 1, got {max_speech_frames!r}")
+
+    def _speak(self, prompt: PreparedPrompt, result: GenerationResult, voice, sampling: SamplingParams,
+               max_speech_frames) -> Iterator[AudioChunk]:
+        """The answer of ``result`` spoken, chunk by chunk."""
+        kwargs = {} if max_speech_frames is None else {"max_frames": max_speech_frames}
+        return self.speech.speak(prompt, spoken_tokens(result, self.processor.decode, self.config.eos_ids),
+                                 voice=voice, sampling=sampling, **kwargs)
 
     def generate_prepared(self, prompts: list[PreparedPrompt], *, max_new_tokens: int = 64, temperature: float = 0.0,
                           top_k: int = 0, top_p: float = 1.0, seed: int = 0, stop: Sequence[str] | None = None,
@@ -169,8 +223,9 @@ class Pipeline:
                                 finish_reason=answer.finish_reason, seconds=seconds)
 
     def stream(self, messages, *, max_new_tokens: int = 64, temperature: float = 0.0, top_k: int = 0,
-               top_p: float = 1.0, seed: int = 0,
-               stop: Sequence[str] | None = None) -> Generator[str, None, GenerationResult]:
+               top_p: float = 1.0, seed: int = 0, stop: Sequence[str] | None = None, speak: bool = False,
+               voice: str | None = None,
+               max_speech_frames: int | None = None) -> Generator[Any, None, GenerationResult]:
         """Text pieces of one conversation's answer as they are generated (one piece per token, "" while a token
         adds no visible text yet, so a consumer can stop between any two tokens), then possibly one last piece.
 
@@ -178,22 +233,56 @@ class Pipeline:
         ``generate`` gives it, and the pieces joined are exactly ``result.text``: text is shown once no later
         token can change it (an unfinished UTF-8 character or byte run waits), and text that could be the start
         of a stop string waits until it is known not to be one.
+
+        speak: the events are ``TextPiece`` (the text pieces) and then ``AudioChunk`` (the spoken answer, chunk by
+        chunk as it is made; app/speech_events.py); the chunks joined are exactly ``result.audio``.
         """
         sampling, max_new_tokens, stop = check_settings(max_new_tokens, temperature, top_k, top_p, seed, stop)
         if _is_batch(messages):
             raise PromptError("stream takes one conversation; use generate for a batch")
+        if speak:
+            self._check_speak(messages, voice, max_speech_frames)
         start = time.perf_counter()
         prompt = self.prepare(messages)
         answer = answer_for(self.processor, stop, self.config.eos_ids)
+        wrap = TextPiece if speak else str
         for tok in self.engine.stream([prompt], max_new_tokens, sampling):
             piece = answer.push(int(tok[0]))
             if answer.done:
                 if piece:
-                    yield piece
+                    yield wrap(piece)
                 break
-            yield piece
+            yield wrap(piece)
         rest = answer.finish()
         if rest:
-            yield rest
-        return GenerationResult(text=answer.text, token_ids=answer.token_ids, prompt_tokens=len(prompt.token_ids),
-                                finish_reason=answer.finish_reason, seconds=time.perf_counter() - start)
+            yield wrap(rest)
+        result = GenerationResult(text=answer.text, token_ids=answer.token_ids, prompt_tokens=len(prompt.token_ids),
+                                  finish_reason=answer.finish_reason, seconds=time.perf_counter() - start)
+        if speak:
+            chunks = []
+            for chunk in self._speak(prompt, result, voice, sampling, max_speech_frames):
+                chunks.append(chunk)
+                yield chunk
+            _attach_audio(result, chunks, self.speech)
+            result.seconds = time.perf_counter() - start
+        return result
+
+
+def spoken_tokens(result: GenerationResult, decode, eos_ids) -> list[int]:
+    """The answer tokens the talker speaks: without the end token, and without the tokens of a stop string that cut
+    the answer (the shortest run of tokens whose text still covers ``result.text``)."""
+    ids = list(result.token_ids)
+    if ids and ids[-1] in eos_ids:
+        ids = ids[:-1]
+    if result.finish_reason == "stop":
+        while ids and decode(ids[:-1]).startswith(result.text):
+            ids = ids[:-1]
+    return ids
+
+
+def _attach_audio(result: GenerationResult, chunks: list[AudioChunk], speech) -> None:
+    """The spoken answer's chunks joined into ``result`` (an empty waveform when there was nothing to speak)."""
+    groups = speech.cfg.talker.num_code_groups
+    result.audio = np.concatenate([c.samples for c in chunks]) if chunks else np.zeros(0, np.float32)
+    result.audio_codes = np.concatenate([c.codes for c in chunks]) if chunks else np.zeros((0, groups), np.int32)
+    result.sample_rate = speech.sample_rate

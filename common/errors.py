@@ -23,3 +23,7 @@ class UnsupportedModelError(CheckpointError):
 
 class SamplingError(OmnijaxError, ValueError):
     """A generation setting (temperature, top_k, top_p, seed, max_new_tokens, stop strings) is out of range."""
+
+
+class CapabilityError(OmnijaxError):
+    """The model cannot do what was asked (e.g. answer aloud without a talker)."""

@@ -112,24 +112,42 @@ class DecoderModel(nnx.Module):
         return None if self.layer_inputs is None else self.layer_inputs(tokens_BL, x_BLD)  # [B, L, layers, P]
 
     # ---- forward passes ------------------------------------------------------------------------------------
-    def prefill(self, prompt: Prompt, *, cache_len: int, cache_dtype, all_logits: bool = False,
-                rope: dict | None = None, attention: str = "auto") -> tuple[jax.Array, dict]:
-        """Run the prompts; returns (logits, cache).
+    def _output(self, h_BLD: jax.Array, output: str) -> jax.Array:
+        """The final layer's output as ``output`` asks: "logits" (float32 [.., V]) or "hidden" (final-normed
+        hidden states [.., D], for a model whose head is not the embedder's)."""
+        if output == "hidden":
+            return self.final_norm(h_BLD)
+        if output != "logits":
+            raise ValueError(f"unknown decoder output {output!r}; use 'logits' or 'hidden'")
+        return self.logits(h_BLD)
 
-        logits: [B, V] at each row's last token, or [B, L, V] at every position with ``all_logits``. The cache
-        holds every layer's keys/values of the prompt (``kv_cache``), ``cache_len`` long, each layer's filled as
-        the layer runs. ``rope``: tables for ``prompt.rope_pos`` computed beforehand (``rope_tables``).
-        ``attention``: the attention backend (``attention_op.backend_for``).
+    def prefill(self, prompt: Prompt, *, cache_len: int, cache_dtype, all_logits: bool = False,
+                rope: dict | None = None, attention: str = "auto", embeds: jax.Array | None = None,
+                hidden_at: tuple[int, ...] = (), output: str = "logits"):
+        """Run the prompts; returns (logits, cache), or (logits, cache, hidden) with ``hidden_at``.
+
+        logits: [B, V] at each row's last token, or [B, L, V] at every position with ``all_logits``
+        (``output="hidden"``: the final-normed hidden states [B, D] / [B, L, D] instead). The cache holds every
+        layer's keys/values of the prompt (``kv_cache``), ``cache_len`` long, each layer's filled as the layer
+        runs. ``rope``: tables for ``prompt.rope_pos`` computed beforehand (``rope_tables``). ``attention``: the
+        attention backend (``attention_op.backend_for``). ``embeds`` [B, L, D]: input embeddings taken instead of
+        the token embeddings of ``prompt.tokens`` and its media (for a decoder fed with another model's states).
+        ``hidden_at``: hidden states to return at every position, numbered as transformers' ``hidden_states``:
+        0 the input embeddings (media merged), i >= 1 the output of layer i - 1, taken before any deepstack
+        addition after that layer; ``hidden`` is {i: [B, L, D]}.
         """
         spec = self.spec
-        x = self.embed(prompt.tokens, prompt.media)
+        if any(not 0 <= i < spec.num_layers for i in hidden_at):
+            raise ValueError(f"hidden_at {hidden_at} must name hidden states 0..{spec.num_layers - 1}")
+        x = self.embed(prompt.tokens, prompt.media) if embeds is None else embeds
+        hidden = {0: x} if 0 in hidden_at else {}
         meta = prompt_meta(prompt.lengths, prompt.bidirectional)
         ctx = PromptContext(meta, rope if rope is not None else self.rope_tables(prompt.rope_pos), backend=attention)
         per_layer = self._layer_inputs(prompt.tokens, x)
         deepstack = () if prompt.deepstack is None else prompt.media[prompt.deepstack].extras
         last_rows = jnp.maximum(prompt.lengths - 1, 0)[:, None]  # [B, 1]
         # from this layer on only each row's last position is needed (later layers compute no keys/values)
-        narrow_from = len(spec.layers) if all_logits else max(spec.last_kv_layer, len(deepstack))
+        narrow_from = len(spec.layers) if all_logits else max(spec.last_kv_layer, len(deepstack), *hidden_at)
         slots = cache_slots(spec, cache_len)
         prompt_kv: dict[int, tuple] = {}  # owner layer -> its keys and values [B, L, K, H], for sharing layers
         caches: list[LayerCache] = []
@@ -143,24 +161,30 @@ class DecoderModel(nnx.Module):
             if kv is not None:
                 prompt_kv[i] = kv
                 caches.append(LayerCache(*fill_from_prompt(*kv, prompt.lengths, slots[i], cache_dtype)))
+            if i + 1 in hidden_at:
+                hidden[i + 1] = x
             if i < len(deepstack):
                 m = prompt.media[prompt.deepstack]
                 x = add_at_placeholders(x, prompt.tokens == prompt.deepstack, deepstack[i], m.valid)
-        logits = self.logits(x)
-        logits = logits if all_logits else logits[:, 0]
-        return logits, {"length": prompt.lengths.astype(jnp.int32), "k": tuple(c.k for c in caches),
-                        "v": tuple(c.v for c in caches)}
+        out = self._output(x, output)
+        out = out if all_logits else out[:, 0]
+        cache = {"length": prompt.lengths.astype(jnp.int32), "k": tuple(c.k for c in caches),
+                 "v": tuple(c.v for c in caches)}
+        return (out, cache, hidden) if hidden_at else (out, cache)
 
-    def step(self, tokens_B: jax.Array, rope_pos_AB: jax.Array, cache: dict) -> tuple[jax.Array, dict]:
+    def step(self, tokens_B: jax.Array, rope_pos_AB: jax.Array, cache: dict, *, embeds: jax.Array | None = None,
+             output: str = "logits") -> tuple[jax.Array, dict]:
         """One token per row at position cache["length"] -> (logits [B, V], the cache with it written).
 
+        ``embeds`` [B, D]: the input embedding of each row, taken instead of the embedding of ``tokens_B``;
+        ``output="hidden"``: the final-normed hidden state [B, D] instead of the logits.
         A layer that owns keys/values takes its cache and returns it holding the token; a layer that shares them
         reads the owner's cache, token included. Once a cache's last reader has run, its token is written into
         its ring (``write_pending``)."""
         spec = self.spec
         pos = cache["length"]
         tokens = tokens_B[:, None]
-        x = self.embed(tokens, {})
+        x = self.embed(tokens, {}) if embeds is None else embeds[:, None]
         per_layer = self._layer_inputs(tokens, x)
         ctx = StepContext(pos, self.rope_tables(rope_pos_AB[:, :, None]),
                           {s: slot_positions(pos, s) for s in sorted({k.shape[-1] for k in cache["k"]})})
@@ -173,5 +197,5 @@ class DecoderModel(nnx.Module):
                 caches[j] = mine
             if last[j] == i:
                 caches[j] = write_pending(caches[j], pos, x)
-        return self.logits(x)[:, 0], {"length": pos + 1, "k": tuple(c.k for c in caches),
-                                      "v": tuple(c.v for c in caches)}
+        return self._output(x, output)[:, 0], {"length": pos + 1, "k": tuple(c.k for c in caches),
+                                               "v": tuple(c.v for c in caches)}

@@ -26,6 +26,7 @@ class ModelConfig:
     media_token_ids: (modality, placeholder id in input ids) pairs; features of that modality land there.
     encoders: (modality, encoder config) pairs.
     deepstack_modality: the modality whose encoder's extra feature maps are added after the first decoder layers.
+    speech: the family's speech-output config (a model that can answer aloud), or None.
     """
 
     decoder: DecoderSpec
@@ -35,6 +36,7 @@ class ModelConfig:
     pad_id: int
     max_context: int
     deepstack_modality: str | None = None
+    speech: Any = None
 
     @property
     def modalities(self) -> tuple[str, ...]:
@@ -67,6 +69,8 @@ class FamilySpec:
         or None.
     blocks, routers, layer_inputs: decoder types this family adds to the decoder's own (decoder/parts.py), by the
         names its specs use.
+    build_speech: (ModelConfig, rngs) -> the speech-output module of a model whose config has ``speech`` (the
+        speech loop, app/speech.py, runs it), or None for a family that only writes text.
     """
 
     name: str
@@ -81,6 +85,7 @@ class FamilySpec:
     blocks: Mapping[str, type] = dataclasses.field(default_factory=dict)
     routers: Mapping[str, type] = dataclasses.field(default_factory=dict)
     layer_inputs: Mapping[str, type] = dataclasses.field(default_factory=dict)
+    build_speech: Callable[..., Any] | None = None
 
     def decoder_parts(self) -> DecoderParts:
         """The decoder's own blocks, routers and per-layer inputs plus this family's."""
