@@ -7,41 +7,23 @@ OpenAI's shapes: a request asks for speech with ``"modalities": ["text", "audio"
 "content": null, "audio": {"id", "data" (base64), "expires_at", "transcript"}}``; a stream sends ``delta.audio``
 objects: the first with the ``id``, ``transcript`` pieces as the text arrives, ``data`` pieces as the audio does,
 and ``expires_at`` last. A streamed "wav" starts with a header whose sizes say "unknown length" (0xFFFFFFFF), as
-streamed WAV usually does; "pcm16" is the raw samples. Nothing here imports JAX.
+streamed WAV usually does; "pcm16" is the raw samples (the encodings: app/wav.py). Nothing here imports JAX.
 """
 
 from __future__ import annotations
 
 import base64
-import io
 import struct
 import time
 import uuid
-import wave
 
 import numpy as np
 
+from omnijax.app.wav import pcm16_bytes, wav_bytes
 from omnijax.demo.openai_protocol import RequestError
 
 AUDIO_OUTPUT_FORMATS = ("wav", "pcm16")
 EXPIRES_SECONDS = 3600  # how long OpenAI says an audio id stays valid (this server keeps nothing)
-
-
-def pcm16_bytes(samples: np.ndarray) -> bytes:
-    """float samples in [-1, 1] -> 16-bit little-endian PCM (clipped, rounded to nearest)."""
-    x = np.clip(np.asarray(samples, np.float32), -1.0, 1.0)
-    return np.round(x * 32767.0).astype("<i2").tobytes()
-
-
-def wav_bytes(samples: np.ndarray, sample_rate: int) -> bytes:
-    """A whole mono 16-bit WAV file of ``samples``."""
-    out = io.BytesIO()
-    with wave.open(out, "wb") as f:
-        f.setnchannels(1)
-        f.setsampwidth(2)
-        f.setframerate(int(sample_rate))
-        f.writeframes(pcm16_bytes(samples))
-    return out.getvalue()
 
 
 def wav_stream_header(sample_rate: int) -> bytes:
