@@ -224,3 +224,32 @@ def test_new_lengths_inside_a_bucket_do_not_compile_again(qwen_speech_pipeline):
         result = _speak(pipe, user(prompt), max_speech_frames=frames)
         assert len(result.audio_codes) == frames
     assert pipe.speech.compilations() + pipe.engine.compilations() == before
+
+
+def test_cli_writes_the_spoken_answer_to_a_wav_file(tiny_qwen_full_dir, tiny_qwen_dir, qwen_speech_pipeline,
+                                                     tmp_path, capsys):
+    import wave
+
+    from omnijax.app.cli import main
+    from omnijax.app.wav import pcm16_bytes
+
+    out = tmp_path / "answer.wav"
+    args = ["generate", "--model", str(tiny_qwen_full_dir), "--prompt", "Tell me about the sea.",
+            "--max-new-tokens", str(N_TOKENS)]
+    assert main(args + ["--speak", str(out), "--voice", "Ethan", "--max-speech-frames", "20"]) == 0
+    expected = _speak(qwen_speech_pipeline, user("Tell me about the sea."), voice="ethan", max_speech_frames=20)
+    captured = capsys.readouterr()
+    assert captured.out == expected.text + "\n"  # the text still goes to stdout
+    assert f"wrote {out}" in captured.err and "20 codec frames" in captured.err
+    with wave.open(str(out)) as f:
+        assert (f.getframerate(), f.getnchannels(), f.getsampwidth()) == (24000, 1, 2)
+        assert f.readframes(f.getnframes()) == pcm16_bytes(expected.audio)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["answer.wav"]  # no temporary file left behind
+    for bad, message in [(["--voice", "ethan"], "--voice needs --speak"),
+                         (["--speak", str(tmp_path / "missing" / "a.wav")], "does not exist"),
+                         (["--speak", str(tmp_path)], "is a folder"),
+                         (["--speak", str(out), "--voice", "alloy"], "unknown voice 'alloy'")]:
+        assert main(args + bad) == 2
+        assert message in capsys.readouterr().err
+    assert main(["generate", "--model", str(tiny_qwen_dir), "--prompt", "Hi", "--speak", str(out)]) == 2
+    assert "no talker" in capsys.readouterr().err
