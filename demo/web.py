@@ -243,11 +243,12 @@ def _settings(pipe) -> list[gr.components.Component]:
 
 
 def build_demo(pipe, *, max_upload_mb: float = DEFAULT_MAX_UPLOAD_MB, notice: str | None = None,
-               examples: list[dict] | None = None) -> gr.Blocks:
+               examples: list[dict] | None = None, max_speech_frames: int | None = None) -> gr.Blocks:
     """The demo page for ``pipe``: model header, chat, the last answer's stats, generation settings (sidebar).
 
     examples: example messages ``{"text": prompt, "files": [image path, ...]}`` shown under the chat (a click puts
-    one in the message box, with the default settings). Launch it with ``launch`` (which sets up the queue and the upload
+    one in the message box, with the default settings). max_speech_frames: a cap on a spoken answer's codec frames
+    (default the pipeline's). Launch it with ``launch`` (which sets up the queue and the upload
     size cap).
     """
     kinds = accepted_media(pipe)
@@ -280,7 +281,7 @@ def build_demo(pipe, *, max_upload_mb: float = DEFAULT_MAX_UPLOAD_MB, notice: st
                         gr.Audio(label="Spoken answer", type="numpy", format="wav", interactive=False,
                                  elem_id="spoken-answer", render=False)]
         gr.ChatInterface(
-            make_responder(pipe, max_upload_mb=max_upload_mb),
+            make_responder(pipe, max_upload_mb=max_upload_mb, max_speech_frames=max_speech_frames),
             multimodal=True, chatbot=chatbot, textbox=textbox, additional_inputs=settings,
             additional_outputs=outputs, concurrency_limit=1, api_name="chat", analytics_enabled=False,
             fill_height=True,
