@@ -21,7 +21,8 @@ import numpy as np
 from flax import nnx
 from safetensors import safe_open
 
-from omnijax.common.errors import CheckpointError
+from omnijax.common.errors import CheckpointError, SettingError
+from omnijax.common.quantized import INT4_GROUP, QuantizedArray, can_quantize, check_quantize, quantize
 from omnijax.common.weights import ParamPath, TensorSpec
 from omnijax.common.sharding import named_sharding
 
@@ -34,7 +35,7 @@ def numpy_dtype(name: str):
     try:
         return _NUMPY_DTYPES[str(name)]
     except KeyError:
-        raise ValueError(f"unsupported dtype {name!r}; use one of {sorted(_NUMPY_DTYPES)}") from None
+        raise SettingError(f"unsupported dtype {name!r}; use one of {', '.join(sorted(_NUMPY_DTYPES))}") from None
 
 
 # The weight dtypes omnijax reads (safetensors header names); anything else (integers, booleans, 8-bit floats
@@ -80,13 +81,32 @@ def read_json(folder: pathlib.Path, name: str, *, required: bool = True) -> dict
         return None
     regular_file(file, name)
     try:
-        with open(file, "rb") as f:
-            data = f.read(MAX_JSON_BYTES + 1)
+        with open(file, "rb") as f:  # read(n) would allocate n bytes at once: read what the file holds
+            data = f.read(min(os.fstat(f.fileno()).st_size, MAX_JSON_BYTES) + 1)
         if len(data) > MAX_JSON_BYTES:
             raise CheckpointError(f"{file} is over {MAX_JSON_BYTES // 2**20} MB, too large for a {name}")
         return json.loads(data)
+    except RecursionError:
+        raise CheckpointError(f"{file} nests too deeply to be read as JSON") from None
     except (OSError, ValueError) as e:
         raise CheckpointError(f"{file} is not readable JSON: {e}") from e
+
+
+FINITE_CHECK_BLOCK = 1 << 22  # values checked at a time (a 16 MB block of float32)
+
+
+def check_finite(array: np.ndarray, name: str) -> None:
+    """CheckpointError naming tensor ``name`` when ``array`` (a float array, as it will be used) holds a NaN or an
+    infinity: such a weight makes every answer garbage. Checked block by block, without a full-size temporary."""
+    if not (np.issubdtype(array.dtype, np.floating) or array.dtype == ml_dtypes.bfloat16):
+        return
+    flat = array.reshape(-1)
+    for start in range(0, flat.size, FINITE_CHECK_BLOCK):
+        block = flat[start:start + FINITE_CHECK_BLOCK]
+        if not np.isfinite(block).all():
+            bad = int(np.count_nonzero(~np.isfinite(block)))
+            raise CheckpointError(f"tensor {name!r} holds NaN or infinite values ({bad}+ of {flat.size} as "
+                                  f"{array.dtype}); the checkpoint is broken, or its values do not fit {array.dtype}")
 
 
 def weight_file_name(folder: pathlib.Path, name) -> str:
@@ -224,6 +244,26 @@ def abstract_params(abstract_model: nnx.Module) -> tuple[nnx.GraphDef, dict[Para
     return graphdef, flat
 
 
+QUANTIZED_SUBTREE = ("decoder",)  # the weights ``quantize`` applies to: the decoder's (encoders keep their dtype)
+
+
+def quantizable_params(abstract_model: nnx.Module) -> dict[ParamPath, int]:
+    """{param path: the axis its products contract} of the decoder's weight matrices that may be stored quantized
+    (parameters built with ``param(..., quant_axis=...)``: projections, experts, embedding / output tables)."""
+    _, state = nnx.split(abstract_model)
+    out = {}
+    for path, var in nnx.to_flat_state(state):
+        meta = var.get_metadata()
+        axis = meta.get("quant_axis")
+        if axis is not None and tuple(path[:len(QUANTIZED_SUBTREE)]) == QUANTIZED_SUBTREE:
+            out[tuple(path)] = int(axis) if meta.get("quant_int4", True) else Int8Only(int(axis))
+    return out
+
+
+class Int8Only(int):
+    """A quantizable parameter's axis, for a weight that stays int8 when int4 is asked (``param(..., int4=False)``)."""
+
+
 def check_weight_map(params: dict[ParamPath, tuple[tuple, tuple]], weight_map: dict[ParamPath, TensorSpec],
                      disk_keys: set[str], unused_patterns: Iterable[str] = ()) -> list[str]:
     """Validate that parameters, weight map and checkpoint agree; returns the on-disk keys skipped as unused.
@@ -247,10 +287,38 @@ def check_weight_map(params: dict[ParamPath, tuple[tuple, tuple]], weight_map: d
     return skipped
 
 
+def place(array: np.ndarray, axes: tuple, mesh) -> jax.Array:
+    """A host array as a device array laid out by its logical ``axes`` (each device gets its own piece)."""
+    sharding = named_sharding(axes, array.shape, mesh)
+    return jax.make_array_from_callback(array.shape, sharding, lambda idx, a=array: a[idx])
+
+
+def quantized_value(parts: dict[str, np.ndarray], mode: str, axis: int, axes: tuple, mesh) -> QuantizedArray:
+    """``quantize``'s numpy output placed on the mesh: every leaf carries the weight's logical axes."""
+    leaves = {name: place(a, axes, mesh) for name, a in parts.items()}
+    return QuantizedArray(leaves["values"], leaves["scales"], leaves.get("offsets"), bits=8 if mode == "int8" else 4,
+                          axis=axis, group=INT4_GROUP if mode == "int4" else 0)
+
+
+def quantize_mode_for(shape: tuple, mode: str | None, axis: int | None) -> str | None:
+    """The mode a parameter is stored in: ``mode`` where it quantizes (int4 needs whole groups along the axis,
+    else int8), None for a parameter that stays float."""
+    if mode is None or axis is None:
+        return None
+    return mode if can_quantize(shape, mode, axis) else "int8"
+
+
 def load_params(index: TensorSource, params: dict[ParamPath, tuple[tuple, tuple]],
                 weight_map: dict[ParamPath, TensorSpec], *, dtype: str, mesh,
-                unused_patterns: Iterable[str] = ()) -> dict:
-    """Read every parameter into a sharded device array; returns the nested pure-dict params pytree."""
+                unused_patterns: Iterable[str] = (), quantize_mode: str | None = None,
+                quant_axes: dict[ParamPath, int] | None = None) -> dict:
+    """Read every parameter into a sharded device array; returns the nested pure-dict params pytree.
+
+    quantize_mode: None, "int8" or "int4": the parameters of ``quant_axes`` ({path: contracted axis}) are stored
+    as ``QuantizedArray``s, quantized one tensor at a time on the host (a source that reads a tensor straight
+    into its quantized form, ``read_quantized``, is asked first)."""
+    quantize_mode = check_quantize(quantize_mode)
+    quant_axes = quant_axes or {}
     skipped = check_weight_map(params, weight_map, index.keys(), unused_patterns)
     if skipped:
         groups: dict[str, int] = {}
@@ -263,6 +331,15 @@ def load_params(index: TensorSource, params: dict[ParamPath, tuple[tuple, tuple]
     tree: dict = {}
     for path, (shape, axes) in params.items():
         spec = weight_map[path]
+        mode = quantize_mode_for(shape, quantize_mode, quant_axes.get(path))
+        if mode == "int4" and isinstance(quant_axes.get(path), Int8Only):
+            mode = "int8"
+        direct = getattr(index, "read_quantized", None) if mode is not None and _plain(spec) else None
+        if direct is not None:
+            parts = direct(spec.keys[0], mode, int(quant_axes[path]), shape)
+            if parts is not None:
+                _set(tree, path, quantized_value(parts, mode, int(quant_axes[path]), axes, mesh))
+                continue
         parts = [index.read(key) for key in spec.keys]
         name = spec.keys[0] if len(spec.keys) == 1 else f"{spec.keys[0]} (+{len(spec.keys) - 1} joined)"
         if spec.concat_axis is None and len({p.shape for p in parts}) > 1:
@@ -279,13 +356,27 @@ def load_params(index: TensorSource, params: dict[ParamPath, tuple[tuple, tuple]
                                   f"expected {list(shape)} for parameter {'/'.join(map(str, path))}")
         if not np.issubdtype(array.dtype, np.floating) and array.dtype != ml_dtypes.bfloat16:
             raise CheckpointError(f"tensor {name!r} has non-float dtype {array.dtype}")
-        array = np.ascontiguousarray(array.astype(target, copy=False)).reshape(shape)  # (0-d stays 0-d)
-        sharding = named_sharding(axes, shape, mesh)
-        value = jax.make_array_from_callback(shape, sharding, lambda idx, a=array: a[idx])
+        if mode is not None:
+            check_finite(array, name)
+            axis = int(quant_axes[path])
+            value = quantized_value(quantize(array, mode, axis), mode, axis, axes, mesh)
+        else:
+            array = np.ascontiguousarray(array.astype(target, copy=False)).reshape(shape)  # (0-d stays 0-d)
+            check_finite(array, name)  # in the dtype it is used in
+            value = place(array, axes, mesh)
         del array
-        node = tree
-        for part in path[:-1]:
-            node = node.setdefault(part, {})
-        node[path[-1]] = value
+        _set(tree, path, value)
     index.close()
     return tree
+
+
+def _plain(spec: TensorSpec) -> bool:
+    """Whether the parameter is one checkpoint tensor used as stored (no layout change)."""
+    return isinstance(spec.key, str) and spec.transpose is None and spec.reshape is None and spec.fn is None
+
+
+def _set(tree: dict, path: ParamPath, value) -> None:
+    node = tree
+    for part in path[:-1]:
+        node = node.setdefault(part, {})
+    node[path[-1]] = value

@@ -1,7 +1,8 @@
-"""Command line of the Python API: ``omnijax generate`` (also ``python -m app generate``).
+"""Command line of the Python API: ``omnijax generate`` and ``omnijax score`` (also ``python -m app ...``).
 
-The shared model and sampling flags live here; the ``omnijax`` program (demo/cli.py) adds the ``caption`` and
-``demo`` commands of demo/ to the same parser."""
+The shared model and sampling flags live here (``add_model_flags`` / ``load_pipeline``: every command that loads a
+model takes them, and they are checked here before anything loads); the ``omnijax`` program (demo/cli.py) adds the
+``caption``, ``demo`` and other commands of demo/ to the same parser."""
 
 from __future__ import annotations
 
@@ -13,6 +14,9 @@ import sys
 import time
 
 from omnijax.common.errors import CheckpointError, OmnijaxError, PromptError
+
+DTYPES = ("float32", "bfloat16", "float16")
+QUANTIZE_CHOICES = ("none", "int8", "int4")
 
 
 def add_sampling_flags(p: argparse.ArgumentParser) -> None:
@@ -26,18 +30,37 @@ def add_sampling_flags(p: argparse.ArgumentParser) -> None:
 def add_model_flags(p: argparse.ArgumentParser) -> None:
     p.add_argument("--model", help="local Hugging Face checkpoint folder, or a .gguf file (default: the embedded "
                                    "default model)")
-    p.add_argument("--dtype", default="float32", choices=["float32", "bfloat16", "float16"])
+    p.add_argument("--dtype", default="float32", choices=list(DTYPES),
+                   help="dtype of the weights that are not quantized (default float32)")
+    p.add_argument("--quantize", default="none", choices=list(QUANTIZE_CHOICES),
+                   help="store the decoder's weight matrices as int8 (per output channel) or int4 (groups of 32); "
+                        "default none")
     p.add_argument("--model-axis", type=int, default=None, help="devices that shard the weights (default: all)")
     p.add_argument("--no-compilation-cache", action="store_true",
                    help="do not keep compiled programs in $OMNIJAX_HOME/jax-cache for the next run")
 
 
+def add_engine_flags(p: argparse.ArgumentParser, *, max_batch: bool = True) -> None:
+    """The serving engine's budgets (demo, serve)."""
+    if max_batch:
+        p.add_argument("--max-batch", type=int, default=8, help="requests decoded together (slots; default 8)")
+    p.add_argument("--max-context", type=int, default=None,
+                   help="prompt plus answer tokens one request may hold (default: the model's limit, at most 8192)")
+    p.add_argument("--prefix-cache-mb", type=float, default=256,
+                   help="memory for keys / values of earlier prompts reused by later ones (0: off; default 256)")
+    p.add_argument("--media-cache-mb", type=float, default=256,
+                   help="memory for encoded images / audio reused by later prompts (0: off; default 256)")
+
+
 def add_generate_parser(sub) -> argparse.ArgumentParser:
-    gen = sub.add_parser("generate", help="answer one prompt with optional images and audio")
+    gen = sub.add_parser("generate", help="answer one prompt with optional images, audio and videos")
     add_model_flags(gen)
     gen.add_argument("--prompt", required=True, help="the user's text")
     gen.add_argument("--image", action="append", default=[], help="an image file (repeatable)")
     gen.add_argument("--audio", action="append", default=[], help="an audio file (repeatable)")
+    gen.add_argument("--video", action="append", default=[],
+                     help="a video file (repeatable), sampled as the checkpoint's video processor says, with its "
+                          "sound track where the model takes audio")
     gen.add_argument("--system", help="an optional system message")
     gen.add_argument("--raw", action="store_true",
                      help="continue --prompt as plain text (base models): no chat template, text only")
@@ -52,7 +75,54 @@ def add_generate_parser(sub) -> argparse.ArgumentParser:
     return gen
 
 
-COMMANDS = {"generate": (add_generate_parser, lambda args: run_generate(args))}
+def add_score_parser(sub) -> argparse.ArgumentParser:
+    score = sub.add_parser("score", help="perplexity of text files under the model (raw text, no chat template)")
+    add_model_flags(score)
+    score.add_argument("files", nargs="+", metavar="FILE", help="a UTF-8 text file (repeatable)")
+    return score
+
+
+MAX_SCORE_FILE_BYTES = 64 << 20
+
+
+def read_text_file(path: str) -> str:
+    """The UTF-8 text of ``path`` (a regular file of at most 64 MB), else PromptError naming the problem."""
+    file = pathlib.Path(path).expanduser()
+    try:
+        if not file.is_file():
+            raise PromptError(f"{path!r} is not a readable file")
+        if file.stat().st_size > MAX_SCORE_FILE_BYTES:
+            raise PromptError(f"{path!r} is over {MAX_SCORE_FILE_BYTES >> 20} MB")
+        return file.read_bytes().decode("utf-8")
+    except OSError as e:
+        raise PromptError(f"{path!r} cannot be read: {e.strerror or e}") from e
+    except UnicodeDecodeError as e:
+        raise PromptError(f"{path!r} is not UTF-8 text: {e}") from e
+
+
+def run_score(args) -> int:
+    """One line per file (perplexity, tokens scored, mean log-probability), then the total over every file."""
+    import math
+
+    texts = [read_text_file(f) for f in args.files]  # unreadable files fail before the model loads
+    model_settings(args)
+    pipe = load_pipeline(args)
+    from omnijax.app.scoring import perplexity
+
+    results = []
+    for name, text in zip(args.files, texts):
+        logprobs = pipe.score(text)
+        results.append(logprobs)
+        mean = float(logprobs.mean()) if len(logprobs) else math.nan
+        print(f"{name}: perplexity {perplexity([logprobs]):.4f} over {len(logprobs)} tokens "
+              f"(mean log-probability {mean:.4f})")
+    if len(results) > 1:
+        print(f"total: perplexity {perplexity(results):.4f} over {sum(len(r) for r in results)} tokens")
+    return 0
+
+
+COMMANDS = {"generate": (add_generate_parser, lambda args: run_generate(args)),
+            "score": (add_score_parser, lambda args: run_score(args))}
 
 
 def parser(commands: dict | None = None) -> argparse.ArgumentParser:
@@ -64,7 +134,8 @@ def parser(commands: dict | None = None) -> argparse.ArgumentParser:
     return top
 
 
-def load_pipeline(args):
+def load_pipeline(args, **overrides):
+    """The Pipeline the command's flags ask for (``overrides``: more ``Pipeline.from_pretrained`` arguments)."""
     from omnijax.app.pipeline import Pipeline
 
     if getattr(args, "no_compilation_cache", False):
@@ -77,31 +148,50 @@ def load_pipeline(args):
         folder = default_model_dir()
         print(f"[omnijax] no --model given: using the embedded default model at {folder} (a small model "
               f"trained on pictures of simple shapes)", file=sys.stderr)
-    return Pipeline.from_pretrained(folder, dtype=args.dtype, model_axis=args.model_axis)
+    engine = {name: getattr(args, name) for name in ("max_batch", "max_context", "prefix_cache_mb", "media_cache_mb")
+              if getattr(args, name, None) is not None}
+    return Pipeline.from_pretrained(folder, **model_settings(args), model_axis=args.model_axis,
+                                    **(engine | overrides))
+
+
+def model_settings(args) -> dict:
+    """``dtype`` and ``quantize`` of ``Pipeline.from_pretrained`` from the model flags, checked (SettingError naming
+    the valid values: a caller that built ``args`` without argparse's choices gets the same message)."""
+    from omnijax.common.errors import SettingError
+
+    dtype = getattr(args, "dtype", "float32")
+    quantize = getattr(args, "quantize", "none") or "none"
+    if dtype not in DTYPES:
+        raise SettingError(f"--dtype {dtype!r} is not one of {', '.join(DTYPES)}")
+    if quantize not in QUANTIZE_CHOICES:
+        raise SettingError(f"--quantize {quantize!r} is not one of {', '.join(QUANTIZE_CHOICES)}")
+    return {"dtype": dtype, "quantize": None if quantize == "none" else quantize}
 
 
 def messages_from(args) -> list[dict] | str:
-    """The chat messages of ``--prompt`` (with ``--image`` / ``--audio`` / ``--system``), or with ``--raw`` the
-    prompt string itself."""
+    """The chat messages of ``--prompt`` (with ``--image`` / ``--audio`` / ``--video`` / ``--system``), or with
+    ``--raw`` the prompt string itself."""
+    videos = getattr(args, "video", None) or []
     if getattr(args, "raw", False):
-        extras = [flag for flag, value in (("--image", args.image), ("--audio", args.audio), ("--system", args.system))
-                  if value]
+        extras = [flag for flag, value in (("--image", args.image), ("--audio", args.audio), ("--video", videos),
+                                           ("--system", args.system)) if value]
         if extras:
             raise PromptError(f"--raw continues plain text and takes no {', '.join(extras)}")
         return args.prompt
     content = [{"type": "image", "image": path} for path in args.image]
     content += [{"type": "audio", "audio": path} for path in args.audio]
+    content += [{"type": "video", "video": path} for path in videos]
     content.append({"type": "text", "text": args.prompt})
     messages = [{"role": "system", "content": [{"type": "text", "text": args.system}]}] if args.system else []
     return messages + [{"role": "user", "content": content}]
 
 
 def check_media_paths(args) -> None:
-    """Every ``--image`` / ``--audio`` file exists and is a readable regular file, and ``--model`` (when given)
+    """Every ``--image`` / ``--audio`` / ``--video`` file exists and is a readable regular file, and ``--model`` (when given)
     exists: checked before anything loads."""
     from omnijax.preprocess.sources import check_media_file
 
-    for flag in ("image", "audio"):
+    for flag in ("image", "audio", "video"):
         for path in getattr(args, flag, None) or ():
             check_media_file(path, flag)
     if getattr(args, "model", None) is not None and not pathlib.Path(args.model).expanduser().exists():
@@ -136,7 +226,8 @@ def run_generate(args) -> int:
     from omnijax.app.sampling import check_settings
 
     check_settings(**sampling)  # ... and so does a bad setting
-    pipe = load_pipeline(args)
+    model_settings(args)
+    pipe = load_pipeline(args, max_batch=1)
     start = time.perf_counter()
     if args.speak is not None:
         sampling.update(speak=True, voice=args.voice, max_speech_frames=args.max_speech_frames)

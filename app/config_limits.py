@@ -16,6 +16,7 @@ import numbers
 from typing import Any
 
 from omnijax.common.errors import CheckpointError
+from omnijax.preprocess.tokenizer import MAX_VOCAB
 
 # key -> (smallest, largest) for integer settings
 INT_LIMITS: dict[str, tuple[int, int]] = {
@@ -32,7 +33,7 @@ INT_LIMITS: dict[str, tuple[int, int]] = {
     "num_attention_heads": (1, 1024), "num_heads": (1, 1024), "encoder_attention_heads": (1, 1024),
     "num_key_value_heads": (1, 1024), "head_dim": (1, 4096),
     # vocabulary and context (real: 262208 tokens, 10M positions)
-    "vocab_size": (1, 1 << 22), "max_position_embeddings": (1, 1 << 24), "sliding_window": (1, 1 << 24),
+    "vocab_size": (1, MAX_VOCAB), "max_position_embeddings": (1, 1 << 24), "sliding_window": (1, 1 << 24),
     "sliding_window_pattern": (1, 1024), "_sliding_window_pattern": (1, 1024), "attention_chunk_size": (1, 1 << 24),
     # media (real: 256 .. 1120 image tokens, 896 px images, 14-16 px patches)
     "mm_tokens_per_image": (1, 16384), "image_size": (1, 16384), "patch_size": (1, 1024),
@@ -62,19 +63,21 @@ def _is_int(value: Any) -> bool:
     return isinstance(value, numbers.Integral) and not isinstance(value, bool)
 
 
-def _fail(where: str, value: Any, expected: str) -> CheckpointError:
+def _fail(where: str, value: Any, expected: str, source: str = "config.json") -> CheckpointError:
     shown = repr(value)
-    return CheckpointError(f"config.json: {where} = {shown[:80]}{'...' if len(shown) > 80 else ''} is not "
+    return CheckpointError(f"{source}: {where} = {shown[:80]}{'...' if len(shown) > 80 else ''} is not "
                            f"usable ({expected})")
 
 
-def _check_token_ids(where: str, value: Any) -> None:
+def check_token_ids(where: str, value: Any, source: str = "config.json") -> None:
+    """CheckpointError unless ``value`` is a token id or a list of at most 1024 (None and -1 allowed: unset)."""
     ids = value if isinstance(value, list) else [value]
     if len(ids) > 1024:
-        raise _fail(where, value, "at most 1024 token ids")
+        raise _fail(where, value, "at most 1024 token ids", source)
     for v in ids:
         if v is not None and (not _is_int(v) or not -1 <= v < TOKEN_ID_LIMIT):
-            raise _fail(where, value, f"token ids are integers in [0, {TOKEN_ID_LIMIT})")
+            raise _fail(where, value, f"token ids are integers in [0, {TOKEN_ID_LIMIT})", source)
+
 
 
 def _check_value(key: str, where: str, value: Any) -> None:
@@ -93,7 +96,9 @@ def _check_value(key: str, where: str, value: Any) -> None:
                 or not lo < value <= hi:
             raise _fail(where, value, f"a number in ({lo:g}, {hi:g}]")
     elif key.endswith(("_token_id", "_token_index", "_token_ids")) or key in ("eos_token_id", "image_token_index"):
-        _check_token_ids(where, value)
+        check_token_ids(where, value)
+    elif key.endswith("_config") and value is not None and not isinstance(value, dict):
+        raise _fail(where, value, "a JSON object of settings")
 
 
 def _check_dict(d: dict, where: str, depth: int) -> None:

@@ -1,16 +1,15 @@
-"""The one generation loop: jitted media encoding, bucketed prefill, and a decode loop that stays on device.
+"""One loaded model on its mesh: parameters, jitted media encoding, and a bucketed prefill of whole prompts.
 
-The model's forward lives in decoder/model.py (``prefill`` and ``step``); this module owns what is about running
-it: shape budgets, jit, sampling and the loop. Shapes are fixed by budgets so new prompts rarely compile: prompts
-are right-padded to a bucket length, the KV cache length is a bucket too, and media inputs are bucketed on the host
-(the processor's ``collate``, one function per modality).
+The model's forward lives in decoder/model.py; this module owns running it on shape budgets: prompts are
+right-padded to a bucket length, the KV cache length is a bucket too, and media inputs are bucketed on the host
+(the processor's ``collate``, one function per modality). ``prefill`` / ``score`` run a batch of whole prompts
+(logits at every position: scoring); generation runs on the slots of app/slots.py, driven by app/scheduler.py.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import os
-from typing import Iterator, NamedTuple
 
 import jax
 import jax.numpy as jnp
@@ -18,7 +17,6 @@ import numpy as np
 from flax import nnx
 
 from omnijax.app.families.spec import ModelConfig
-from omnijax.app.sampling import SamplingParams, choose
 from omnijax.common.errors import PromptError
 from omnijax.common.sharding import host_array, named_sharding, put, use_mesh
 from omnijax.decoder.attention_op import BACKENDS
@@ -65,48 +63,20 @@ def make_batch(prompts: list[PreparedPrompt], length: int, pad_id: int, rope_axe
     b = len(prompts)
     tokens = np.full((b, length), pad_id, np.int32)
     bidir = np.zeros((b, length), bool)
-    rope_pos = np.zeros((rope_axes, b, length), np.int32)
+    rope_pos = np.zeros((rope_axes, b, length), np.float32)  # time-aware positions may be fractional
     lengths = np.array([len(p.token_ids) for p in prompts], np.int32)
     for i, p in enumerate(prompts):
         n = len(p.token_ids)
         tokens[i, :n] = p.token_ids
         bidir[i, :n] = p.bidirectional
         rope_pos[:, i, :n] = np.arange(n) if p.rope_positions is None else p.rope_positions
-    deltas = np.array([p.rope_delta for p in prompts], np.int32)
+    deltas = np.array([p.rope_delta for p in prompts], np.float32)
     media = {}
     for modality in sorted({m for p in prompts for m in p.media}):
         items = [x for p in prompts for x in p.media.get(modality, [])]
         if items:
             media[modality] = items
     return Batch(tokens, bidir, rope_pos, deltas, lengths, media)
-
-
-class DecodeState(NamedTuple):
-    """Where decoding stands: ``token`` [B] is generated token number ``index`` (0: the one the prompt's logits
-    chose) of every row, not yet in ``cache``; ``done`` [B] marks the rows that have generated an end token (this one
-    included)."""
-
-    index: jax.Array
-    token: jax.Array
-    done: jax.Array
-    cache: dict | None
-
-
-def first_state(logits_BV: jax.Array, cache: dict, key, values, eos_ids: jax.Array, mode: str) -> DecodeState:
-    """The state after the prompt: token 0 chosen from the prompt's last logits."""
-    token = choose(logits_BV, jax.random.fold_in(key, 0), values, mode)
-    return DecodeState(jnp.int32(0), token, jnp.isin(token, eos_ids), cache)
-
-
-def decode_step(dec: DecoderModel, state: DecodeState, delta_B: jax.Array, key, values, eos_ids: jax.Array, *,
-                mode: str, rope_axes: int) -> DecodeState:
-    """The next state: ``state.token`` through the decoder at each row's next position (RoPE position: that plus
-    the row's delta), the next token chosen from its logits with the key folded with its index."""
-    pos_B = state.cache["length"] + delta_B
-    logits, cache = dec.step(state.token, jnp.broadcast_to(pos_B[None], (rope_axes, pos_B.shape[0])), state.cache)
-    index = state.index + 1
-    token = choose(logits, jax.random.fold_in(key, index), values, mode)
-    return DecodeState(index, token, state.done | jnp.isin(token, eos_ids), cache)
 
 
 @dataclasses.dataclass
@@ -144,55 +114,27 @@ class Engine:
         self._collate = dict(collate)  # host-side batching per modality: media items -> bucketed arrays
         self._encode = jax.jit(self._encode_impl, static_argnames=("modality",))
         self._prefill = jax.jit(self._prefill_impl, static_argnames=("cache_len", "all_logits"))
-        self._rope = jax.jit(lambda params, pos_ABL: self._model(params).decoder.rope_tables(pos_ABL))
-        self._decode = jax.jit(self._decode_impl, static_argnames=("mode", "cache_len"), donate_argnames=("cache",))
-        self._step = jax.jit(self._step_impl, static_argnames=("mode",), donate_argnames=("cache",))
+        self._rope = jax.jit(lambda params, pos_ABL: self.model(params).decoder.rope_tables(pos_ABL))
 
     # ---- jitted bodies -------------------------------------------------------------------------------------
-    def _model(self, params):
+    def model(self, params):
+        """The model (encoders and decoder) on ``params``: inside jitted code only (merging is traced once)."""
         return nnx.merge(self.graphdef, params)
 
     def _encode_impl(self, params, inputs, *, modality):
-        return tuple(self._model(params).encoders[modality](inputs))
+        return tuple(self.model(params).encoders[self.cfg.encoder_of(modality)](inputs))
 
     def _prefill_impl(self, params, tokens_BL, lengths_B, bidir_BL, rope_pos_ABL, rope, media, *, cache_len,
                       all_logits=False):
-        dec = self._model(params).decoder
-        deep = self.cfg.deepstack_modality
+        dec = self.model(params).decoder
         prompt = Prompt(tokens_BL, lengths_B, rope_pos_ABL, bidir_BL,
                         {self.cfg.media_token_id(m): Media(*out) for m, out in media.items()},
-                        self.cfg.media_token_id(deep) if deep in media else None)
+                        self.cfg.deepstack_ids(media))
         return dec.prefill(prompt, cache_len=cache_len, cache_dtype=self.dtype, all_logits=all_logits, rope=rope,
                            attention=self.attention)
 
-    def _decode_impl(self, params, cache, logits_BV, delta_B, max_new, key, values, eos_ids, *, mode, cache_len):
-        """Generate up to ``max_new`` tokens -> (tokens [B, cache_len] padded, tokens generated, cache)."""
-        dec = self._model(params).decoder
-        pad = jnp.int32(self.cfg.pad_id)
-        state = first_state(logits_BV, cache, key, values, eos_ids, mode)
-        tokens = jnp.full((logits_BV.shape[0], cache_len), pad, jnp.int32).at[:, 0].set(state.token)
-
-        def cond(carry):
-            state, _ = carry
-            return (state.index + 1 < max_new) & ~jnp.all(state.done)
-
-        def body(carry):
-            state, tokens = carry
-            nxt = decode_step(dec, state, delta_B, key, values, eos_ids, mode=mode, rope_axes=dec.spec.rope_axes)
-            return nxt, tokens.at[:, nxt.index].set(jnp.where(state.done, pad, nxt.token))
-
-        state, tokens = jax.lax.while_loop(cond, body, (state, tokens))
-        return tokens, state.index + 1, state.cache  # the cache comes back in the donated input buffers (no copy)
-
-    def _step_impl(self, params, cache, state, delta_B, key, values, eos_ids, *, mode):
-        """``decode_step`` from ``state``, whose cache is passed apart (only the cache is donated: the host still
-        reads ``state.token`` while the step runs)."""
-        dec = self._model(params).decoder
-        return decode_step(dec, state._replace(cache=cache), delta_B, key, values, eos_ids, mode=mode,
-                           rope_axes=dec.spec.rope_axes)
-
     # ---- host side -----------------------------------------------------------------------------------------
-    def _put(self, array: np.ndarray, axes: tuple) -> jax.Array:
+    def put(self, array: np.ndarray, axes: tuple) -> jax.Array:
         return put(array, named_sharding(axes, array.shape, self.mesh))
 
     def plan(self, prompts: list[PreparedPrompt], max_new_tokens: int) -> tuple[int, int]:
@@ -214,7 +156,7 @@ class Engine:
         """{modality: encoder output tuple (features [R, D], valid [R], extras)} for {modality: media items}."""
         out = {}
         for modality, items in media.items():
-            inputs = {k: self._put(np.asarray(v), (None,) * np.ndim(v))
+            inputs = {k: self.put(np.asarray(v), (None,) * np.ndim(v))
                       for k, v in self._collate[modality](items).items()}
             out[modality] = self._encode(self.params, inputs, modality=modality)
         return out
@@ -224,10 +166,10 @@ class Engine:
         batch = make_batch(prompts, length, self.cfg.pad_id, self.cfg.decoder.rope_axes)
         with use_mesh(self.mesh):
             media = self.encode(batch.media)
-            rope_pos = self._put(batch.rope_pos, (None, "batch", "length"))
-            logits, cache = self._prefill(self.params, self._put(batch.tokens, ("batch", "length")),
-                                          self._put(batch.lengths, ("batch",)),
-                                          self._put(batch.bidirectional, ("batch", "length")), rope_pos,
+            rope_pos = self.put(batch.rope_pos, (None, "batch", "length"))
+            logits, cache = self._prefill(self.params, self.put(batch.tokens, ("batch", "length")),
+                                          self.put(batch.lengths, ("batch",)),
+                                          self.put(batch.bidirectional, ("batch", "length")), rope_pos,
                                           self._rope(self.params, rope_pos), media, cache_len=cache_len,
                                           all_logits=all_logits)
         return Prefilled(batch, length, cache_len, logits, cache)
@@ -238,43 +180,6 @@ class Engine:
         logits = host_array(pre.logits)
         return [logits[i, :n] for i, n in enumerate(pre.batch.lengths)]
 
-    def generate(self, prompts: list[PreparedPrompt], max_new_tokens: int, sampling: SamplingParams, *,
-                 ignore_eos: bool = False) -> np.ndarray:
-        """Token ids [batch, n] (n <= max_new_tokens), pad after EOS (``ignore_eos``: always max_new_tokens)."""
-        pre = self.prefill(prompts, max_new_tokens)
-        with use_mesh(self.mesh):
-            buf, steps, _ = self._decode(
-                self.params, pre.cache, pre.logits, self._put(pre.batch.rope_delta, ("batch",)),
-                jnp.int32(max_new_tokens), sampling.key(), sampling.values(),
-                jnp.full_like(self.eos_ids, -1) if ignore_eos else self.eos_ids, mode=sampling.mode(),
-                cache_len=pre.cache_len)
-        return host_array(buf)[:, :int(host_array(steps))]
-
-    def stream(self, prompts: list[PreparedPrompt], max_new_tokens: int,
-               sampling: SamplingParams) -> Iterator[np.ndarray]:
-        """Yields the next token of every row [batch] until max_new_tokens or every row hit EOS.
-
-        The step computing token i + 1 is launched before token i is read back to the host, so the device works
-        while the host detokenizes."""
-        pre = self.prefill(prompts, max_new_tokens)
-        key = sampling.key()
-        values, mode = sampling.values(), sampling.mode()
-        deltas = self._put(pre.batch.rope_delta, ("batch",))
-        with use_mesh(self.mesh):
-            state = first_state(pre.logits, pre.cache, key, values, self.eos_ids, mode)
-        done = np.zeros(len(prompts), bool)  # rows that ended before the token read now
-        for i in range(max_new_tokens):
-            nxt = None
-            if i + 1 < max_new_tokens:
-                with use_mesh(self.mesh):
-                    nxt = self._step(self.params, state.cache, state._replace(cache=None), deltas, key, values,
-                                     self.eos_ids, mode=mode)
-            yield np.where(done, self.cfg.pad_id, host_array(state.token))
-            done |= host_array(state.done)
-            if done.all() or nxt is None:
-                return
-            state = nxt
-
     def compilations(self) -> int:
         """How many programs the jitted entry points have compiled so far."""
-        return sum(f._cache_size() for f in (self._encode, self._prefill, self._rope, self._decode, self._step))
+        return sum(f._cache_size() for f in (self._encode, self._prefill, self._rope))

@@ -1,53 +1,49 @@
 """The Python API: ``Pipeline.from_pretrained(folder or .gguf file)`` then ``generate`` / ``stream`` on chat messages
 or, for base models, on plain text (raw completion); a model with a talker also answers aloud (``speak=True``: the
-speech path is app/speech.py, entered through ``_speak`` only)."""
+speech path is app/speech.py, entered through ``_speak`` only).
+
+Every request runs on one serving engine (app/scheduler.py): ``generate`` and ``stream`` may be called from several
+threads at once (their requests share the engine's slots), and ``submit`` hands back a ``RequestHandle`` to stream
+or cancel a request without blocking."""
 
 from __future__ import annotations
 
 import dataclasses
 import logging
+import math
+import numbers
 import pathlib
 import time
 from typing import Any, Generator, Iterator, Sequence
 
+import jax
 import jax.numpy as jnp
 import numpy as np
 
-from omnijax.app.answer_text import answer_for
-from omnijax.app.checkpoint import abstract_params, load_params
+from omnijax.app.checkpoint import abstract_params, load_params, quantizable_params
 from omnijax.app.checkpoint_source import open_checkpoint
 from omnijax.app.compilation_cache import enable_compilation_cache
 from omnijax.app.config_limits import check_config_limits
-from omnijax.common.errors import CapabilityError, PromptError
+from omnijax.common.errors import CapabilityError, CheckpointError, PromptError, SettingError
+from omnijax.common.quantized import check_quantize
 from omnijax.app.families import family_for_config
 from omnijax.app.generation import Engine
 from omnijax.app.model import abstract_model
+from omnijax.app.requests import GenerationResult, Request, RequestHandle
 from omnijax.app.sampling import SamplingParams, check_settings
+from omnijax.app.scheduler import (DEFAULT_MAX_QUEUE, DEFAULT_MEDIA_CACHE_MB, DEFAULT_PREFIX_CACHE_MB, Scheduler)
+from omnijax.app.slots import DEFAULT_CHUNK, DEFAULT_SLOTS
 from omnijax.app.speech_events import AudioChunk, TextPiece
+from omnijax.app.vocabulary import check_vocabulary
 from omnijax.common.sharding import make_mesh
 from omnijax.preprocess.processor import PreparedPrompt
 from omnijax.preprocess.raw_prompt import raw_prompt_ids
+from omnijax.preprocess.request_limits import RequestBudget, check_text_size
 
 log = logging.getLogger(__name__)
 
 _JAX_DTYPES = {"float32": jnp.float32, "bfloat16": jnp.bfloat16, "float16": jnp.float16}
-
-
-@dataclasses.dataclass
-class GenerationResult:
-    """text: the answer (special tokens removed, cut before a stop string); token_ids: generated ids (an EOS that
-    ended the answer included, as transformers' generate returns it); finish_reason: "eos", "stop" or "length".
-    With ``speak=True``: audio (float32 mono samples in [-1, 1]), sample_rate (Hz) and audio_codes (int32
-    [frames, code groups], the codec codes the audio was made from); None otherwise."""
-
-    text: str
-    token_ids: list[int]
-    prompt_tokens: int
-    finish_reason: str
-    seconds: float = 0.0
-    audio: np.ndarray | None = None
-    sample_rate: int | None = None
-    audio_codes: np.ndarray | None = None
+DEFAULT_CONTEXT = 8192  # a slot's context when the caller names none (at most the model's own limit)
 
 
 def _is_batch(messages: Any) -> bool:
@@ -55,14 +51,46 @@ def _is_batch(messages: Any) -> bool:
     return isinstance(messages, (list, tuple)) and bool(messages) and isinstance(messages[0], (list, tuple, str))
 
 
+MAX_AUDIO_SECONDS_SETTING = 86400.0  # max_audio_seconds: a day
+MAX_BATCH = 1024  # prompts one call generates, and the engine's slots (each holds its own KV cache)
+
+
+def check_load_settings(dtype, model_axis, max_context, max_audio_seconds, max_batch=DEFAULT_SLOTS,
+                        chunk=DEFAULT_CHUNK, max_queue=DEFAULT_MAX_QUEUE, prefix_cache_mb=0.0,
+                        media_cache_mb=0.0) -> None:
+    """SettingError naming the first ``from_pretrained`` argument of the wrong type or out of range."""
+    if dtype not in _JAX_DTYPES:
+        raise SettingError(f"unsupported dtype {dtype!r}; use one of {', '.join(sorted(_JAX_DTYPES))}")
+    for name, value, low in (("model_axis", model_axis, 1), ("max_context", max_context, 2)):
+        if value is not None and (isinstance(value, bool) or not isinstance(value, numbers.Integral) or value < low):
+            raise SettingError(f"{name} must be None or an integer >= {low}, got {value!r}")
+    for name, value, high in (("max_batch", max_batch, MAX_BATCH), ("chunk", chunk, 1 << 16),
+                              ("max_queue", max_queue, 1 << 20)):
+        if isinstance(value, bool) or not isinstance(value, numbers.Integral) or not 1 <= value <= high:
+            raise SettingError(f"{name} must be an integer in [1, {high}], got {value!r}")
+    for name, value in (("prefix_cache_mb", prefix_cache_mb), ("media_cache_mb", media_cache_mb)):
+        if isinstance(value, bool) or not isinstance(value, numbers.Real) or not 0 <= value <= 1 << 20:
+            raise SettingError(f"{name} must be a number of MB in [0, {1 << 20}], got {value!r}")
+    if max_audio_seconds is not None and (
+            isinstance(max_audio_seconds, bool) or not isinstance(max_audio_seconds, numbers.Real)
+            or not math.isfinite(max_audio_seconds) or not 0 < max_audio_seconds <= MAX_AUDIO_SECONDS_SETTING):
+        raise SettingError(f"max_audio_seconds must be None or a number in (0, {MAX_AUDIO_SECONDS_SETTING:g}], got "
+                           f"{max_audio_seconds!r}")
+
+
 class Pipeline:
-    def __init__(self, folder: pathlib.Path, spec, cfg, engine: Engine, processor, hf_config: dict):
+    def __init__(self, folder: pathlib.Path, spec, cfg, engine: Engine, processor, hf_config: dict,
+                 scheduler: Scheduler, *, dtype: str = "float32", quantize: str | None = None):
         self.folder = folder
         self.spec = spec
         self.config = cfg
         self.engine = engine
         self.processor = processor
         self.hf_config = hf_config
+        self.scheduler = scheduler
+        self.dtype = dtype
+        self.quantize = quantize
+        self._scorer = None
         self.speech = None
         if cfg.speech is not None:
             from omnijax.app.speech import SpeechEngine
@@ -93,18 +121,31 @@ class Pipeline:
         return bool(getattr(getattr(self.processor, "tokenizer", None), "chat_template", None))
 
     @classmethod
-    def from_pretrained(cls, path=None, *, dtype: str = "float32", mesh=None, model_axis: int | None = None,
-                        max_context: int | None = None, max_audio_seconds: float | None = None) -> "Pipeline":
+    def from_pretrained(cls, path=None, *, dtype: str = "float32", quantize: str | None = None, mesh=None,
+                        model_axis: int | None = None, max_context: int | None = None,
+                        max_audio_seconds: float | None = None, max_batch: int = DEFAULT_SLOTS,
+                        chunk: int = DEFAULT_CHUNK, prefix_cache_mb: float = DEFAULT_PREFIX_CACHE_MB,
+                        media_cache_mb: float = DEFAULT_MEDIA_CACHE_MB,
+                        max_queue: int = DEFAULT_MAX_QUEUE) -> "Pipeline":
         """Load a local Hugging Face checkpoint folder, a GGUF file, or a folder holding one GGUF file (``path=None``:
         the embedded default model).
 
         dtype: parameter dtype ("float32", "bfloat16", "float16"); GGUF tensors are dequantized into it.
+        quantize: None, "int8" or "int4": the decoder's weight matrices (projections, experts, embedding / output
+        matrix) are stored quantized (int8 per output channel; int4 in groups of 32, two per byte) and widened
+        next to their products (common/matmul_policy.py); the rest stays in ``dtype``. A GGUF file's tensors are
+        converted one at a time.
         mesh: a ("data", "model") jax Mesh; default: all devices with ``model_axis`` of them (default all)
-        sharding the weights. max_context: context budget in tokens (prompt + new tokens), at most the model's own
-        limit. max_audio_seconds: longest audio clip accepted (families with audio input).
+        sharding the weights. max_context: context budget in tokens (prompt + new tokens) of each request, at most
+        the model's own limit (default: that limit up to 8192). max_audio_seconds: longest audio clip accepted
+        (families with audio input). The serving engine: ``max_batch`` requests decode together (each holds a
+        cache of ``max_context`` tokens), prompts are prefilled in chunks of up to ``chunk`` tokens, the prefix
+        and media caches keep up to ``prefix_cache_mb`` / ``media_cache_mb`` (0: off), and at most
+        ``max_queue`` requests wait for a slot.
         """
-        if dtype not in _JAX_DTYPES:
-            raise ValueError(f"unsupported dtype {dtype!r}; use one of {sorted(_JAX_DTYPES)}")
+        check_load_settings(dtype, model_axis, max_context, max_audio_seconds, max_batch, chunk, max_queue,
+                            prefix_cache_mb, media_cache_mb)
+        quantize = check_quantize(quantize)
         enable_compilation_cache()
         if path is None:
             from omnijax.app.default_model import default_model_dir
@@ -113,23 +154,59 @@ class Pipeline:
         ckpt = open_checkpoint(path)
         check_config_limits(ckpt.hf_config)
         spec = family_for_config(ckpt.hf_config)
-        cfg = spec.parse_config(ckpt.hf_config)
+        try:
+            cfg = spec.parse_config(ckpt.hf_config)
+        except (ArithmeticError, AttributeError, IndexError, KeyError, TypeError, ValueError) as e:
+            raise CheckpointError(f"config.json is not a valid {spec.name} config: {e!r}") from e
         if ckpt.eos_ids is not None:
             cfg = dataclasses.replace(cfg, eos_ids=ckpt.eos_ids)
         processor = spec.make_processor(ckpt.folder, cfg, max_audio_seconds=max_audio_seconds,
                                         **ckpt.processor_kwargs)
-        mesh = mesh if mesh is not None else make_mesh(model_axis)
+        check_vocabulary(processor.tokenizer, cfg.decoder.vocab_size, tuple(t for _, t in cfg.media_token_ids),
+                         cfg.eos_ids, str(ckpt.path))
+        if mesh is None:
+            try:
+                mesh = make_mesh(model_axis)
+            except ValueError as e:
+                raise SettingError(f"model_axis: {e}") from None
         cfg = dataclasses.replace(cfg, decoder=cfg.decoder.with_kv_repeat(mesh.shape["model"]))
-        graphdef, shapes = abstract_params(abstract_model(cfg, spec))
+        skeleton = abstract_model(cfg, spec)
+        graphdef, shapes = abstract_params(skeleton)
         weight_map = spec.weight_map(cfg)
         start = time.perf_counter()
-        tensors = ckpt.open_tensors(spec, weight_map, dtype)
+        # quantized weights are made from float32 tensors (one at a time), the others cast to dtype as they come
+        tensors = ckpt.open_tensors(spec, weight_map, "float32" if quantize else dtype)
         params = load_params(tensors, shapes, weight_map, dtype=dtype, mesh=mesh,
-                             unused_patterns=spec.unused_keys(cfg, ckpt.hf_config))
+                             unused_patterns=spec.unused_keys(cfg, ckpt.hf_config), quantize_mode=quantize,
+                             quant_axes=quantizable_params(skeleton) if quantize else None)
         log.info("loaded %s (%s, %s) in %.1fs", ckpt.path, spec.name, ckpt.format, time.perf_counter() - start)
         engine = Engine(cfg, graphdef, params, mesh, collate=processor.collate, dtype=_JAX_DTYPES[dtype],
                         max_context=max_context)
-        return cls(ckpt.path, spec, cfg, engine, processor, ckpt.hf_config)
+        scheduler = Scheduler(engine, processor, slots=max_batch,
+                              context=max_context or min(engine.max_context, DEFAULT_CONTEXT), chunk=chunk,
+                              prefix_cache_mb=prefix_cache_mb, media_cache_mb=media_cache_mb, max_queue=max_queue,
+                              threaded=jax.process_count() == 1)
+        processor.budget = RequestBudget.for_context(scheduler.context)
+        return cls(ckpt.path, spec, cfg, engine, processor, ckpt.hf_config, scheduler, dtype=dtype,
+                   quantize=quantize)
+
+    def score(self, texts) -> list[np.ndarray] | np.ndarray:
+        """For each raw text (a string, or a list of them), the natural-log probability of each of its tokens after
+        the first given the ones before it: a float32 numpy array of length (tokens - 1) per text. The text is
+        tokenized as a raw prompt (``prepare_raw``: BOS as the tokenizer adds it); a text longer than the scoring
+        window (1024 tokens, at most the context budget) is scored in overlapping windows, each token once.
+        ``app.scoring.perplexity`` of the result is the perplexity."""
+        from omnijax.app.scoring import Scorer
+
+        single = isinstance(texts, str)
+        items = [texts] if single else list(texts)
+        bad = [type(t).__name__ for t in items if not isinstance(t, str)]
+        if bad:
+            raise PromptError(f"score takes texts (strings), got {bad[0]}")
+        if self._scorer is None:
+            self._scorer = Scorer(self.engine)
+        out = [self._scorer.score(self.prepare_raw(t).token_ids) for t in items]
+        return out[0] if single else out
 
     def prepare(self, messages) -> PreparedPrompt:
         """Chat messages -> PreparedPrompt through the family's processor; a plain string is a raw prompt."""
@@ -140,6 +217,8 @@ class Pipeline:
     def prepare_raw(self, text: str) -> PreparedPrompt:
         """A raw-completion prompt: ``text`` tokenized as the tokenizer does by default (BOS as it is configured to
         add), with no chat template. Media placeholder tokens are refused (a raw prompt carries no media)."""
+        if isinstance(text, str):
+            check_text_size([text], self.processor.budget.max_text_bytes, "the raw prompt")
         ids = raw_prompt_ids(self.processor.tokenizer, text)
         for modality, token_id in self.config.media_token_ids:
             if np.any(ids == token_id):
@@ -147,10 +226,39 @@ class Pipeline:
                                   f"token(s); raw prompts are text only")
         return PreparedPrompt(token_ids=ids, media={}, bidirectional=np.zeros(len(ids), bool))
 
+    # ---- requests --------------------------------------------------------------------------------------------
+    def submit(self, prompt, *, max_new_tokens: int = 64, temperature: float = 0.0, top_k: int = 0,
+               top_p: float = 1.0, seed: int = 0, stop: Sequence[str] | None = None,
+               ignore_eos: bool = False, listener=None) -> RequestHandle:
+        """Queue one conversation, raw prompt string or PreparedPrompt on the engine without waiting: the handle's
+        ``events()`` stream its tokens, ``result()`` waits for the GenerationResult, ``cancel()`` stops it.
+        Settings are checked first (SamplingError, PromptError); ``ignore_eos``: generate exactly
+        ``max_new_tokens`` tokens; ``listener``: called from the engine's thread at each new event (it must not
+        block; e.g. to wake an event loop)."""
+        sampling, max_new_tokens, stop = check_settings(max_new_tokens, temperature, top_k, top_p, seed, stop)
+        prepared = prompt if isinstance(prompt, PreparedPrompt) else self.prepare(prompt)
+        return self.scheduler.submit(Request(prepared, max_new_tokens, sampling, stop, bool(ignore_eos)), listener)
+
+    def wait(self, handle: RequestHandle) -> GenerationResult:
+        """``handle.result()``, driving the engine from this thread where it has no thread of its own (several JAX
+        processes)."""
+        return self._wait([handle])[0]
+
+    def _wait(self, handles: list[RequestHandle]) -> list[GenerationResult]:
+        if not self.scheduler.threaded:
+            self.scheduler.run(handles)
+        try:
+            return [h.result() for h in handles]
+        except BaseException:
+            for h in handles:
+                h.cancel()
+            raise
+
     def generate(self, messages, *, max_new_tokens: int = 64, temperature: float = 0.0, top_k: int = 0,
                  top_p: float = 1.0, seed: int = 0, stop: Sequence[str] | None = None, speak: bool = False,
                  voice: str | None = None, max_speech_frames: int | None = None):
-        """One conversation (or raw prompt string) -> GenerationResult; a list of them -> list of GenerationResult.
+        """One conversation (or raw prompt string) -> GenerationResult; a list of them -> list of GenerationResult
+        (the requests run side by side on the engine; every one with these settings).
 
         speak: also answer aloud (one conversation, a model with a talker): the result carries ``audio``,
         ``sample_rate`` and ``audio_codes``. voice: one of ``voices`` (default: the first). max_speech_frames: a
@@ -160,6 +268,8 @@ class Pipeline:
         if speak:
             self._check_speak(messages, voice, max_speech_frames)
         conversations = list(messages) if batch else [messages]
+        if len(conversations) > MAX_BATCH:  # before any of them is prepared
+            raise SettingError(f"a batch holds at most {MAX_BATCH} conversations, got {len(conversations)}")
         prompts = [self.prepare(c) for c in conversations]
         results = self.generate_prepared(prompts, max_new_tokens=max_new_tokens, temperature=temperature,
                                          top_k=top_k, top_p=top_p, seed=seed, stop=stop)
@@ -192,35 +302,24 @@ class Pipeline:
 
     def generate_prepared(self, prompts: list[PreparedPrompt], *, max_new_tokens: int = 64, temperature: float = 0.0,
                           top_k: int = 0, top_p: float = 1.0, seed: int = 0, stop: Sequence[str] | None = None,
-                          pad_to: int | None = None) -> list[GenerationResult]:
-        """``generate`` for prompts already prepared (``prepare``), one result per prompt.
-
-        pad_to: fill the batch up to this size with copies of its first prompt (their answers are dropped) so a
-        short last batch reuses the compiled program of full ones. ``seconds`` is the batch's generation time.
-        """
-        sampling, max_new_tokens, stop = check_settings(max_new_tokens, temperature, top_k, top_p, seed, stop)
-        batch = list(prompts) + [prompts[0]] * max(0, (pad_to or 0) - len(prompts))
-        start = time.perf_counter()
-        tokens = self.engine.generate(batch, max_new_tokens, sampling)
-        seconds = time.perf_counter() - start
-        return [self._result(row, len(p.token_ids), stop, seconds) for row, p in zip(tokens[:len(prompts)], prompts)]
-
-    def _result(self, row: np.ndarray, prompt_tokens: int, stop: tuple[str, ...], seconds: float) -> GenerationResult:
-        ids = row.tolist()
-        if not stop:  # no stop strings: the answer ends at the first end id
-            end = next((i for i, t in enumerate(ids) if t in self.config.eos_ids), None)
-            answer = ids if end is None else ids[:end]
-            return GenerationResult(text=self.processor.decode(answer), token_ids=ids[:len(answer) + 1],
-                                    prompt_tokens=prompt_tokens, finish_reason="length" if end is None else "eos",
-                                    seconds=seconds)
-        answer = answer_for(self.processor, stop, self.config.eos_ids)
-        for t in ids:
-            answer.push(t)
-            if answer.done:
-                break
-        answer.finish()
-        return GenerationResult(text=answer.text, token_ids=answer.token_ids, prompt_tokens=prompt_tokens,
-                                finish_reason=answer.finish_reason, seconds=seconds)
+                          ignore_eos: bool = False) -> list[GenerationResult]:
+        """``generate`` for prompts already prepared (``prepare``), one result per prompt (1 to 1024 of them)."""
+        check_settings(max_new_tokens, temperature, top_k, top_p, seed, stop)
+        if not 1 <= len(prompts) <= MAX_BATCH:
+            raise SettingError(f"generate takes 1 to {MAX_BATCH} prompts at once, got {len(prompts)}")
+        for p in prompts:
+            self.scheduler.check_fits(len(p.token_ids), max_new_tokens)
+        settings = dict(max_new_tokens=max_new_tokens, temperature=temperature, top_k=top_k, top_p=top_p, seed=seed,
+                        stop=stop, ignore_eos=ignore_eos)
+        handles: list[RequestHandle] = []
+        try:
+            for p in prompts:
+                handles.append(self.submit(p, **settings))
+        except BaseException:
+            for h in handles:
+                h.cancel()
+            raise
+        return self._wait(handles)
 
     def stream(self, messages, *, max_new_tokens: int = 64, temperature: float = 0.0, top_k: int = 0,
                top_p: float = 1.0, seed: int = 0, stop: Sequence[str] | None = None, speak: bool = False,
@@ -232,32 +331,28 @@ class Pipeline:
         The generator's return value (``result = yield from pipe.stream(...)``) is the answer's GenerationResult as
         ``generate`` gives it, and the pieces joined are exactly ``result.text``: text is shown once no later
         token can change it (an unfinished UTF-8 character or byte run waits), and text that could be the start
-        of a stop string waits until it is known not to be one.
+        of a stop string waits until it is known not to be one. Closing the generator early (a consumer that
+        stops reading) cancels the request and frees its slot.
 
         speak: the events are ``TextPiece`` (the text pieces) and then ``AudioChunk`` (the spoken answer, chunk by
         chunk as it is made; app/speech_events.py); the chunks joined are exactly ``result.audio``.
         """
-        sampling, max_new_tokens, stop = check_settings(max_new_tokens, temperature, top_k, top_p, seed, stop)
+        sampling, _, _ = check_settings(max_new_tokens, temperature, top_k, top_p, seed, stop)
         if _is_batch(messages):
             raise PromptError("stream takes one conversation; use generate for a batch")
         if speak:
             self._check_speak(messages, voice, max_speech_frames)
         start = time.perf_counter()
         prompt = self.prepare(messages)
-        answer = answer_for(self.processor, stop, self.config.eos_ids)
+        handle = self.submit(prompt, max_new_tokens=max_new_tokens, temperature=temperature, top_k=top_k,
+                             top_p=top_p, seed=seed, stop=stop)
         wrap = TextPiece if speak else str
-        for tok in self.engine.stream([prompt], max_new_tokens, sampling):
-            piece = answer.push(int(tok[0]))
-            if answer.done:
-                if piece:
-                    yield wrap(piece)
-                break
-            yield wrap(piece)
-        rest = answer.finish()
-        if rest:
-            yield wrap(rest)
-        result = GenerationResult(text=answer.text, token_ids=answer.token_ids, prompt_tokens=len(prompt.token_ids),
-                                  finish_reason=answer.finish_reason, seconds=time.perf_counter() - start)
+        try:
+            for event in self._events(handle):
+                yield wrap(event.text)
+            result = handle.result()
+        finally:
+            handle.cancel()  # no-op once it has ended
         if speak:
             chunks = []
             for chunk in self._speak(prompt, result, voice, sampling, max_speech_frames):
@@ -266,6 +361,27 @@ class Pipeline:
             _attach_audio(result, chunks, self.speech)
             result.seconds = time.perf_counter() - start
         return result
+
+    def _events(self, handle: RequestHandle):
+        if self.scheduler.threaded:
+            yield from handle.events()
+            return
+        import queue
+
+        while True:  # several processes: this thread drives the engine
+            try:
+                yield from handle.events(timeout=0)
+                return
+            except queue.Empty:
+                self.scheduler.step()
+
+    def compilations(self) -> int:
+        """How many programs the engine has compiled so far (a new input inside its buckets adds none)."""
+        return self.scheduler.compilations()
+
+    def close(self) -> None:
+        """Stop the engine's thread (requests still running end as cancelled)."""
+        self.scheduler.close()
 
 
 def spoken_tokens(result: GenerationResult, decode, eos_ids) -> list[int]:

@@ -21,7 +21,7 @@ from omnijax.common.errors import SamplingError
 
 MAX_TOP_K = 2**31 - 1  # top_k is an int32 on device; values at or above the vocabulary size keep every token
 SEED_RANGE = (-(2**63), 2**63)  # what jax.random.key takes
-MAX_NEW_TOKENS = 2**31 - 1
+MAX_NEW_TOKENS = 1 << 24  # the longest context a config may state (app/config_limits.py)
 MAX_STOPS = 32
 MAX_STOP_CHARS = 256
 
@@ -91,7 +91,7 @@ class SamplingParams:
 def check_max_new_tokens(value) -> int:
     """``value`` as an int when it is a whole number >= 1, else SamplingError."""
     if not _is_int(value) or not 1 <= value <= MAX_NEW_TOKENS:
-        raise SamplingError(f"max_new_tokens must be an integer >= 1, got {value!r}")
+        raise SamplingError(f"max_new_tokens must be an integer in [1, {MAX_NEW_TOKENS}], got {value!r}")
     return int(value)
 
 
@@ -224,3 +224,49 @@ def choose(logits_BV: jax.Array, key: jax.Array, values: dict, mode: tuple[bool,
     if not sample:
         return jnp.argmax(logits_BV, axis=-1).astype(jnp.int32)
     return jax.random.categorical(key, filter_logits(logits_BV, values, mode), axis=-1).astype(jnp.int32)
+
+
+# ---- per-row settings (the serving engine: every slot its own request) ----------------------------------------
+
+def row_settings(sampling: SamplingParams) -> dict:
+    """One request's sampling settings as the per-row arrays' entries (``choose_rows``)."""
+    return {"temperature": jnp.float32(sampling.temperature), "top_k": jnp.int32(sampling.top_k),
+            "top_p": jnp.float32(sampling.top_p), "key": jax.random.key_data(sampling.key())}
+
+
+def choose_rows(logits_BV: jax.Array, settings: dict, index_B: jax.Array) -> jax.Array:
+    """Token ids [batch] from float32 logits [batch, vocab], each row with its own settings: ``settings`` holds
+    [batch] arrays temperature (0: greedy), top_k (0: off), top_p (1: off) and key [batch, 2] (raw key data); the
+    token is generated token number ``index_B`` of its request, drawn with the request's key folded with that index
+    (as ``choose`` draws token i of a request alone). The filters run only when some row uses them."""
+    greedy = jnp.argmax(logits_BV, axis=-1).astype(jnp.int32)
+    temperature, top_k, top_p = settings["temperature"], settings["top_k"], settings["top_p"]
+    sampled = temperature > 0
+
+    def draw():
+        logits = logits_BV / jnp.maximum(temperature, 1e-6)[:, None]
+        vocab = logits.shape[-1]
+        use_k = sampled & (top_k > 0)
+        use_p = sampled & (top_p < 1.0)
+        k = jnp.where(use_k, jnp.clip(top_k, 1, vocab), vocab)[:, None]
+
+        def top_k_floor():
+            return kth_largest(logits, k)
+
+        floor = jax.lax.cond(jnp.any(use_k), top_k_floor, lambda: jnp.min(logits, axis=-1, keepdims=True))
+        logits = jnp.where(use_k[:, None] & (logits < floor), -jnp.inf, logits)
+        copies = jnp.where(use_k[:, None],
+                           k.astype(jnp.float32) - jnp.sum(jnp.where(logits > floor, 1.0, 0.0), axis=-1,
+                                                           keepdims=True),
+                           jnp.sum(jnp.where(logits == floor, 1.0, 0.0), axis=-1, keepdims=True))
+
+        def nucleus():
+            threshold = nucleus_threshold(logits, top_p[:, None], floor, copies)
+            return jnp.where(use_p[:, None] & (logits < threshold), -jnp.inf, logits)
+
+        logits = jax.lax.cond(jnp.any(use_p), nucleus, lambda: logits)
+        keys = jax.vmap(lambda kd, i: jax.random.fold_in(jax.random.wrap_key_data(kd), i))(settings["key"], index_B)
+        drawn = jax.vmap(lambda key, row: jax.random.categorical(key, row))(keys, logits).astype(jnp.int32)
+        return jnp.where(sampled, drawn, greedy)
+
+    return jax.lax.cond(jnp.any(sampled), draw, lambda: greedy)

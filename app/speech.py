@@ -135,10 +135,9 @@ class SpeechEngine:
         model = self._model(params)
         dec, talker = model.decoder, model.speech.talker
         cfg = self.engine.cfg
-        deep = cfg.deepstack_modality
         media = {cfg.media_token_id(m): Media(*out) for m, out in thinker["media"].items()}
         prompt = Prompt(thinker["tokens"], thinker["lengths"], thinker["rope_pos"], thinker["bidirectional"], media,
-                        cfg.media_token_id(deep) if deep in thinker["media"] else None)
+                        cfg.deepstack_ids(thinker["media"]))
         accept = self.cfg.accept_hidden_layer
         _, _, hidden = dec.prefill(prompt, cache_len=thinker["tokens"].shape[1], cache_dtype=self.engine.dtype,
                                    attention=self.engine.attention, hidden_at=tuple(sorted({0, accept})),

@@ -157,6 +157,9 @@ def stacked_pixels(prompts) -> np.ndarray:
     return np.concatenate([x.reshape(-1, *x.shape[-3:]) for x in items])
 
 
+OMNIJAX_SETTINGS = {"dtype": "float32", "quantize": None}  # --dtype / --quantize of this run (and its probes)
+
+
 class OmnijaxRunner:
     name = "omnijax"
 
@@ -164,7 +167,8 @@ class OmnijaxRunner:
         from omnijax.app.pipeline import Pipeline
 
         start = time.perf_counter()
-        self.pipe = Pipeline.from_pretrained(folder, dtype="float32")
+        # no prefix or media cache: every repeat of a prompt is prefilled and encoded again, as the peer does
+        self.pipe = Pipeline.from_pretrained(folder, prefix_cache_mb=0, media_cache_mb=0, **OMNIJAX_SETTINGS)
         self.load_s = time.perf_counter() - start
         self.engine = self.pipe.engine
         decoder = self.engine.params["decoder"]
@@ -174,9 +178,8 @@ class OmnijaxRunner:
         self.matrices = [x for x in leaves if x.ndim == 2]  # every [out, in] kernel and the (tied) embedding
 
     def generate(self, prompts, new_tokens):
-        from omnijax.app.sampling import SamplingParams
-
-        out = self.engine.generate(prompts, new_tokens, SamplingParams(), ignore_eos=True)
+        out = np.array([r.token_ids for r in self.pipe.generate_prepared(prompts, max_new_tokens=new_tokens,
+                                                                          ignore_eos=True)])
         check_generated(out.shape, (len(prompts), new_tokens))
         return out
 
@@ -260,12 +263,12 @@ def compile_figures(folder, prompts_fn) -> dict:
     fresh.generate([first_prompt], 8)
     first = time.perf_counter() - start
     steady = min(timed(fresh.generate, [first_prompt], 8) for _ in range(2))
-    before = fresh.engine.compilations()
+    before = fresh.pipe.compilations()
     if len(other.token_ids) == len(first_prompt.token_ids):
         raise RuntimeError("the second prompt must have another length to measure recompiles inside a bucket")
     fresh.generate([other], 8)
     return {"compile_s": first - steady, "first_call_s": first, "steady_call_s": steady,
-            "recompiles_in_bucket": fresh.engine.compilations() - before,
+            "recompiles_in_bucket": fresh.pipe.compilations() - before,
             "prompt_lengths": [len(first_prompt.token_ids), len(other.token_ids)]}
 
 
@@ -300,7 +303,9 @@ def peak_rss_mb() -> float:
 
 def peak_memory(system: str, folder) -> float | None:
     proc = subprocess.run([sys.executable, "-m", "bench.generation", "--memory-probe", system, "--checkpoint",
-                           str(folder)], capture_output=True, text=True, timeout=1800)
+                           str(folder), "--dtype", OMNIJAX_SETTINGS["dtype"],
+                           "--quantize", OMNIJAX_SETTINGS["quantize"] or "none"],
+                          capture_output=True, text=True, timeout=1800)
     lines = [l for l in proc.stdout.splitlines() if l.startswith("{")]
     return json.loads(lines[-1])["peak_rss_mb"] if proc.returncode == 0 and lines else None
 
@@ -325,6 +330,7 @@ def markdown(report: dict) -> str:
     rows.append("| peak_rss_mb | " + " | ".join(f"{r['systems'][s].get('peak_rss_mb') or float('nan'):.0f}"
                                                for s in sys_names) + " |")
     head = [f"# Generation benchmark: {r['family']} ({r['device']}, {r['date']})", "",
+            f"omnijax weights: {r.get('omnijax_settings', {})}", "",
             f"Model: {r['params_millions']:.1f}M parameters, decoder weights {r['total_weight_bytes'] / 1e6:.0f} MB "
             f"float32{active}; "
             f"{r['repeats']} interleaved repeats, median (min-max). Headline ratios: the median of the ratios "
@@ -406,7 +412,7 @@ def run(family: str, out_dir: pathlib.Path, repeats: int, smoke: bool, ckpt_root
     stream_fractions = [stream_bytes / round_stream[i] / (round_bandwidth[i]["matvec"] * 1e9) for i in range(repeats)]
     dev = jax.devices()[0]
     report = {
-        "family": family, "smoke": smoke,
+        "family": family, "smoke": smoke, "omnijax_settings": dict(OMNIJAX_SETTINGS),
         "decode_b1_speedup": paired("decode_b1_tok_s", ours, ref),
         "decode_b8_speedup": paired("decode_b8_tok_s", ours, ref),
         "ttft512_ratio": paired("ttft_512_s", ours, ref),
@@ -456,9 +462,13 @@ def main(argv=None) -> int:
                    help="where benchmark checkpoints are built and reused")
     p.add_argument("--no-bf16", action="store_true", help="skip transformers in bfloat16")
     p.add_argument("--no-memory", action="store_true", help="skip the peak-memory subprocesses")
+    p.add_argument("--dtype", default="float32", help="omnijax's weight dtype (default float32)")
+    p.add_argument("--quantize", default="none", choices=["none", "int8", "int4"],
+                   help="omnijax's decoder weights quantized (int8 experts for the MoE families)")
     p.add_argument("--memory-probe", help=argparse.SUPPRESS)
     p.add_argument("--checkpoint", help=argparse.SUPPRESS)
     args = p.parse_args(argv)
+    OMNIJAX_SETTINGS.update(dtype=args.dtype, quantize=None if args.quantize == "none" else args.quantize)
     try:
         import torch  # noqa: F401 (transformers runs the reference side on PyTorch)
     except ImportError:

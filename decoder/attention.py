@@ -18,7 +18,7 @@ from flax import nnx
 from omnijax.common.linear import Linear, matmul_oi, param
 from omnijax.common.norms import RMSNorm, rms_norm
 from omnijax.common.sharding import constrain
-from omnijax.decoder.attention_op import PromptMeta, cache_attention, prompt_attention
+from omnijax.decoder.attention_op import PromptMeta, cache_attention, chunk_attention, prompt_attention
 from omnijax.decoder.kv_cache import LayerCache
 from omnijax.decoder.rope import apply_rotary, rope_key
 from omnijax.decoder.spec import AttentionSpec
@@ -42,10 +42,25 @@ class PromptContext(NamedTuple):
 
 class StepContext(NamedTuple):
     """What every layer of a decode step shares: the new token's position [B], its rope tables
-    {rope_key: (cos, sin) [B, 1, ...]}, and the position held in each cache slot before the token
-    {slots: [B, slots]}."""
+    {rope_key: (cos, sin) [B, 1, ...]}, the position held in each cache slot before the token {slots: [B, slots]},
+    and ``reach``: how many slots any decoding row holds (a long cache is read only that far; None: whole)."""
 
     pos: jax.Array
+    rope: dict
+    slot_pos: dict
+    reach: jax.Array | None = None
+
+
+class ChunkContext(NamedTuple):
+    """What every layer of a chunk shares: T tokens of one row's prompt continuing that row's cache.
+
+    row: the cache row (slot) the chunk continues; pos [1, T] the tokens' sequence positions (-1 padding);
+    block [1, T] their media block ids (-1 text); rope {rope_key: (cos, sin) [1, T, ...]}; slot_pos {slots:
+    [slots]}: the position each slot of the row's cache holds before the chunk (-1 empty)."""
+
+    row: jax.Array
+    pos: jax.Array
+    block: jax.Array
     rope: dict
     slot_pos: dict
 
@@ -92,7 +107,7 @@ class Attention(nnx.Module):
         k, g, h = spec.kv_heads, spec.group, spec.head_dim
         self.own_kv = spec.kv_source is None
         self.rows = g + (0 if not self.own_kv else 1 if spec.k_eq_v else 2)  # row groups per kv head
-        self.qkv = param(rngs, (k, self.rows * h, hidden), ("kv_heads", None, "embed"))
+        self.qkv = param(rngs, (k, self.rows * h, hidden), ("kv_heads", None, "embed"), quant_axis=-1)
         self.qkv_bias = nnx.Param(jnp.zeros((k, self.rows * h)), axes=("kv_heads", None)) if spec.bias else None
         self.o_proj = Linear(spec.num_heads * h, hidden, axes=("heads", "embed"), use_bias=spec.bias, rngs=rngs)
         if spec.qk_norm == "rms":
@@ -166,9 +181,22 @@ class Attention(nnx.Module):
                                query_rows=ctx.query_rows, backend=ctx.backend)
         return self._output(out), own
 
+    def extend(self, x_1TD: jax.Array, ctx: ChunkContext, cache: LayerCache,
+               shared: tuple[jax.Array, jax.Array] | None = None) -> tuple[jax.Array, tuple | None]:
+        """A chunk of one row's prompt attending to the row's cache (``cache``: every row's keys / values, those
+        before the chunk) and to itself -> (output [1, T, D], the chunk's keys and values [1, T, K, H], or None
+        for a layer that attends to the keys / values ``shared`` of an earlier layer's chunk)."""
+        q, k, v = self._project(x_1TD, ctx.pos, self._rope(ctx))
+        own = None if k is None else (k, v)
+        k, v = own if own is not None else shared
+        out = chunk_attention(q, cache.k, cache.v, ctx.row, ctx.slot_pos[cache.k.shape[-1]], k, v, ctx.pos,
+                              ctx.block, self.spec.mask, scale=self.spec.q_scale, softcap=self.spec.softcap)
+        return self._output(out), own
+
     def step(self, x_B1D: jax.Array, ctx: StepContext, cache: LayerCache) -> tuple[jax.Array, LayerCache | None]:
         """One new token per row -> (output [B, 1, D], this layer's cache holding the token's key/value as its
         pending token; ``kv_cache.write_pending`` writes it into the ring once the cache's last reader has run).
+        ``cache`` may hold more rows than the step (rows 0..B-1 are the step's).
         A layer that shares an earlier layer's keys/values reads that layer's cache, its token included, and
         returns None."""
         spec = self.spec
@@ -177,5 +205,5 @@ class Attention(nnx.Module):
         if k is not None:
             cache = mine = LayerCache(cache.k, cache.v, k.transpose(0, 2, 1, 3), v.transpose(0, 2, 1, 3))
         out = cache_attention(q, cache.k, cache.v, ctx.slot_pos[cache.k.shape[-1]], cache.token_k, cache.token_v,
-                              ctx.pos, spec.mask, scale=spec.q_scale, softcap=spec.softcap)
+                              ctx.pos, spec.mask, scale=spec.q_scale, softcap=spec.softcap, reach=ctx.reach)
         return self._output(out), mine

@@ -148,13 +148,7 @@ def _blocked(q_BLNH, k_BKLH, v_BKLH, meta: PromptMeta, mask: MaskSpec, *, scale,
             kb = jax.lax.dynamic_slice_in_dim(meta.block, ks, K_BLOCK, axis=1)
             s = _scores(qi, kj, softcap=softcap).reshape(b, kv, g, Q_BLOCK, K_BLOCK)
             s = s + jnp.where(visible(qp, kp, mask, qb, kb), 0.0, NEG)[:, None, None]
-            m_new = jnp.maximum(m, jnp.max(s, axis=-1))
-            p = jnp.exp(s - m_new[..., None])
-            corr = jnp.exp(m - m_new)
-            total = total * corr + jnp.sum(p, axis=-1)
-            pv = jnp.einsum("bkqs,bksh->bkqh", p.reshape(b, kv, g * Q_BLOCK, K_BLOCK).astype(q.dtype),
-                            vj.astype(q.dtype), preferred_element_type=jnp.float32)
-            return m_new, total, acc * corr.reshape(b, kv, g * Q_BLOCK)[..., None] + pv
+            return _accumulate(m, total, acc, s, vj, q.dtype)
 
         init = (jnp.full((b, kv, g, Q_BLOCK), NEG, jnp.float32), jnp.zeros((b, kv, g, Q_BLOCK), jnp.float32),
                 jnp.zeros((b, kv, g * Q_BLOCK, h), jnp.float32))
@@ -218,16 +212,108 @@ def prompt_attention(q_BLNH: jax.Array, k_BLKH: jax.Array, v_BLKH: jax.Array, me
     return out[:, :l]
 
 
-def cache_attention(q_B1NH: jax.Array, cache_k_BKHS: jax.Array, cache_v_BKSH: jax.Array, slot_pos_BS: jax.Array,
+def cache_attention(q_B1NH: jax.Array, cache_k_SKHC: jax.Array, cache_v_SKCH: jax.Array, slot_pos_BC: jax.Array,
                     token_k_BK1H: jax.Array, token_v_BK1H: jax.Array, q_pos_B: jax.Array, mask: MaskSpec, *,
-                    scale: float, softcap: float | None = None) -> jax.Array:
+                    scale: float, softcap: float | None = None, reach: jax.Array | None = None) -> jax.Array:
     """One new token per row attending to a layer's cache (the ring as it was) and to the token's own key/value, one
     softmax -> [batch, 1, N, H].
 
-    The key cache holds keys transposed ([B, K, H, S]), so the scores are a plain [G, H] x [H, S] product per kv
-    head; ``slot_pos_BS`` is the position held in each slot (-1 empty)."""
+    The cache may hold more rows than the step (S >= B; rows 0..B-1 are read). The key cache holds keys transposed
+    ([S, K, H, C]), so the scores are a plain [G, H] x [H, C] product per kv head; ``slot_pos_BC`` is the position
+    held in each slot (-1 empty). A cache longer than 512 slots is read in 128-slot blocks, only as far as ``reach``
+    (slots held by any row; None: all): a long context budget costs nothing until it is used."""
+    b = q_B1NH.shape[0]
+    c = cache_k_SKHC.shape[-1]
     q_pos = q_pos_B[:, None]
-    vis_cache = visible(q_pos, slot_pos_BS, mask)
     vis_token = (q_pos >= 0)[:, :, None]
-    return dot_attention(q_B1NH, [(cache_k_BKHS, cache_v_BKSH, vis_cache), (token_k_BK1H, token_v_BK1H, vis_token)],
-                         scale=scale, softcap=softcap, keys_transposed=True)
+    if c <= 512 or c % K_BLOCK:
+        vis_cache = visible(q_pos, slot_pos_BC, mask)
+        return dot_attention(q_B1NH, [(cache_k_SKHC[:b], cache_v_SKCH[:b], vis_cache),
+                                      (token_k_BK1H, token_v_BK1H, vis_token)],
+                             scale=scale, softcap=softcap, keys_transposed=True)
+    _, _, n, h = q_B1NH.shape
+    kv = cache_k_SKHC.shape[1]
+    g = n // kv
+    q = _group_queries(q_B1NH, kv, scale)  # [B, K, G, H]
+    zero = jnp.zeros((), jnp.int32)
+    held = c if reach is None else jnp.minimum(reach, c)
+
+    def one_block(j, carry):
+        m, total, acc = carry
+        ks = j * K_BLOCK
+        kj = jax.lax.dynamic_slice(cache_k_SKHC, (zero, zero, zero, ks), (b, kv, h, K_BLOCK))
+        vj = jax.lax.dynamic_slice(cache_v_SKCH, (zero, zero, ks, zero), (b, kv, K_BLOCK, h))
+        kp = jax.lax.dynamic_slice_in_dim(slot_pos_BC, ks, K_BLOCK, axis=1)
+        s = _scores(q, kj, softcap=softcap, keys_transposed=True).reshape(b, kv, g, 1, K_BLOCK)
+        s = s + jnp.where(visible(q_pos, kp, mask), 0.0, NEG)[:, None, None]
+        return _accumulate(m, total, acc, s, vj, q.dtype)
+
+    init = (jnp.full((b, kv, g, 1), NEG, jnp.float32), jnp.zeros((b, kv, g, 1), jnp.float32),
+            jnp.zeros((b, kv, g, h), jnp.float32))
+    carry = jax.lax.fori_loop(0, (held + K_BLOCK - 1) // K_BLOCK, one_block, init)
+    s = _scores(q, token_k_BK1H, softcap=softcap).reshape(b, kv, g, 1, 1)
+    s = s + jnp.where(vis_token, 0.0, NEG)[:, None, None]
+    _, total, acc = _accumulate(*carry, s, token_v_BK1H, q.dtype)
+    out = acc / total.reshape(b, kv, g)[..., None]
+    return _ungroup(out.astype(q_B1NH.dtype), 1)
+
+
+def _history_block(s: int) -> int:
+    """Keys per history block for a cache of ``s`` slots: the whole cache up to 512 slots, else 128-slot blocks
+    (cache lengths above 512 are multiples of 128)."""
+    return s if s <= 512 or s % K_BLOCK else K_BLOCK
+
+
+def chunk_attention(q_1TNH: jax.Array, cache_k_SKHC: jax.Array, cache_v_SKCH: jax.Array, row: jax.Array,
+                    slot_pos_C: jax.Array, k_1TKH: jax.Array, v_1TKH: jax.Array, q_pos_1T: jax.Array,
+                    q_block_1T: jax.Array, mask: MaskSpec, *, scale: float,
+                    softcap: float | None = None) -> jax.Array:
+    """A chunk of one row's prompt attending to that row's cache (the keys before the chunk) and to itself, one
+    running softmax -> [1, T, N, H].
+
+    cache_k [S, K, H, C] / cache_v [S, K, C, H]: every row's cache (keys transposed); ``row`` the one read;
+    ``slot_pos_C`` the position each of its slots holds before the chunk (-1 empty). k, v [1, T, K, H]: the
+    chunk's own keys and values; q_pos [1, T] their positions (-1 padding), q_block [1, T] their media block ids.
+    Only the cache blocks that hold keys are read (a loop whose length follows the keys held, not the cache
+    length); cache keys never share a media block with the chunk (chunks do not split a block)."""
+    _, t, n, h = q_1TNH.shape
+    kv = k_1TKH.shape[2]
+    g = n // kv
+    c = cache_k_SKHC.shape[-1]
+    q = _group_queries(q_1TNH, kv, scale)  # [1, K, G*T, H]
+    kb = _history_block(c)
+    held = jnp.sum(slot_pos_C >= 0)  # slots fill from 0: the held ones are the first ``held``
+    zero = jnp.zeros((), jnp.int32)
+
+    def one_block(j, carry):
+        m, total, acc = carry
+        ks = j * kb
+        kj = jax.lax.dynamic_slice(cache_k_SKHC, (row, zero, zero, ks), (1, kv, h, kb))
+        vj = jax.lax.dynamic_slice(cache_v_SKCH, (row, zero, ks, zero), (1, kv, kb, h))
+        kp = jax.lax.dynamic_slice_in_dim(slot_pos_C, ks, kb)[None]
+        s = _scores(q, kj, softcap=softcap, keys_transposed=True).reshape(1, kv, g, t, kb)
+        s = s + jnp.where(visible(q_pos_1T, kp, mask), 0.0, NEG)[:, None, None]
+        return _accumulate(m, total, acc, s, vj, q.dtype)
+
+    init = (jnp.full((1, kv, g, t), NEG, jnp.float32), jnp.zeros((1, kv, g, t), jnp.float32),
+            jnp.zeros((1, kv, g * t, h), jnp.float32))
+    carry = jax.lax.fori_loop(0, (held + kb - 1) // kb, one_block, init)
+    k = k_1TKH.transpose(0, 2, 1, 3)  # [1, K, T, H]
+    v = v_1TKH.transpose(0, 2, 1, 3)
+    s = _scores(q, k, softcap=softcap).reshape(1, kv, g, t, t)
+    s = s + jnp.where(visible(q_pos_1T, q_pos_1T, mask, q_block_1T, q_block_1T), 0.0, NEG)[:, None, None]
+    _, total, acc = _accumulate(*carry, s, v, q.dtype)
+    out = acc / total.reshape(1, kv, g * t)[..., None]
+    return _ungroup(out.astype(q_1TNH.dtype), t)
+
+
+def _accumulate(m, total, acc, s, v_BKSH, dtype):
+    """One more block of scores s [B, K, G, Q, S] (and values [B, K, S, H]) into a running softmax."""
+    b, kv, g, nq, ns = s.shape
+    m_new = jnp.maximum(m, jnp.max(s, axis=-1))
+    p = jnp.exp(s - m_new[..., None])
+    corr = jnp.exp(m - m_new)
+    total = total * corr + jnp.sum(p, axis=-1)
+    pv = jnp.einsum("bkqs,bksh->bkqh", p.reshape(b, kv, g * nq, ns).astype(dtype), v_BKSH.astype(dtype),
+                    preferred_element_type=jnp.float32)
+    return m_new, total, acc * corr.reshape(b, kv, g * nq)[..., None] + pv

@@ -20,7 +20,7 @@ from flax import nnx
 
 from omnijax.common.norms import RMSNorm
 from omnijax.common.sharding import constrain
-from omnijax.decoder.attention import Attention, PromptContext, StepContext
+from omnijax.decoder.attention import Attention, ChunkContext, PromptContext, StepContext
 from omnijax.decoder.kv_cache import LayerCache
 from omnijax.decoder.mlp import GatedMLP
 from omnijax.decoder.moe import MoEMLP
@@ -61,6 +61,12 @@ class Block(nnx.Module):
         if rows_BQ is not None:
             x_BLD = take_rows(x_BLD, rows_BQ)
         return self.post_attention(x_BLD, h, layer_input_BLP), kv
+
+    def extend(self, x_1TD: jax.Array, ctx: ChunkContext, cache: LayerCache, shared_kv: tuple | None = None,
+               layer_input_1TP: jax.Array | None = None) -> tuple[jax.Array, tuple | None]:
+        """A chunk of one row's prompt after that row's cache -> (x, the chunk's keys/values or None)."""
+        h, kv = self.attn.extend(self.pre_attention(x_1TD), ctx, cache, shared_kv)
+        return self.post_attention(x_1TD, h, layer_input_1TP), kv
 
     def step(self, x_B1D: jax.Array, ctx: StepContext, cache: LayerCache,
              layer_input_B1P: jax.Array | None = None) -> tuple[jax.Array, LayerCache | None]:

@@ -10,7 +10,7 @@ layer keeps the cache length; a layer that shares another layer's keys/values ke
 position p lives in slot p % slots, so the position a slot holds follows from the row's length alone
 (``slot_positions``) and nothing else is stored.
 
-In a decode step a layer's ``LayerCache`` is its ring plus the step's new token (``token_k``, ``token_v``): the layer
+In a decode step a layer's ``LayerCache`` is its ring (every row of it) plus the step's new token (``token_k``, ``token_v``): the layer
 that owns the cache adds the token, it and the layers that share the cache attend over ring and token, and once the
 cache's last reader has run the token is written into its slot (``write_pending``). The write is ordered after that
 reader's output, so every read of the ring comes first and the compiler updates the ring in place inside the decode
@@ -114,32 +114,38 @@ def fill_from_prompt(k_BLKH: jax.Array, v_BLKH: jax.Array, length_B: jax.Array, 
     return constrain(k, KEY_AXES), constrain(v, VALUE_AXES)
 
 
-def write_token(cache_k_BKHS: jax.Array, cache_v_BKSH: jax.Array, k_BK1H: jax.Array, v_BK1H: jax.Array,
+def write_token(cache_k_SKHC: jax.Array, cache_v_SKCH: jax.Array, k_BK1H: jax.Array, v_BK1H: jax.Array,
                 length_B: jax.Array) -> tuple[jax.Array, jax.Array]:
-    """The layer's cache with each row's new key/value written at slot length % slots (its own slot per row)."""
-    b, _, _, slots = cache_k_BKHS.shape
+    """The layer's cache with each row's new key/value written at slot length % slots (its own slot per row).
+
+    The cache may hold more rows than there are new tokens (S >= B): the tokens go to rows 0..B-1. Every row
+    writes (a masked write would make the compiler rewrite whole caches): a row that is not decoding writes at
+    its next position, which nothing reads before it is written again (see ``DecoderModel.step``)."""
+    b = k_BK1H.shape[0]
+    s, _, _, slots = cache_k_SKHC.shape
     slot_B = length_B % slots
-    k_new = k_BK1H.astype(cache_k_BKHS.dtype)[:, :, 0]  # [B, K, H]
-    v_new = v_BK1H.astype(cache_v_BKSH.dtype)[:, :, 0]
-    if b == 1:  # one row: a plain slice update
-        zero = jnp.zeros((), jnp.int32)
-        k = jax.lax.dynamic_update_slice(cache_k_BKHS, k_new[..., None], (zero, zero, zero, slot_B[0]))
-        v = jax.lax.dynamic_update_slice(cache_v_BKSH, v_new[:, :, None], (zero, zero, slot_B[0], zero))
-    else:  # a slot per row: a scatter batched over rows (stays shard-local when rows are split over devices)
-        zero = jnp.zeros((), jnp.int32)
-        k = jax.vmap(lambda c, n, s: jax.lax.dynamic_update_slice(c, n[..., None], (zero, zero, s)))(
-            cache_k_BKHS, k_new, slot_B)
-        v = jax.vmap(lambda c, n, s: jax.lax.dynamic_update_slice(c, n[:, None], (zero, s, zero)))(
-            cache_v_BKSH, v_new, slot_B)
+    k_new = k_BK1H.astype(cache_k_SKHC.dtype)[:, :, 0]  # [B, K, H]
+    v_new = v_BK1H.astype(cache_v_SKCH.dtype)[:, :, 0]
+    zero = jnp.zeros((), jnp.int32)
+    if b == s and b > 1:  # a slot per row: a scatter batched over rows (stays shard-local when rows are split)
+        k = jax.vmap(lambda c, n, t: jax.lax.dynamic_update_slice(c, n[..., None], (zero, zero, t)))(
+            cache_k_SKHC, k_new, slot_B)
+        v = jax.vmap(lambda c, n, t: jax.lax.dynamic_update_slice(c, n[:, None], (zero, t, zero)))(
+            cache_v_SKCH, v_new, slot_B)
+    else:  # the first B rows: a plain slice update per row
+        k, v = cache_k_SKHC, cache_v_SKCH
+        for r in range(b):
+            row = jnp.int32(r)
+            k = jax.lax.dynamic_update_slice(k, k_new[r][None, ..., None], (row, zero, zero, slot_B[r]))
+            v = jax.lax.dynamic_update_slice(v, v_new[r][None, :, None], (row, zero, slot_B[r], zero))
     return constrain(k, KEY_AXES), constrain(v, VALUE_AXES)
 
 
-def write_pending(cache: LayerCache, length_B: jax.Array, after_BLD: jax.Array) -> LayerCache:
-    """The cache with its pending token written at slot length % slots, the write ordered after ``after_BLD`` (the
-    output of the cache's last reader in this step)."""
+def write_pending(cache: LayerCache, length_B: jax.Array, after_BLD: jax.Array) -> tuple[jax.Array, jax.Array]:
+    """(keys, values) with the cache's pending token written at slot length % slots, the write ordered after
+    ``after_BLD`` (the output of the cache's last reader in this step)."""
     dep = after_BLD[:, None, :1, :1]  # [B, 1, 1, 1]: replicated over the model axis, so the dependency stays local
-    k, v = write_token(cache.k, cache.v, after(cache.token_k, dep), after(cache.token_v, dep), length_B)
-    return LayerCache(k, v)
+    return write_token(cache.k, cache.v, after(cache.token_k, dep), after(cache.token_v, dep), length_B)
 
 
 def after(x: jax.Array, dep: jax.Array) -> jax.Array:
@@ -164,3 +170,38 @@ def extend_cache(spec: DecoderSpec, cache: dict, cache_len: int) -> dict:
         keys.append(constrain(jnp.pad(k, ((0, 0), (0, 0), (0, 0), (0, grow))), KEY_AXES))
         values.append(constrain(jnp.pad(v, ((0, 0), (0, 0), (0, grow), (0, 0))), VALUE_AXES))
     return {"length": cache["length"], "k": tuple(keys), "v": tuple(values)}
+
+
+def write_chunk(cache_k_SKHC: jax.Array, cache_v_SKCH: jax.Array, row: jax.Array, k_1TKH: jax.Array,
+                v_1TKH: jax.Array, start: jax.Array, count: jax.Array) -> tuple[jax.Array, jax.Array]:
+    """Every row's cache with the first ``count`` keys/values of a chunk written into row ``row`` at positions
+    start, start + 1, ... (slot p % slots). A ring keeps the chunk's last ``slots`` tokens; the chunk's padding
+    and the tokens a ring drops are not written."""
+    c = cache_k_SKHC.shape[-1]
+    t = k_1TKH.shape[1]
+    i = jnp.arange(t, dtype=jnp.int32)
+    keep = (i < count) & (i >= count - c)
+    slot_T = jnp.where(keep, (start + i) % c, c)  # c: out of range, dropped
+    k = cache_k_SKHC.at[row, :, :, slot_T].set(k_1TKH[0].astype(cache_k_SKHC.dtype), mode="drop")
+    v = cache_v_SKCH.at[row, :, slot_T, :].set(v_1TKH[0].astype(cache_v_SKCH.dtype), mode="drop")
+    return constrain(k, KEY_AXES), constrain(v, VALUE_AXES)
+
+
+def snapshot_row(cache: dict, row: jax.Array, length: int) -> dict:
+    """Row ``row`` of every layer's cache, the first ``length`` slots of each cache longer than that (ring caches
+    whole): what ``restore_row`` writes back into any row to continue from the same tokens."""
+    keys, values = [], []
+    for k, v in zip(cache["k"], cache["v"]):
+        n = min(length, k.shape[-1])
+        keys.append(jax.lax.dynamic_slice_in_dim(k, row, 1, axis=0)[..., :n])
+        values.append(jax.lax.dynamic_slice_in_dim(v, row, 1, axis=0)[:, :, :n])
+    return {"k": tuple(keys), "v": tuple(values)}
+
+
+def restore_row(cache: dict, row: jax.Array, saved: dict, length: jax.Array) -> dict:
+    """``cache`` with row ``row`` holding a ``snapshot_row`` of ``length`` tokens."""
+    zero = jnp.zeros((), jnp.int32)
+    keys = tuple(jax.lax.dynamic_update_slice(k, s, (row, zero, zero, zero)) for k, s in zip(cache["k"], saved["k"]))
+    values = tuple(jax.lax.dynamic_update_slice(v, s, (row, zero, zero, zero))
+                   for v, s in zip(cache["v"], saved["v"]))
+    return {"length": cache["length"].at[row].set(length), "k": keys, "v": values}

@@ -20,7 +20,7 @@ class GatedMLP(nnx.Module):
     matching rows of both halves (no collective before the product)."""
 
     def __init__(self, hidden: int, intermediate: int, act: str, *, rngs: nnx.Rngs):
-        self.gate_up_proj = param(rngs, (intermediate, 2, hidden), ("mlp", None, "embed"))
+        self.gate_up_proj = param(rngs, (intermediate, 2, hidden), ("mlp", None, "embed"), quant_axis=-1)
         self.down_proj = Linear(intermediate, hidden, axes=("mlp", "embed"), rngs=rngs)
         self.act = act
 

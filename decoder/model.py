@@ -17,12 +17,12 @@ from flax import nnx
 
 from omnijax.common.norms import RMSNorm
 from omnijax.common.sharding import constrain
-from omnijax.decoder.attention import PromptContext, StepContext
+from omnijax.decoder.attention import ChunkContext, PromptContext, StepContext
 from omnijax.decoder.attention_op import PromptMeta
 from omnijax.decoder.blocks import take_rows
 from omnijax.decoder.embed import Embedder, add_at_placeholders, merge_media
 from omnijax.decoder.kv_cache import (LayerCache, cache_index, cache_slots, fill_from_prompt, last_readers,
-                                     slot_positions, write_pending)
+                                     slot_positions, write_chunk, write_pending)
 from omnijax.decoder.parts import BUILTIN_PARTS, DecoderParts
 from omnijax.decoder.rope import rope_tables
 from omnijax.decoder.spec import DecoderSpec
@@ -42,8 +42,8 @@ class Prompt(NamedTuple):
 
     tokens [B, L] int32 (media placeholders included); lengths [B]; rope_pos [axes, B, L] RoPE positions (axes 3
     for MRoPE); bidirectional [B, L] bool: tokens of media blocks that attend to their whole block.
-    media: {placeholder token id: Media}; deepstack: the placeholder id whose Media extras are added after the
-    first layers (or None).
+    media: {placeholder token id: Media}; deepstack: the placeholder ids whose Media extras are added after the
+    first layers (images and video frames of one vision tower; each at its own placeholders).
     """
 
     tokens: jax.Array
@@ -51,7 +51,28 @@ class Prompt(NamedTuple):
     rope_pos: jax.Array
     bidirectional: jax.Array
     media: dict
-    deepstack: int | None = None
+    deepstack: tuple[int, ...] = ()
+
+
+class Chunk(NamedTuple):
+    """T tokens of one row's prompt, after the ``start`` tokens its cache row ``row`` holds.
+
+    tokens [1, T] int32 (right-padded; media placeholders included); count: how many are real; rope_pos
+    [axes, 1, T] (float32: time-aware positions may be fractional); bidirectional [1, T]: tokens of media blocks
+    that attend to their whole block (a chunk never splits such a block). media: {placeholder id: Media} with the
+    rows of the whole prompt's media; offsets: {placeholder id: how many of its placeholders come before the
+    chunk}. deepstack: as in ``Prompt``.
+    """
+
+    tokens: jax.Array
+    count: jax.Array
+    start: jax.Array
+    row: jax.Array
+    rope_pos: jax.Array
+    bidirectional: jax.Array
+    media: dict
+    offsets: dict
+    deepstack: tuple[int, ...] = ()
 
 
 def block_ids(is_media_BL: jax.Array) -> jax.Array:
@@ -97,10 +118,10 @@ class DecoderModel(nnx.Module):
         return rope_tables(rope_pos_ABL, [(l.attention.rope, l.attention.head_dim) for l in self.spec.layers
                                           if l.attention.rope is not None])
 
-    def embed(self, tokens_BL: jax.Array, media: dict) -> jax.Array:
+    def embed(self, tokens_BL: jax.Array, media: dict, offsets: dict | None = None) -> jax.Array:
         x = self.embedder.encode(tokens_BL)
         for token_id, m in media.items():
-            x = merge_media(x, tokens_BL == token_id, m.features, m.valid)
+            x = merge_media(x, tokens_BL == token_id, m.features, m.valid, (offsets or {}).get(token_id, 0))
         return constrain(x, ("batch", "length", "embed"))
 
     def logits(self, h_BLD: jax.Array) -> jax.Array:
@@ -111,7 +132,6 @@ class DecoderModel(nnx.Module):
     def _layer_inputs(self, tokens_BL: jax.Array, x_BLD: jax.Array):
         return None if self.layer_inputs is None else self.layer_inputs(tokens_BL, x_BLD)  # [B, L, layers, P]
 
-    # ---- forward passes ------------------------------------------------------------------------------------
     def _output(self, h_BLD: jax.Array, output: str) -> jax.Array:
         """The final layer's output as ``output`` asks: "logits" (float32 [.., V]) or "hidden" (final-normed
         hidden states [.., D], for a model whose head is not the embedder's)."""
@@ -121,6 +141,7 @@ class DecoderModel(nnx.Module):
             raise ValueError(f"unknown decoder output {output!r}; use 'logits' or 'hidden'")
         return self.logits(h_BLD)
 
+    # ---- forward passes ------------------------------------------------------------------------------------
     def prefill(self, prompt: Prompt, *, cache_len: int, cache_dtype, all_logits: bool = False,
                 rope: dict | None = None, attention: str = "auto", embeds: jax.Array | None = None,
                 hidden_at: tuple[int, ...] = (), output: str = "logits"):
@@ -136,6 +157,43 @@ class DecoderModel(nnx.Module):
         0 the input embeddings (media merged), i >= 1 the output of layer i - 1, taken before any deepstack
         addition after that layer; ``hidden`` is {i: [B, L, D]}.
         """
+        x, cache, hidden = self._prompt_layers(prompt, cache_len=cache_len, cache_dtype=cache_dtype,
+                                               all_rows=all_logits, rope=rope, attention=attention, embeds=embeds,
+                                               hidden_at=hidden_at)
+        out = self._output(x, output)
+        out = out if all_logits else out[:, 0]
+        return (out, cache, hidden) if hidden_at else (out, cache)
+
+    def token_logprobs(self, prompt: Prompt, *, cache_len: int, cache_dtype, rope: dict | None = None,
+                       attention: str = "auto", rows_per_chunk: int = 32) -> jax.Array:
+        """[B, L] float32: at each position t, the natural-log probability of token t + 1 of the prompt given the
+        tokens up to t (the log-softmax of the logits gathered at the next token; the last position of each row
+        reads a pad and means nothing). The logits are made ``rows_per_chunk`` positions at a time, so the memory
+        of a long prompt stays [B, rows_per_chunk, V]."""
+        x, _, _ = self._prompt_layers(prompt, cache_len=cache_len, cache_dtype=cache_dtype, all_rows=True,
+                                      rope=rope, attention=attention)
+        b, l, d = x.shape
+        pad = -l % rows_per_chunk
+        targets = jnp.pad(prompt.tokens[:, 1:], ((0, 0), (0, 1 + pad)))
+        x = jnp.pad(x, ((0, 0), (0, pad), (0, 0)))
+        chunks = (l + pad) // rows_per_chunk
+
+        def one_chunk(args):
+            h_BCD, t_BC = args
+            logp = jax.nn.log_softmax(self.logits(h_BCD).astype(jnp.float32), axis=-1)
+            return jnp.take_along_axis(logp, t_BC[..., None], axis=-1)[..., 0]
+
+        h = x.reshape(b, chunks, rows_per_chunk, d).transpose(1, 0, 2, 3)
+        t = targets.reshape(b, chunks, rows_per_chunk).transpose(1, 0, 2)
+        out = jax.lax.map(one_chunk, (h, t))  # [chunks, B, rows]
+        return out.transpose(1, 0, 2).reshape(b, l + pad)[:, :l]
+
+    def _prompt_layers(self, prompt: Prompt, *, cache_len: int, cache_dtype, all_rows: bool, rope: dict | None,
+                       attention: str, embeds: jax.Array | None = None,
+                       hidden_at: tuple[int, ...] = ()) -> tuple[jax.Array, dict, dict]:
+        """The prompt through every layer -> (the last layer's output [B, L, D], or [B, 1, D] at each row's last
+        token unless ``all_rows``; the cache; the hidden states ``hidden_at`` asks for, as ``prefill``)."""
+        all_logits = all_rows
         spec = self.spec
         if any(not 0 <= i < spec.num_layers for i in hidden_at):
             raise ValueError(f"hidden_at {hidden_at} must name hidden states 0..{spec.num_layers - 1}")
@@ -144,10 +202,10 @@ class DecoderModel(nnx.Module):
         meta = prompt_meta(prompt.lengths, prompt.bidirectional)
         ctx = PromptContext(meta, rope if rope is not None else self.rope_tables(prompt.rope_pos), backend=attention)
         per_layer = self._layer_inputs(prompt.tokens, x)
-        deepstack = () if prompt.deepstack is None else prompt.media[prompt.deepstack].extras
+        deepstack = max((len(prompt.media[t].extras) for t in prompt.deepstack), default=0)
         last_rows = jnp.maximum(prompt.lengths - 1, 0)[:, None]  # [B, 1]
         # from this layer on only each row's last position is needed (later layers compute no keys/values)
-        narrow_from = len(spec.layers) if all_logits else max(spec.last_kv_layer, len(deepstack), *hidden_at)
+        narrow_from = len(spec.layers) if all_logits else max(spec.last_kv_layer, deepstack, *hidden_at)
         slots = cache_slots(spec, cache_len)
         prompt_kv: dict[int, tuple] = {}  # owner layer -> its keys and values [B, L, K, H], for sharing layers
         caches: list[LayerCache] = []
@@ -163,31 +221,73 @@ class DecoderModel(nnx.Module):
                 caches.append(LayerCache(*fill_from_prompt(*kv, prompt.lengths, slots[i], cache_dtype)))
             if i + 1 in hidden_at:
                 hidden[i + 1] = x
-            if i < len(deepstack):
-                m = prompt.media[prompt.deepstack]
-                x = add_at_placeholders(x, prompt.tokens == prompt.deepstack, deepstack[i], m.valid)
-        out = self._output(x, output)
-        out = out if all_logits else out[:, 0]
-        cache = {"length": prompt.lengths.astype(jnp.int32), "k": tuple(c.k for c in caches),
-                 "v": tuple(c.v for c in caches)}
-        return (out, cache, hidden) if hidden_at else (out, cache)
+            for token_id in prompt.deepstack:
+                m = prompt.media[token_id]
+                if i < len(m.extras):
+                    x = add_at_placeholders(x, prompt.tokens == token_id, m.extras[i], m.valid)
+        return x, {"length": prompt.lengths.astype(jnp.int32), "k": tuple(c.k for c in caches),
+                   "v": tuple(c.v for c in caches)}, hidden
 
-    def step(self, tokens_B: jax.Array, rope_pos_AB: jax.Array, cache: dict, *, embeds: jax.Array | None = None,
-             output: str = "logits") -> tuple[jax.Array, dict]:
+    def extend(self, chunk: Chunk, cache: dict) -> tuple[jax.Array, dict]:
+        """A chunk of one row's prompt continuing that row of the cache -> (logits [1, V] at the chunk's last real
+        token, the cache with the chunk written and the row's length ``start + count``).
+
+        Each layer attends to the row's cache as it was and to the chunk (``Attention.extend``); once every layer
+        has run, each cache takes the chunk's keys and values (``write_chunk``). Other rows are untouched."""
+        spec = self.spec
+        t = chunk.tokens.shape[1]
+        x = self.embed(chunk.tokens, chunk.media, chunk.offsets)
+        idx = jnp.arange(t, dtype=jnp.int32)[None]
+        pos = jnp.where(idx < chunk.count, chunk.start + idx, -1)
+        ctx = ChunkContext(chunk.row, pos, block_ids(chunk.bidirectional & (pos >= 0)),
+                           self.rope_tables(chunk.rope_pos),
+                           {n: slot_positions(chunk.start[None], n)[0] for n in sorted({k.shape[-1]
+                                                                                        for k in cache["k"]})})
+        per_layer = self._layer_inputs(chunk.tokens, x)
+        index = cache_index(spec)
+        chunk_kv: dict[int, tuple] = {}  # owner layer -> the chunk's keys and values, for sharing layers
+        for i, layer in enumerate(self.layers):
+            j = index[spec.kv_layer(i)]
+            x, kv = layer.extend(x, ctx, LayerCache(cache["k"][j], cache["v"][j]), chunk_kv.get(spec.kv_layer(i)),
+                                 None if per_layer is None else per_layer[:, :, i])
+            if kv is not None:
+                chunk_kv[i] = kv
+            for token_id in chunk.deepstack:
+                m = chunk.media[token_id]
+                if i < len(m.extras):
+                    x = add_at_placeholders(x, chunk.tokens == token_id, m.extras[i], m.valid,
+                                            chunk.offsets.get(token_id, 0))
+        keys, values = list(cache["k"]), list(cache["v"])
+        for i, (k, v) in chunk_kv.items():
+            j = index[i]
+            keys[j], values[j] = write_chunk(keys[j], values[j], chunk.row, k, v, chunk.start, chunk.count)
+        last = jax.lax.dynamic_slice_in_dim(x, jnp.maximum(chunk.count - 1, 0), 1, axis=1)
+        length = cache["length"].at[chunk.row].set(chunk.start + chunk.count)
+        return self.logits(last)[:, 0], {"length": length, "k": tuple(keys), "v": tuple(values)}
+
+    def step(self, tokens_B: jax.Array, rope_pos_AB: jax.Array, cache: dict, active_B: jax.Array | None = None,
+             *, embeds: jax.Array | None = None, output: str = "logits") -> tuple[jax.Array, dict]:
         """One token per row at position cache["length"] -> (logits [B, V], the cache with it written).
 
         ``embeds`` [B, D]: the input embedding of each row, taken instead of the embedding of ``tokens_B``;
         ``output="hidden"``: the final-normed hidden state [B, D] instead of the logits.
-        A layer that owns keys/values takes its cache and returns it holding the token; a layer that shares them
-        reads the owner's cache, token included. Once a cache's last reader has run, its token is written into
-        its ring (``write_pending``)."""
+
+        The cache may hold more rows than there are tokens: the tokens are rows 0..B-1 of it, the other rows are
+        left alone. ``active_B``: the rows that take their token; the others keep their length (their logits mean
+        nothing) and their token lands at their next position, which nothing reads: a row filled by chunks writes
+        that position next, and in a ring the slot it takes held a position the next query no longer sees. A layer
+        that owns keys/values takes its cache and returns it holding the token; a layer that shares them reads the
+        owner's cache, token included. Once a cache's last reader has run, its token is written into its ring
+        (``write_pending``)."""
         spec = self.spec
-        pos = cache["length"]
+        b = tokens_B.shape[0]
+        pos = cache["length"][:b]
         tokens = tokens_B[:, None]
         x = self.embed(tokens, {}) if embeds is None else embeds[:, None]
         per_layer = self._layer_inputs(tokens, x)
+        reach = jnp.max(pos if active_B is None else jnp.where(active_B, pos, 0))
         ctx = StepContext(pos, self.rope_tables(rope_pos_AB[:, :, None]),
-                          {s: slot_positions(pos, s) for s in sorted({k.shape[-1] for k in cache["k"]})})
+                          {s: slot_positions(pos, s) for s in sorted({k.shape[-1] for k in cache["k"]})}, reach)
         index, last = cache_index(spec), last_readers(spec)
         caches = [LayerCache(k, v) for k, v in zip(cache["k"], cache["v"])]
         for i, layer in enumerate(self.layers):
@@ -196,6 +296,8 @@ class DecoderModel(nnx.Module):
             if mine is not None:
                 caches[j] = mine
             if last[j] == i:
-                caches[j] = write_pending(caches[j], pos, x)
-        return self._output(x, output)[:, 0], {"length": pos + 1, "k": tuple(c.k for c in caches),
+                caches[j] = LayerCache(*write_pending(caches[j], pos, x))
+        grown = pos + (1 if active_B is None else active_B.astype(jnp.int32))
+        length = grown if b == cache["length"].shape[0] else cache["length"].at[:b].set(grown)
+        return self._output(x, output)[:, 0], {"length": length, "k": tuple(c.k for c in caches),
                                                "v": tuple(c.v for c in caches)}

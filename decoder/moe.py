@@ -16,6 +16,7 @@ from flax import nnx
 
 from omnijax.common.activations import activation
 from omnijax.common.linear import matmul_oi, param
+from omnijax.common.matmul_policy import expert_weights, widened
 from omnijax.decoder.mlp import GatedMLP
 from omnijax.decoder.spec import FeedForwardSpec
 
@@ -62,13 +63,14 @@ class SigmoidInputRouter(nnx.Module):
 
 
 def _expert_ffn(x_ND, wg_NDI, wu_NDI, wd_NID, act):
-    g = jnp.einsum("nd,ndi->ni", x_ND, wg_NDI)
-    u = jnp.einsum("nd,ndi->ni", x_ND, wu_NDI)
-    return jnp.einsum("ni,nid->nd", act(g) * u, wd_NID)
+    g = jnp.einsum("nd,ndi->ni", x_ND, widened(wg_NDI, x_ND.dtype))
+    u = jnp.einsum("nd,ndi->ni", x_ND, widened(wu_NDI, x_ND.dtype))
+    return jnp.einsum("ni,nid->nd", act(g) * u, widened(wd_NID, x_ND.dtype))
 
 
 def experts_gathered(x_ND, ids_N, wg_EDI, wu_EDI, wd_EID, act):
-    """Each assignment n through expert ids_N[n], reading only the selected experts' weights."""
+    """Each assignment n through expert ids_N[n], reading only the selected experts' weights (arrays in x's dtype,
+    or QuantizedArrays: the selected experts are gathered narrow, then widened)."""
     return _expert_ffn(x_ND, wg_EDI[ids_N], wu_EDI[ids_N], wd_EID[ids_N], act)
 
 
@@ -90,8 +92,8 @@ def experts_tiled(x_ND, ids_N, wg_EDI, wu_EDI, wd_EID, act, tile: int):
 
     def one_tile(_, inputs):
         xt, ex = inputs
-        h = act(xt @ wg_EDI[ex]) * (xt @ wu_EDI[ex])
-        return None, h @ wd_EID[ex]
+        h = act(xt @ widened(wg_EDI[ex], xt.dtype)) * (xt @ widened(wu_EDI[ex], xt.dtype))
+        return None, h @ widened(wd_EID[ex], xt.dtype)
 
     _, out = jax.lax.scan(one_tile, None, (buf.reshape(num_tiles, tile, d), tile_expert))
     out = out.reshape(num_tiles * tile, d)[slot]
@@ -115,9 +117,9 @@ class MoEMLP(nnx.Module):
     def __init__(self, spec: FeedForwardSpec, hidden: int, router_cls: type, *, rngs: nnx.Rngs):
         e, i = spec.num_experts, spec.intermediate
         self.router = router_cls(spec, hidden, rngs=rngs)
-        self.gate_proj = param(rngs, (e, hidden, i), ("expert", "embed", "mlp"))
-        self.up_proj = param(rngs, (e, hidden, i), ("expert", "embed", "mlp"))
-        self.down_proj = param(rngs, (e, i, hidden), ("expert", "mlp", "embed"))
+        self.gate_proj = param(rngs, (e, hidden, i), ("expert", "embed", "mlp"), quant_axis=1)
+        self.up_proj = param(rngs, (e, hidden, i), ("expert", "embed", "mlp"), quant_axis=1)
+        self.down_proj = param(rngs, (e, i, hidden), ("expert", "mlp", "embed"), quant_axis=1)
         self.shared = GatedMLP(hidden, spec.shared_intermediate, spec.activation, rngs=rngs) \
             if spec.shared_intermediate else None
         self.shared_gate = param(rngs, (1, hidden), (None, "embed")) if spec.shared_gate else None
@@ -131,7 +133,7 @@ class MoEMLP(nnx.Module):
         xs = jnp.repeat(x, self.top_k, axis=0)
         if self.router.scales_input:
             xs = xs * weights_TK.reshape(-1, 1)
-        wg, wu, wd = (w[...].astype(x.dtype) for w in (self.gate_proj, self.up_proj, self.down_proj))
+        wg, wu, wd = (expert_weights(w[...], x.dtype) for w in (self.gate_proj, self.up_proj, self.down_proj))
         y = run_experts(xs, ids_TK.reshape(-1), wg, wu, wd, activation(self.act)).reshape(b * l, self.top_k, d)
         y = y.sum(axis=1) if self.router.scales_input else (y * weights_TK[..., None]).sum(axis=1)
         if self.shared is not None:

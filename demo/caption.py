@@ -1,9 +1,12 @@
-"""Batch captioning: a grain pipeline prepares items in worker threads, batches feed generation, rows go to JSONL.
+"""Batch captioning: a grain pipeline prepares items in worker threads, the serving engine generates them side by
+side, rows go to JSONL.
 
     items = discover("photos/")                                   # demo.caption_items
     summary = run_captions(pipe, items, "captions.jsonl", CaptionOptions(batch_size=8))
 
-Every item gets one row, written and flushed as its batch finishes: ``{"path", "kind", "prompt", "status",
+Every item gets one row, written and flushed as soon as it and every item before it have finished (items are
+generated side by side on the pipeline's serving engine, so a short caption never waits for a long one to free
+its slot): ``{"path", "kind", "prompt", "status",
 "caption", "prompt_tokens", "new_tokens", "finish_reason", "seconds", "error"}`` with status "ok", "error" (the
 item could not be read or generated; ``error`` says why) or "skipped" (a modality the model does not take).
 Running again on the same output skips the items it already holds, so an interrupted run resumes where it
@@ -13,6 +16,7 @@ one captions its shard of the items into its own part file; ``merge_parts`` join
 
 from __future__ import annotations
 
+import collections
 import contextlib
 import dataclasses
 import os
@@ -26,16 +30,23 @@ import jax
 
 from omnijax.common.distributed import broadcast_from_first
 from omnijax.common.errors import OmnijaxError
+from omnijax.app.pipeline import MAX_BATCH
 from omnijax.app.sampling import SamplingParams
 from omnijax.demo.caption_items import (DEFAULT_PROMPTS, CaptionInputError, CaptionItem, check_parts, dedup_rows,
                                 finished_paths, part_path, part_pattern, remaining, row_status, shard_items)
-from omnijax.demo.caption_output import OutputLock, check_not_an_input, read_output, replace_file, row_bytes
+from omnijax.common.errors import printable
+from omnijax.demo.caption_output import (OutputLock, append_row, check_not_an_input, read_output,
+                                         remove_stale_temp_files, replace_file)
 from omnijax.demo.interrupts import CtrlC
+
+
+MAX_BATCH_SIZE = MAX_BATCH  # prompts generated together (each holds a KV cache)
+MAX_WORKERS = 256  # threads preparing items
 
 
 @dataclasses.dataclass(frozen=True)
 class CaptionOptions:
-    """prompt: the default prompt (None: "Describe this image." / "Describe this audio."); a manifest's
+    """prompt: the default prompt (None: "Describe this image." / "... audio." / "... video."); a manifest's
     per-item prompt wins. system: an optional system message. workers: grain threads preparing items (0: in the
     main thread). retry_errors: redo items whose row is an error row (that row is removed first)."""
 
@@ -50,10 +61,11 @@ class CaptionOptions:
     progress: bool = True
 
     def __post_init__(self):
-        if self.batch_size < 1:
-            raise ValueError(f"batch_size must be >= 1, got {self.batch_size}")
-        if self.workers < 0:
-            raise ValueError(f"workers must be >= 0, got {self.workers}")
+        if isinstance(self.batch_size, bool) or not isinstance(self.batch_size, int) \
+                or not 1 <= self.batch_size <= MAX_BATCH_SIZE:
+            raise ValueError(f"batch_size must be an integer in [1, {MAX_BATCH_SIZE}], got {self.batch_size!r}")
+        if isinstance(self.workers, bool) or not isinstance(self.workers, int) or not 0 <= self.workers <= MAX_WORKERS:
+            raise ValueError(f"workers must be an integer in [0, {MAX_WORKERS}], got {self.workers!r}")
 
 
 @dataclasses.dataclass
@@ -125,25 +137,16 @@ def prepare_item(pipe, item: CaptionItem, options: CaptionOptions) -> Prepared:
 
 
 def caption_dataset(pipe, items: Sequence[CaptionItem], options: CaptionOptions) -> grain.IterDataset:
-    """A grain dataset of batches (lists of ``Prepared``, in item order): items are prepared in
-    ``options.workers`` threads, ahead of generation by a prefetch buffer of a few batches."""
+    """A grain dataset of ``Prepared`` items (in item order): items are prepared in ``options.workers`` threads,
+    ahead of generation by a prefetch buffer."""
     buffer = max(2 * options.batch_size, options.workers) if options.workers else 0
     read = grain.ReadOptions(num_threads=options.workers, prefetch_buffer_size=buffer)
     return (grain.MapDataset.source(list(items))
             .map(lambda item: prepare_item(pipe, item, options))
-            .to_iter_dataset(read)
-            .batch(options.batch_size, batch_fn=list))
+            .to_iter_dataset(read))
 
 
 # ---- generating --------------------------------------------------------------------------------------------------
-
-def generate_prepared(pipe, prompts: list, *, max_new_tokens: int, sampling: SamplingParams,
-                      stop: Sequence[str] | None = None, pad_to: int | None = None) -> list:
-    """``Pipeline.generate_prepared`` with this module's sampling settings."""
-    return pipe.generate_prepared(prompts, max_new_tokens=max_new_tokens, temperature=sampling.temperature,
-                                  top_k=sampling.top_k, top_p=sampling.top_p, seed=sampling.seed, stop=stop,
-                                  pad_to=pad_to)
-
 
 def base_row(prepared: Prepared) -> dict:
     item = prepared.item
@@ -167,26 +170,50 @@ def skipped_row(item: CaptionItem, reason: str) -> dict:
             "prompt_tokens": None, "new_tokens": None, "finish_reason": None, "seconds": 0.0, "error": reason}
 
 
-def caption_batch(pipe, batch: list[Prepared], options: CaptionOptions) -> list[dict]:
-    """Rows for one batch, in order. Items that failed to prepare become error rows; the rest are generated
-    together, and if that fails (e.g. one prompt over the context budget) each is generated on its own so that
-    only the bad ones become error rows."""
-    gen = dict(max_new_tokens=options.max_new_tokens, sampling=options.sampling, stop=options.stop,
-               pad_to=options.batch_size)
-    ready = [p for p in batch if p.prompt is not None]
-    results: dict[int, dict] = {}
-    if ready:
+class InFlight:
+    """Captions being generated: items are submitted to the pipeline's engine as they are prepared and their rows
+    come back in submission order. Up to ``window`` requests are inside the engine (twice its slots), so a slot
+    that finishes a caption takes the next item at once."""
+
+    def __init__(self, pipe, options: CaptionOptions):
+        self.pipe = pipe
+        self.options = options
+        self.window = 2 * options.batch_size
+        self.items: collections.deque = collections.deque()  # (Prepared, handle or None, error row or None)
+
+    def add(self, prepared: Prepared) -> None:
+        if prepared.prompt is None:
+            self.items.append((prepared, None, error_row(prepared, prepared.error)))
+            return
+        o, sampling = self.options, self.options.sampling
         try:
-            for p, result in zip(ready, generate_prepared(pipe, [p.prompt for p in ready], **gen)):
-                results[id(p)] = ok_row(p, result)
-        except Exception:
-            for p in ready:
-                start = time.perf_counter()
-                try:
-                    results[id(p)] = ok_row(p, generate_prepared(pipe, [p.prompt], **gen)[0])
-                except Exception as e:
-                    results[id(p)] = error_row(p, error_text(e), time.perf_counter() - start)
-    return [results[id(p)] if p.prompt is not None else error_row(p, p.error) for p in batch]
+            handle = self.pipe.submit(prepared.prompt, max_new_tokens=o.max_new_tokens,
+                                      temperature=sampling.temperature, top_k=sampling.top_k, top_p=sampling.top_p,
+                                      seed=sampling.seed, stop=o.stop)
+            self.items.append((prepared, handle, None))
+        except Exception as e:  # e.g. a prompt over the context budget: an error row, the run goes on
+            self.items.append((prepared, None, error_row(prepared, error_text(e))))
+
+    @property
+    def full(self) -> bool:
+        return len(self.items) >= self.window
+
+    def next_row(self) -> dict:
+        """The row of the oldest item (waiting for its caption)."""
+        prepared, handle, row = self.items.popleft()
+        if row is not None:
+            return row
+        start = time.perf_counter()
+        try:
+            return ok_row(prepared, self.pipe.wait(handle))
+        except Exception as e:
+            return error_row(prepared, error_text(e), time.perf_counter() - start)
+
+    def cancel(self) -> None:
+        for _, handle, _ in self.items:
+            if handle is not None:
+                handle.cancel()
+        self.items.clear()
 
 
 # ---- writing -----------------------------------------------------------------------------------------------------
@@ -194,8 +221,10 @@ def caption_batch(pipe, batch: list[Prepared], options: CaptionOptions) -> list[
 class RowWriter:
     """Appends rows to a JSONL file, one write + flush per row, so a kill loses at most the row in flight.
 
-    Opening checks that the file is a caption file (demo/caption_output.py), reads the rows already there and
-    cuts off a torn last line (text after the last newline). Hold the output's lock (``OutputLock``) first.
+    Opening checks that the file is a caption file (demo/caption_output.py), reads the rows already there, cuts
+    off a torn last line (text after the last newline) and removes the temporary files of a killed rewrite. Hold
+    the output's lock (``OutputLock``) first. A row that cannot be written (a full disk) is cut off and raises
+    CaptionInputError: the file keeps every complete row.
     """
 
     def __init__(self, path: str | os.PathLike):
@@ -203,22 +232,24 @@ class RowWriter:
         self.existing, complete, size = read_output(self.path)
         try:
             self.path.parent.mkdir(parents=True, exist_ok=True)
+            remove_stale_temp_files(self.path)
             if complete < size:
                 os.truncate(self.path, complete)
-            self._file = open(self.path, "ab")
+            self._file = open(self.path, "ab", buffering=0)
         except OSError as e:
             raise CaptionInputError(f"cannot use {self.path} as the output file: {e.strerror or e}") from e
 
     def write(self, row: dict) -> None:
-        self._file.write(row_bytes(row))
-        self._file.flush()
+        append_row(self._file, row, self.path)
 
     def drop(self, paths: set[str]) -> None:
         """Rewrite the file without the rows of ``paths`` (atomically: a crash leaves the old or the new file)."""
         self._file.close()
         self.existing = [row for row in self.existing if row["path"] not in paths]
-        replace_file(self.path, self.existing)
-        self._file = open(self.path, "ab")
+        try:
+            replace_file(self.path, self.existing)
+        finally:
+            self._file = open(self.path, "ab", buffering=0)
 
     def close(self) -> None:
         self._file.close()
@@ -273,6 +304,14 @@ class _Progress:
             self._bar.close()
         elif self._plain is not None and self._plain["n"]:
             print(file=self._plain["stream"])
+
+
+def check_fits(pipe, options: CaptionOptions) -> None:
+    """CaptionInputError when ``max_new_tokens`` alone fills the model's context budget: every item would fail."""
+    budget = getattr(getattr(pipe, "engine", None), "max_context", None)
+    if isinstance(budget, int) and options.max_new_tokens >= budget:
+        raise CaptionInputError(f"--max-new-tokens {options.max_new_tokens} leaves no room for a prompt in the "
+                                f"model's context budget of {budget} tokens")
 
 
 def supported(pipe, item: CaptionItem) -> bool:
@@ -337,10 +376,12 @@ def run_captions(pipe, items: Sequence[CaptionItem], out: str | os.PathLike,
         summary = CaptionSummary(str(path), total=len(shard), already=len(shard) - len(todo))
         progress = None
         iterator = None
+        flight = None
         try:
             if todo and not hasattr(pipe, "prepare"):
                 pipe = pipe()
                 start = time.perf_counter()  # throughput counts captioning, not loading
+            check_fits(pipe, options)
             progress = _Progress(len(todo), options.progress and log is not None, log or sys.stderr)
             runnable = []
             for item in todo:
@@ -353,23 +394,33 @@ def run_captions(pipe, items: Sequence[CaptionItem], out: str | os.PathLike,
                     progress.update(1, summary.failed)
             if runnable and not ctrl_c.requested:
                 iterator = iter(caption_dataset(pipe, runnable, options))
-                for batch in iterator:
+                flight = InFlight(pipe, options)
+
+                def write_next():
+                    row = flight.next_row()
+                    with ctrl_c.shielded():
+                        writer.write(row)
+                        if row["status"] == "ok":
+                            summary.done += 1
+                        else:
+                            summary.failed += 1
+                    progress.update(1, summary.failed)
+
+                for prepared in iterator:
                     if ctrl_c.requested:  # recorded while shielded, or swallowed by a library
                         break
-                    batch_rows = caption_batch(pipe, batch, options)
-                    with ctrl_c.shielded():
-                        for row in batch_rows:
-                            writer.write(row)
-                            if row["status"] == "ok":
-                                summary.done += 1
-                            else:
-                                summary.failed += 1
-                    progress.update(len(batch_rows), summary.failed)
+                    flight.add(prepared)
+                    while flight.full and not ctrl_c.requested:
+                        write_next()
+                while flight.items and not ctrl_c.requested:
+                    write_next()
         except KeyboardInterrupt:
             ctrl_c.requested = True
         finally:
             with ctrl_c.shielded():
                 try:
+                    if flight is not None:
+                        flight.cancel()
                     if iterator is not None and hasattr(iterator, "close"):
                         iterator.close()
                     if progress is not None:
@@ -378,7 +429,7 @@ def run_captions(pipe, items: Sequence[CaptionItem], out: str | os.PathLike,
                     summary.seconds = time.perf_counter() - start
                     summary.interrupted = ctrl_c.requested
                     if log:
-                        print(f"[omnijax] {summary.line()}", file=log)
+                        print(f"[omnijax] {printable(summary.line())}", file=log)
     return summary
 
 
@@ -420,6 +471,7 @@ def merge_parts(out: str | os.PathLike, *, remove_parts: bool = False) -> MergeS
     check_parts([(index, count, path.name) for index, count, path in found])
     parts = [path for _, _, path in found]
     with OutputLock(out):
+        remove_stale_temp_files(out)
         rows = read_output(out)[0]
         for part in parts:
             rows += read_output(part, what="part file")[0]

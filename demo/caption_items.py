@@ -21,13 +21,16 @@ import re
 from typing import Iterable, Sequence
 
 from omnijax.common.errors import OmnijaxError
+from omnijax.preprocess.video_source import VIDEO_EXTENSIONS
 
 IMAGE_EXTENSIONS = frozenset({".jpg", ".jpeg", ".jfif", ".png", ".gif", ".bmp", ".webp", ".tif", ".tiff", ".ppm",
                               ".pgm", ".pbm", ".pnm", ".ico", ".tga"})
 AUDIO_EXTENSIONS = frozenset({".wav", ".mp3", ".flac", ".ogg", ".oga", ".opus", ".m4a", ".aac", ".aif", ".aiff",
                               ".wma"})
 MANIFEST_EXTENSIONS = frozenset({".jsonl", ".ndjson", ".csv"})
-DEFAULT_PROMPTS = {"image": "Describe this image.", "audio": "Describe this audio."}
+MAX_MANIFEST_BYTES = 256 * 2**20  # a manifest of millions of items
+DEFAULT_PROMPTS = {"image": "Describe this image.", "audio": "Describe this audio.",
+                   "video": "Describe this video."}
 _GLOB_CHARS = re.compile(r"[*?\[]")
 STATUSES = ("ok", "skipped", "error")
 
@@ -38,7 +41,7 @@ class CaptionInputError(OmnijaxError):
 
 @dataclasses.dataclass(frozen=True)
 class CaptionItem:
-    """One thing to caption. path: absolute normalised path (the item's key); kind: "image" or "audio";
+    """One thing to caption. path: absolute normalised path (the item's key); kind: "image", "audio" or "video";
     prompt: a per-item prompt from a manifest, or None for the run's default."""
 
     path: str
@@ -49,12 +52,14 @@ class CaptionItem:
 # ---- discovery ---------------------------------------------------------------------------------------------------
 
 def media_kind(path: str) -> str | None:
-    """"image", "audio" or None (not a media file), from the file extension."""
+    """"image", "audio", "video" or None (not a media file), from the file extension."""
     ext = os.path.splitext(path)[1].lower()
     if ext in IMAGE_EXTENSIONS:
         return "image"
     if ext in AUDIO_EXTENSIONS:
         return "audio"
+    if ext in VIDEO_EXTENSIONS:
+        return "video"
     return None
 
 
@@ -92,20 +97,32 @@ def glob_items(pattern: str) -> list[CaptionItem]:
     return sorted(found, key=lambda item: item.path)
 
 
-def _manifest_item(record: dict, where: str, base: str, path_column: str, prompt_column: str) -> CaptionItem:
-    """A manifest row as an item; a path without a known audio or image extension is taken as an image."""
+def inside(path: str, folder: str) -> bool:
+    """Whether the absolute normalised ``path`` lies in ``folder`` (compared by name, links not followed)."""
+    folder = item_key(folder)
+    return os.path.commonpath([path, folder]) == folder
+
+
+def _manifest_item(record: dict, where: str, base: str, path_column: str, prompt_column: str,
+                   allow_outside: bool = False) -> CaptionItem:
+    """A manifest row as an item; a path without a known audio, video or image extension is taken as an image. A
+    path outside the manifest's folder ``base`` (``../x``, an absolute path elsewhere) is refused unless
+    ``allow_outside``: a manifest names files of its own dataset."""
     value = record.get(path_column)
     if not isinstance(value, str) or not value.strip():
-        raise CaptionInputError(f"{where}: no {path_column!r} value (columns: {sorted(record)})")
+        raise CaptionInputError(f"{where}: no {path_column!r} value (columns: {sorted(map(str, record))[:20]})")
     prompt = record.get(prompt_column)
     if prompt is not None and not isinstance(prompt, str):
-        raise CaptionInputError(f"{where}: the {prompt_column!r} value must be a string, got {prompt!r}")
+        raise CaptionInputError(f"{where}: the {prompt_column!r} value must be a string, got {str(prompt)[:80]!r}")
     path = item_key(value.strip(), base)
+    if not allow_outside and not inside(path, base):
+        raise CaptionInputError(f"{where}: {value.strip()!r} is outside the manifest's folder {base}; pass "
+                                f"--allow-outside-paths to caption files elsewhere")
     return CaptionItem(path, media_kind(path) or "image", prompt if prompt and prompt.strip() else None)
 
 
 def parse_jsonl_manifest(text: str, name: str, base: str, *, path_column: str = "path",
-                         prompt_column: str = "prompt") -> list[CaptionItem]:
+                         prompt_column: str = "prompt", allow_outside: bool = False) -> list[CaptionItem]:
     """Items of a JSONL manifest (one JSON object per line; blank lines skipped), in file order.
 
     Relative paths are taken from ``base`` (the manifest's folder). A line that is not a JSON object, or has no
@@ -118,44 +135,62 @@ def parse_jsonl_manifest(text: str, name: str, base: str, *, path_column: str = 
         where = f"{name} line {number}"
         try:
             record = json.loads(line)
+        except RecursionError:
+            raise CaptionInputError(f"{where} nests too deeply to be read as JSON") from None
         except ValueError as e:
             raise CaptionInputError(f"{where} is not valid JSON: {e}") from e
         if not isinstance(record, dict):
             raise CaptionInputError(f"{where}: expected a JSON object with a {path_column!r} key")
-        items.append(_manifest_item(record, where, base, path_column, prompt_column))
+        items.append(_manifest_item(record, where, base, path_column, prompt_column, allow_outside))
     return items
 
 
 def parse_csv_manifest(text: str, name: str, base: str, *, path_column: str = "path",
-                       prompt_column: str = "prompt") -> list[CaptionItem]:
-    """Items of a CSV manifest with a header row naming ``path_column`` (and optionally ``prompt_column``)."""
+                       prompt_column: str = "prompt", allow_outside: bool = False) -> list[CaptionItem]:
+    """Items of a CSV manifest with a header row naming ``path_column`` (and optionally ``prompt_column``). A
+    field is at most csv's field limit (128 KB)."""
     reader = csv.DictReader(io.StringIO(text))
-    if reader.fieldnames is None or path_column not in reader.fieldnames:
-        raise CaptionInputError(f"{name}: the CSV header has no {path_column!r} column "
-                                f"(header: {reader.fieldnames or []})")
     items = []
-    for record in reader:
-        if not any((v or "").strip() for v in record.values() if isinstance(v, str)):
-            continue  # a blank row
-        items.append(_manifest_item(record, f"{name} line {reader.line_num}", base, path_column, prompt_column))
+    try:
+        if reader.fieldnames is None or path_column not in reader.fieldnames:
+            raise CaptionInputError(f"{name}: the CSV header has no {path_column!r} column "
+                                    f"(header: {(reader.fieldnames or [])[:20]})")
+        for record in reader:
+            if not any((v or "").strip() for v in record.values() if isinstance(v, str)):
+                continue  # a blank row
+            items.append(_manifest_item(record, f"{name} line {reader.line_num}", base, path_column, prompt_column,
+                                        allow_outside))
+    except csv.Error as e:
+        raise CaptionInputError(f"{name} line {reader.line_num}: not readable CSV ({e}; a field may hold at most "
+                                f"{csv.field_size_limit() // 1024} KB)") from None
     return items
 
 
-def manifest_items(path: str | os.PathLike, *, path_column: str = "path",
-                   prompt_column: str = "prompt") -> list[CaptionItem]:
+def manifest_items(path: str | os.PathLike, *, path_column: str = "path", prompt_column: str = "prompt",
+                   allow_outside: bool = False) -> list[CaptionItem]:
     path = pathlib.Path(path)
     try:
-        text = path.read_text(encoding="utf-8-sig")
+        with open(path, "rb") as f:
+            size = os.fstat(f.fileno()).st_size
+            if size > MAX_MANIFEST_BYTES:
+                raise CaptionInputError(f"the manifest {path} is over {MAX_MANIFEST_BYTES // 2**20} MB; split it")
+            data = f.read(size + 1)
+        if len(data) > MAX_MANIFEST_BYTES:  # it grew while read
+            raise CaptionInputError(f"the manifest {path} is over {MAX_MANIFEST_BYTES // 2**20} MB; split it")
+        text = data.decode("utf-8-sig")
     except (OSError, UnicodeDecodeError) as e:
         raise CaptionInputError(f"cannot read the manifest {path}: {e}") from e
     parse = parse_csv_manifest if path.suffix.lower() == ".csv" else parse_jsonl_manifest
-    return parse(text, str(path), str(path.parent), path_column=path_column, prompt_column=prompt_column)
+    return parse(text, str(path), str(path.parent.absolute()), path_column=path_column, prompt_column=prompt_column,
+                 allow_outside=allow_outside)
 
 
-def discover(source: str, *, path_column: str = "path", prompt_column: str = "prompt") -> list[CaptionItem]:
+def discover(source: str, *, path_column: str = "path", prompt_column: str = "prompt",
+             allow_outside: bool = False) -> list[CaptionItem]:
     """The items of ``source``: a folder, a manifest (.jsonl / .ndjson / .csv), one media file or a glob.
 
-    Duplicate paths keep their first occurrence. Raises CaptionInputError when nothing usable is found.
+    Duplicate paths keep their first occurrence. Raises CaptionInputError when nothing usable is found, or when a
+    manifest names a file outside its folder and ``allow_outside`` is not set.
     """
     if os.path.isdir(source):
         items = folder_items(source)
@@ -163,7 +198,8 @@ def discover(source: str, *, path_column: str = "path", prompt_column: str = "pr
     elif os.path.isfile(source):
         ext = os.path.splitext(source)[1].lower()
         if ext in MANIFEST_EXTENSIONS:
-            items = manifest_items(source, path_column=path_column, prompt_column=prompt_column)
+            items = manifest_items(source, path_column=path_column, prompt_column=prompt_column,
+                                   allow_outside=allow_outside)
             what = f"the manifest {source} lists no items"
         elif media_kind(source) is not None:
             items = [CaptionItem(item_key(source), media_kind(source))]
@@ -244,7 +280,7 @@ def parse_rows(data: bytes) -> ParsedRows:
             continue
         try:
             row = json.loads(line)
-        except ValueError:
+        except (ValueError, RecursionError):
             bad += 1
             continue
         if isinstance(row, dict) and isinstance(row.get("path"), str):

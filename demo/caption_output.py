@@ -9,7 +9,10 @@
 * ``row_bytes`` writes a path that is not valid UTF-8 (a file name's undecodable bytes, kept by Python as
   surrogate escapes) with JSON ``\\udcXX`` escapes: ``json.loads`` gives the same ``str`` back and
   ``os.fsencode(row["path"])`` the original bytes.
-* ``replace_file`` rewrites the file atomically and keeps its permissions.
+* ``replace_file`` rewrites the file atomically and keeps its permissions; ``remove_stale_temp_files`` removes the
+  temporary files of a run that was killed while rewriting (called with the output's lock held).
+* ``append_row`` writes a row whole or not at all: a failed write (a full disk) is cut back to the last complete
+  row and raises CaptionInputError.
 """
 
 from __future__ import annotations
@@ -19,6 +22,7 @@ import fcntl
 import json
 import os
 import pathlib
+import re
 import stat
 from typing import Sequence
 
@@ -81,7 +85,7 @@ def read_output(path: str | os.PathLike, *, what: str = "--out") -> tuple[list[d
 def _line_is_row(line: bytes) -> bool:
     try:
         return _is_caption_row(json.loads(line))
-    except ValueError:
+    except (ValueError, RecursionError):
         return False
 
 
@@ -148,13 +152,60 @@ class OutputLock:
             self._fd = None
 
 
+def _temp_name(path: pathlib.Path, attempt: int) -> pathlib.Path:
+    return path.with_name(f".{path.name}.{os.getpid()}.{attempt}.tmp")
+
+
+def remove_stale_temp_files(path: str | os.PathLike) -> list[pathlib.Path]:
+    """Remove the temporary files ``replace_file`` left next to ``path`` in a run that was killed before it could
+    (``.NAME.PID.N.tmp``); call it holding the output's lock, so that no running rewrite owns one. Returns them."""
+    path = pathlib.Path(path)
+    pattern = re.compile(re.escape(f".{path.name}.") + r"\d+\.\d+\.tmp")
+    removed = []
+    try:
+        names = os.listdir(path.parent)
+    except OSError:
+        return removed
+    for name in names:
+        if pattern.fullmatch(name):
+            try:
+                os.remove(path.parent / name)
+                removed.append(path.parent / name)
+            except OSError:
+                pass
+    return removed
+
+
+def append_row(file, row: dict, out: pathlib.Path) -> None:
+    """Append ``row`` to ``file`` (an unbuffered binary file opened for appending) in full, or cut the file back to
+    where it was and raise CaptionInputError (a full disk, a quota, a file size limit): the file always ends with a
+    complete row."""
+    data = row_bytes(row)
+    start = os.fstat(file.fileno()).st_size
+    try:
+        view = memoryview(data)
+        while view:
+            written = file.write(view)
+            if not written:
+                raise OSError(errno.EIO, "nothing was written")
+            view = view[written:]
+    except OSError as e:
+        try:
+            os.ftruncate(file.fileno(), start)
+        except OSError:
+            pass
+        raise CaptionInputError(f"cannot write to {out}: {e.strerror or e}; the rows written before are kept") \
+            from None
+
+
 def replace_file(path: pathlib.Path, rows: Sequence[dict]) -> None:
     """Write ``rows`` to a temporary file next to ``path``, fsync it and rename it onto ``path``. The new file has
-    the old one's permissions (or the default ones, from the umask, for a new file)."""
+    the old one's permissions (or the default ones, from the umask, for a new file). A failure (a full disk)
+    leaves the old file as it was and raises CaptionInputError."""
     path = pathlib.Path(path)
     mode = stat.S_IMODE(os.stat(path).st_mode) if path.exists() else None
     for attempt in range(100):
-        tmp = path.with_name(f".{path.name}.{os.getpid()}.{attempt}.tmp")
+        tmp = _temp_name(path, attempt)
         try:
             fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666)  # the umask applies
             break
@@ -171,7 +222,9 @@ def replace_file(path: pathlib.Path, rows: Sequence[dict]) -> None:
                 os.fchmod(f.fileno(), mode)
             os.fsync(f.fileno())
         os.replace(tmp, path)
-    except BaseException:
+    except BaseException as e:
         if os.path.exists(tmp):
             os.remove(tmp)
+        if isinstance(e, OSError):
+            raise CaptionInputError(f"cannot rewrite {path}: {e.strerror or e}; it is left as it was") from None
         raise

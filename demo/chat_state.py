@@ -3,7 +3,7 @@
 Gradio's ``Chatbot`` keeps the conversation in the OpenAI-style "messages" format; after preprocessing every
 message is ``{"role": ..., "content": [part, ...], "metadata": {...}}`` with parts ``{"type": "text", "text": ...}``
 or ``{"type": "file", "file": {"path": ..., "mime_type": ...}}``. The pipeline takes the transformers chat format:
-``{"role": ..., "content": [{"type": "text" | "image" | "audio", ...}]}``. Nothing here imports gradio.
+``{"role": ..., "content": [{"type": "text" | "image" | "audio" | "video", ...}]}``. Nothing here imports gradio.
 """
 
 from __future__ import annotations
@@ -18,13 +18,16 @@ from typing import Any, Iterable, Sequence
 import numpy as np
 
 from omnijax.common.errors import MediaError, PromptError
+from omnijax.preprocess.video_source import VIDEO_EXTENSIONS
 
 IMAGE_EXTENSIONS = frozenset({".png", ".jpg", ".jpeg", ".webp", ".gif", ".bmp", ".tif", ".tiff"})
 AUDIO_EXTENSIONS = frozenset({".wav", ".mp3", ".flac", ".ogg", ".oga", ".opus", ".m4a", ".aac"})
 IMAGE_MIME_TYPES = frozenset({"image/png", "image/jpeg", "image/webp", "image/gif", "image/bmp", "image/tiff"})
 AUDIO_MIME_TYPES = frozenset({"audio/wav", "audio/x-wav", "audio/wave", "audio/mpeg", "audio/mp3", "audio/flac",
                               "audio/x-flac", "audio/ogg", "audio/opus", "audio/mp4", "audio/x-m4a", "audio/aac"})
-MEDIA_KINDS = ("image", "audio")
+VIDEO_MIME_TYPES = frozenset({"video/mp4", "video/quicktime", "video/x-matroska", "video/webm", "video/x-msvideo",
+                              "video/mpeg", "video/mp2t", "video/3gpp"})
+MEDIA_KINDS = ("image", "audio", "video")
 DEFAULT_MAX_UPLOAD_MB = 20.0
 
 # The metadata title that marks an assistant message as an error report (not an answer the model gave).
@@ -32,7 +35,7 @@ ERROR_TITLE = "⚠️ Error"
 
 
 def media_kind(path: str | os.PathLike, mime_type: str | None = None) -> str | None:
-    """The kind of media file at ``path`` ("image" or "audio"; None for others), from its name's extension.
+    """The kind of media file at ``path`` ("image", "audio" or "video"; None for others), from its name's extension.
 
     ``mime_type`` (as the browser or gradio reported it) only decides when the extension is unknown, and only
     for types whose every variant the decoders read (``image/png``, ``audio/wav``, ... not ``image/svg+xml``).
@@ -42,10 +45,13 @@ def media_kind(path: str | os.PathLike, mime_type: str | None = None) -> str | N
         return "image"
     if ext in AUDIO_EXTENSIONS:
         return "audio"
+    if ext in VIDEO_EXTENSIONS:
+        return "video"
     if ext:
         return None
     mime = (mime_type or "").split(";")[0].strip().lower()
-    return "image" if mime in IMAGE_MIME_TYPES else "audio" if mime in AUDIO_MIME_TYPES else None
+    return "image" if mime in IMAGE_MIME_TYPES else "audio" if mime in AUDIO_MIME_TYPES else \
+        "video" if mime in VIDEO_MIME_TYPES else None
 
 
 def _accepted_text(modalities: Sequence[str]) -> str:
@@ -55,9 +61,9 @@ def _accepted_text(modalities: Sequence[str]) -> str:
 
 def validate_upload(path: str | os.PathLike, *, max_bytes: int, modalities: Sequence[str],
                     mime_type: str | None = None) -> str:
-    """Check one uploaded file; returns its kind ("image" / "audio").
+    """Check one uploaded file; returns its kind ("image" / "audio" / "video").
 
-    Raises MediaError naming the file when it is missing, not an image / audio file, of a kind the model does not
+    Raises MediaError naming the file when it is missing, not an image / audio / video file, of a kind the model does not
     take (``modalities``: the model's, e.g. ``("image",)``), empty, or larger than ``max_bytes``.
     """
     name = pathlib.PurePath(os.fspath(path)).name

@@ -1,4 +1,5 @@
-"""``omnijax caption``: caption a folder, glob or manifest of images (and audio) into a JSONL file, resumably.
+"""``omnijax caption``: caption a folder, glob or manifest of images (and audio and videos) into a JSONL file,
+resumably.
 
     omnijax caption --model DIR --input photos/ --out captions.jsonl --batch-size 8 --workers 4
     omnijax caption --merge --out captions.jsonl          # join the part files of a multi-process run
@@ -18,7 +19,7 @@ from omnijax.common.errors import OmnijaxError
 def add_caption_parser(subparsers) -> argparse.ArgumentParser:
 
     p = subparsers.add_parser(
-        "caption", help="caption every image (and audio file) of a folder, glob or manifest into a JSONL file",
+        "caption", help="caption every image (and audio and video file) of a folder, glob or manifest into a JSONL file",
         description="One JSON line per media item, flushed as items finish. Rerunning the same command resumes: "
                     "items already in the output are skipped. With --distributed, several JAX processes run the "
                     "model on one mesh spanning them and process 0 writes OUT. With --process-index / "
@@ -28,15 +29,18 @@ def add_caption_parser(subparsers) -> argparse.ArgumentParser:
     p.add_argument("--input", help="a folder (searched recursively), a glob (quote it; ** recurses), a .jsonl/.csv "
                                    "manifest with a path column and an optional prompt column, or one media file")
     p.add_argument("--out", required=True, help="the JSONL output file (appended to; its items are skipped)")
-    p.add_argument("--prompt", help="the default prompt (default: 'Describe this image.' / 'Describe this audio.'); "
+    p.add_argument("--prompt", help="the default prompt (default: 'Describe this image.' / '... audio.' / '... video.'); "
                                     "a manifest's per-item prompt wins")
     p.add_argument("--system", help="an optional system message")
-    p.add_argument("--batch-size", type=int, default=8, help="items generated together")
+    p.add_argument("--batch-size", type=int, default=8,
+                   help="items generated together (the engine's slots; a finished item's slot takes the next)")
     p.add_argument("--workers", type=int, default=4, help="threads decoding and preprocessing items (0: none)")
     p.add_argument("--stop", action="append", default=None, help="a stop string (repeatable)")
     p.add_argument("--path-column", default="path", help="the manifest's path column (default: path)")
     p.add_argument("--prompt-column", default="prompt", help="the manifest's prompt column (default: prompt)")
     p.add_argument("--retry-errors", action="store_true", help="redo items whose row in OUT is an error")
+    p.add_argument("--allow-outside-paths", action="store_true",
+                   help="let a manifest name files outside its own folder (refused by default)")
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
     p.add_argument("--merge", action="store_true", help="join OUT's part files into OUT (one row per path) and exit")
     p.add_argument("--distributed", action="store_true",
@@ -70,7 +74,7 @@ def _shard_of(args) -> tuple[int, int]:
 
 def run_caption(args) -> int:
     """0 when the run finished (failed items are rows, not a failure of the run), 130 when interrupted."""
-    from omnijax.app.sampling import SamplingParams
+    from omnijax.app.sampling import SamplingParams, check_max_new_tokens
     from omnijax.demo.caption import CaptionOptions, merge_parts, run_captions
     from omnijax.demo.caption_items import CaptionInputError, discover
 
@@ -94,11 +98,12 @@ def run_caption(args) -> int:
             retry_errors=args.retry_errors, progress=not args.no_progress)
     except ValueError as e:
         raise CaptionInputError(str(e)) from e
-    if options.max_new_tokens < 1:
-        raise CaptionInputError(f"--max-new-tokens must be >= 1, got {options.max_new_tokens}")
-    items = discover(args.input, path_column=args.path_column, prompt_column=args.prompt_column)
+    check_max_new_tokens(options.max_new_tokens)  # before the model loads (SamplingError: exit 2)
+    items = discover(args.input, path_column=args.path_column, prompt_column=args.prompt_column,
+                     allow_outside=args.allow_outside_paths)
     inputs = [args.input] if os.path.isfile(args.input) else []  # a manifest (or the one media file)
-    summary = run_captions(lambda: load_pipeline(args), items, args.out, options, shard_index=shard_index,
+    summary = run_captions(lambda: load_pipeline(args, max_batch=args.batch_size), items, args.out, options,
+                           shard_index=shard_index,
                            shard_count=shard_count, inputs=inputs, spmd=args.distributed)
     return 130 if summary.interrupted else 0
 

@@ -9,11 +9,12 @@ import ipaddress
 import socket
 import sys
 
-from omnijax.app.cli import add_model_flags
+from omnijax.app.cli import add_engine_flags, add_model_flags
 from omnijax.common.errors import OmnijaxError
 from omnijax.demo.chat_state import DEFAULT_MAX_UPLOAD_MB
 
 DEFAULT_HOST = "127.0.0.1"
+MAX_UPLOAD_MB = 4096
 DEFAULT_PORT = 7860
 
 
@@ -32,8 +33,8 @@ def _megabytes(text: str) -> float:
         mb = float(text)
     except ValueError:
         raise argparse.ArgumentTypeError(f"not a number of MB: {text!r}") from None
-    if not mb > 0 or mb == float("inf"):
-        raise argparse.ArgumentTypeError(f"the upload limit must be a positive number of MB, got {text}")
+    if not 0 < mb <= MAX_UPLOAD_MB:
+        raise argparse.ArgumentTypeError(f"the upload limit must be a number of MB in (0, {MAX_UPLOAD_MB}], got {text}")
     return mb
 
 
@@ -42,10 +43,14 @@ def add_demo_parser(subparsers) -> argparse.ArgumentParser:
 
     p = subparsers.add_parser("demo", help="serve a multimodal web chat in the browser (gradio)")
     add_model_flags(p)
+    add_engine_flags(p)
     p.add_argument("--host", default=DEFAULT_HOST,
                    help=f"address to listen on (default {DEFAULT_HOST}: this machine only; 0.0.0.0 opens it to "
                         f"the network)")
     p.add_argument("--port", type=_port, default=DEFAULT_PORT, help=f"port (default {DEFAULT_PORT})")
+    p.add_argument("--allow-host", action="append", default=[], metavar="NAME",
+                   help="another host name the demo answers to (repeatable; a name in front of it, e.g. a reverse "
+                        "proxy's). Requests naming other hosts are refused (DNS rebinding)")
     p.add_argument("--max-upload-mb", type=_megabytes, default=DEFAULT_MAX_UPLOAD_MB,
                    help=f"largest accepted image / audio upload in MB (default {DEFAULT_MAX_UPLOAD_MB:g})")
     return p

@@ -65,6 +65,7 @@ class Settings:
     stop: tuple[str, ...]
     stream: bool
     include_usage: bool
+    ignore_eos: bool = False  # an extension (as vLLM's): generate max_tokens tokens whatever the end ids
 
 
 @dataclasses.dataclass(frozen=True)
@@ -138,7 +139,8 @@ def settings_of(body: dict, *, chat: bool) -> Settings:
     return Settings(max_new_tokens=max_new, temperature=_number(body, "temperature", 1.0),
                     top_p=_number(body, "top_p", 1.0), top_k=_field(body, "top_k", int, 0), seed=seed,
                     stop=stops, stream=stream,
-                    include_usage=bool(_field(options, "include_usage", bool, False, where="stream_options.")))
+                    include_usage=bool(_field(options, "include_usage", bool, False, where="stream_options.")),
+                    ignore_eos=_field(body, "ignore_eos", bool, False))
 
 
 def _decode_data_url(url: str, path: str) -> tuple[str, bytes]:

@@ -1,9 +1,10 @@
 """The gradio web demo: a multimodal chat with any loaded ``Pipeline`` (``omnijax demo``).
 
-A ``gr.ChatInterface`` with a ``gr.MultimodalTextbox`` (images, and audio files / microphone when the model takes
-audio), answers streamed piece by piece, gradio's Stop button (it cancels the generator, which releases the model
-for the next request), sampling controls, and one stats line per answer. Requests go through gradio's queue and
-one lock, so generations run one at a time and every browser tab gets its answer in turn. A bad file or a failed
+A ``gr.ChatInterface`` with a ``gr.MultimodalTextbox`` (images, audio files / microphone and video files, each when
+the model takes it), answers streamed piece by piece, gradio's Stop button (it closes the generator, which cancels
+the request and frees its slot at the engine's next step), sampling controls, and one stats line per answer. Every
+browser tab's request goes to the pipeline's serving engine, so several tabs generate at the same time (the
+engine's slots decode them together; a request beyond its slots waits for one). A bad file or a failed
 generation becomes an error message in the chat; the server keeps serving. The page names the inputs the model
 takes and offers attachments only for those (none for a text-only model); a model without a chat template (a base
 model) continues each message as plain text. A model with a talker gets a "Speak the answer" switch and a voice
@@ -33,11 +34,16 @@ import numpy as np
 
 from omnijax.app.speech_events import AudioChunk
 from omnijax.common.errors import OmnijaxError, PromptError
+from omnijax.demo.body_limit import BodyLimit
+from omnijax.demo.host_check import HostCheck, allowed_names
+from omnijax.demo.interrupts import terminate_as_interrupt
+from omnijax.preprocess.request_limits import MAX_TEXT_BYTES, check_text_size
 from omnijax.demo.chat_state import (
     AUDIO_EXTENSIONS,
     DEFAULT_MAX_UPLOAD_MB,
     IMAGE_EXTENSIONS,
     MEDIA_KINDS,
+    VIDEO_EXTENSIONS,
     AnswerStats,
     answer_message,
     build_messages,
@@ -57,6 +63,10 @@ DEFAULT_MODEL_NOTICE = ("This is the embedded default model: a small model train
                         "(circles, squares and triangles in six colours). Ask it to describe a picture, count the "
                         "shapes or name a shape's colour; try the examples below. Start with `--model DIR` for a "
                         "real checkpoint.")
+# The largest request body besides uploads (the message, the chat history and the settings, as JSON): text is
+# capped at MAX_TEXT_BYTES per request, and JSON escapes at most a few bytes per character.
+MAX_BODY_BYTES = 8 * MAX_TEXT_BYTES
+UPLOAD_PATH = "/gradio_api/upload"  # streams to disk under gradio's own cap (--max-upload-mb)
 COMPLETION_NOTICE = ("This checkpoint has no chat template (a base model): each message is continued as plain "
                      "text, without the earlier turns.")
 
@@ -102,7 +112,7 @@ watch('value', () => {
 
 
 def accepted_media(pipe) -> tuple[str, ...]:
-    """The media kinds ("image", "audio") the pipeline's model takes, from ``pipe.config.modalities``."""
+    """The media kinds ("image", "audio", "video") the pipeline's model takes, from ``pipe.config.modalities``."""
     return tuple(kind for kind in MEDIA_KINDS if kind in pipe.config.modalities)
 
 
@@ -156,7 +166,7 @@ def make_responder(pipe, *, max_upload_mb: float = DEFAULT_MAX_UPLOAD_MB,
     raw = completion_mode(pipe)
     talker = speaks(pipe)
     max_bytes = int(max_upload_mb * 2**20)
-    lock = threading.Lock()  # the Pipeline is not thread-safe: one generation at a time
+    text_limit = getattr(getattr(getattr(pipe, "processor", None), "budget", None), "max_text_bytes", MAX_TEXT_BYTES)
     answers = itertools.count(1)  # the speech player's answer numbers
 
     keep = object()  # an output left as it is
@@ -171,6 +181,7 @@ def make_responder(pipe, *, max_upload_mb: float = DEFAULT_MAX_UPLOAD_MB,
         message = message or {}
         paths = [_file_path(f) for f in message.get("files") or []]
         try:
+            check_text_size([message.get("text") or ""], text_limit, "the message")  # before anything is built
             media = [(validate_upload(p, max_bytes=max_bytes, modalities=media_kinds), p) for p in paths]
             if raw:
                 messages = message.get("text") or ""
@@ -187,24 +198,24 @@ def make_responder(pipe, *, max_upload_mb: float = DEFAULT_MAX_UPLOAD_MB,
         answer, sink, first, first_audio, chunks = "", {}, None, None, []
         number = next(answers)
         try:
-            with lock:  # released when the generator finishes or is closed (Stop closes it)
-                start = time.perf_counter()
-                with contextlib.closing(_stream_into(pipe, messages, options, sink)) as pieces:
-                    for piece in pieces:
-                        if isinstance(piece, AudioChunk):
-                            chunks.append(piece.samples)
-                            first_audio = first_audio or time.perf_counter() - start
-                            yield out(answer_message(answer), gr.skip(),
-                                      speech_update(number, chunks, piece.sample_rate))
-                            continue
-                        answer += getattr(piece, "text", piece)
-                        if first is None:
-                            first = time.perf_counter() - start
-                            # clears the previous answer's stats and spoken answer
-                            yield out(answer_message(answer), "", audio=None)
-                        else:
-                            yield out(answer_message(answer), gr.skip())
-                total = time.perf_counter() - start
+            start = time.perf_counter()
+            # closed when the generator finishes or is closed (Stop closes it): the request is cancelled
+            with contextlib.closing(_stream_into(pipe, messages, options, sink)) as pieces:
+                for piece in pieces:
+                    if isinstance(piece, AudioChunk):
+                        chunks.append(piece.samples)
+                        first_audio = first_audio or time.perf_counter() - start
+                        yield out(answer_message(answer), gr.skip(),
+                                  speech_update(number, chunks, piece.sample_rate))
+                        continue
+                    answer += getattr(piece, "text", piece)
+                    if first is None:
+                        first = time.perf_counter() - start
+                        # clears the previous answer's stats and spoken answer
+                        yield out(answer_message(answer), "", audio=None)
+                    else:
+                        yield out(answer_message(answer), gr.skip())
+            total = time.perf_counter() - start
         except Exception as e:  # noqa: BLE001 - a failed generation must not stop the server
             report = _report(e, [] if raw else _media_paths(messages))
             yield out([answer_message(answer), report] if answer else report, "")
@@ -254,7 +265,7 @@ def build_demo(pipe, *, max_upload_mb: float = DEFAULT_MAX_UPLOAD_MB, notice: st
     kinds = accepted_media(pipe)
     if completion_mode(pipe):
         notice = "\n\n".join(n for n in (notice, COMPLETION_NOTICE) if n)
-    by_kind = {"image": IMAGE_EXTENSIONS, "audio": AUDIO_EXTENSIONS}
+    by_kind = {"image": IMAGE_EXTENSIONS, "audio": AUDIO_EXTENSIONS, "video": VIDEO_EXTENSIONS}
     extensions = sorted(ext for kind in kinds for ext in by_kind[kind])
     attach = " or ".join(f"{k}s" for k in kinds)
     sources = (["upload"] if kinds else []) + (["microphone"] if "audio" in kinds else [])
@@ -283,7 +294,7 @@ def build_demo(pipe, *, max_upload_mb: float = DEFAULT_MAX_UPLOAD_MB, notice: st
         gr.ChatInterface(
             make_responder(pipe, max_upload_mb=max_upload_mb, max_speech_frames=max_speech_frames),
             multimodal=True, chatbot=chatbot, textbox=textbox, additional_inputs=settings,
-            additional_outputs=outputs, concurrency_limit=1, api_name="chat", analytics_enabled=False,
+            additional_outputs=outputs, concurrency_limit=None, api_name="chat", analytics_enabled=False,
             fill_height=True,
         )
         for output in outputs:
@@ -296,19 +307,28 @@ def build_demo(pipe, *, max_upload_mb: float = DEFAULT_MAX_UPLOAD_MB, notice: st
 
 
 def launch(demo: gr.Blocks, *, host: str = "127.0.0.1", port: int = 7860,
-           max_upload_mb: float = DEFAULT_MAX_UPLOAD_MB, block: bool = True, quiet: bool = False):
-    """Serve ``demo`` on ``host:port``: queued (one generation at a time), uploads capped at ``max_upload_mb``.
+           max_upload_mb: float = DEFAULT_MAX_UPLOAD_MB, block: bool = True, quiet: bool = False,
+           allow_hosts: tuple[str, ...] = ()):
+    """Serve ``demo`` on ``host:port``: requests run side by side on the pipeline's engine (gradio's queue holds
+    at most 64 waiting events), uploads capped at ``max_upload_mb``, other request bodies at MAX_BODY_BYTES, only
+    for requests addressed to its own names (demo/host_check.py: ``host`` when it is a name, ``allow_hosts``,
+    addresses and localhost).
 
     block=False returns once the server is up (call ``demo.close()`` to stop it). A port in use or an address
     that cannot be listened on raises ServeError naming the --port / --host flag.
     """
+    from starlette.middleware import Middleware
+
     from omnijax.demo.cli_web import listen_problem
 
-    demo.queue(default_concurrency_limit=1, max_size=64)
+    demo.queue(default_concurrency_limit=None, max_size=64)
+    guards = [Middleware(HostCheck, names=allowed_names(host, allow_hosts)),
+              Middleware(BodyLimit, max_bytes=MAX_BODY_BYTES, exempt=(UPLOAD_PATH,))]
     try:
         return demo.launch(server_name=host, server_port=port, max_file_size=int(max_upload_mb * 2**20),
                            share=False, inbrowser=False, show_error=True, ssr_mode=False, pwa=False,
-                           mcp_server=False, prevent_thread_lock=not block, quiet=quiet)
+                           mcp_server=False, prevent_thread_lock=not block, quiet=quiet,
+                           app_kwargs={"middleware": guards})
     except OSError as e:
         raise listen_problem(host, port, e) from None
 
@@ -349,8 +369,14 @@ def serve(args, *, block: bool = True) -> gr.Blocks:
     ``args.host:args.port`` until Ctrl-C. Returns the demo (after the server stops, or at once with block=False:
     then ``stop(demo)`` ends it).
 
-    Uploads are kept in a folder of this run (GRADIO_TEMP_DIR, set for this process), removed when it stops.
+    Uploads are kept in a folder of this run (GRADIO_TEMP_DIR, set for this process), removed when it stops, on
+    Ctrl-C and on SIGTERM alike.
     """
+    with terminate_as_interrupt():
+        return _serve(args, block)
+
+
+def _serve(args, block: bool) -> gr.Blocks:
     from omnijax.app.cli import load_pipeline
 
     pipe = load_pipeline(args)
@@ -363,7 +389,8 @@ def serve(args, *, block: bool = True) -> gr.Blocks:
                       examples=default_model_examples() if default else None)
     demo.omnijax_upload_dir, demo.omnijax_previous_temp_dir = upload_dir, previous
     try:
-        launch(demo, host=args.host, port=args.port, max_upload_mb=args.max_upload_mb, block=False, quiet=True)
+        launch(demo, host=args.host, port=args.port, max_upload_mb=args.max_upload_mb, block=False, quiet=True,
+               allow_hosts=tuple(getattr(args, "allow_host", None) or ()))
     except BaseException:
         stop(demo)
         raise

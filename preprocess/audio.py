@@ -24,11 +24,18 @@ import warnings
 import numpy as np
 
 from omnijax.common.errors import MediaError
-from omnijax.preprocess.media_limits import MAX_AUDIO_CHANNELS
+from omnijax.preprocess.media_limits import MAX_AUDIO_CHANNELS, MAX_AUDIO_RATE, MIN_AUDIO_RATE
 from omnijax.preprocess.sources import local_path
 
 # Scale of integer PCM arrays, as libsndfile reads them into floats: x / 2**(bits - 1).
 _INT_SCALE = {np.dtype(np.int16): 2.0**15, np.dtype(np.int32): 2.0**31}
+
+
+def _check_rate(rate: float, name: str) -> None:
+    """MediaError unless ``rate`` (Hz) is within [MIN_AUDIO_RATE, MAX_AUDIO_RATE]: the resampler is not used outside
+    (below a few Hz it does not return)."""
+    if not MIN_AUDIO_RATE <= rate <= MAX_AUDIO_RATE:
+        raise MediaError(f"{name}: sampling rate {rate:g} Hz is outside [{MIN_AUDIO_RATE}, {MAX_AUDIO_RATE}] Hz")
 
 
 def _check_duration(num_samples: int, rate: float, max_seconds: float | None, name: str) -> None:
@@ -128,6 +135,7 @@ def _decode_file(path: pathlib.Path, sampling_rate: int, max_seconds: float | No
     try:
         with soundfile.SoundFile(str(path)) as f:
             rate = f.samplerate
+            _check_rate(rate, f"audio file {path}")
             # Refuse an over-long file from its header, before decoding it.
             if f.frames > 0:
                 _check_duration(f.frames, rate, max_seconds, f"audio file {path}")
@@ -218,6 +226,7 @@ def load_audio(source, sampling_rate: int = 16000, max_seconds: float | None = N
             raise MediaError(f"{name}: sampling rate must be a number, got {rate!r}")
         if not (math.isfinite(float(rate)) and rate > 0):
             raise MediaError(f"{name}: sampling rate must be positive, got {rate!r}")
+        _check_rate(float(rate), name)
         rate = float(rate) if float(rate) != int(rate) else int(rate)
         if array.dtype not in _INT_SCALE and not np.issubdtype(array.dtype, np.floating):
             raise MediaError(f"{name}: expected float, int16 or int32 audio samples, got dtype {array.dtype}")

@@ -4,8 +4,9 @@
 
 1. normalise the messages (preprocess/prompts.py) and refuse media of a modality the checkpoint does not take
    (before reading any of it);
-2. turn each modality's media sources (paths, PIL images, arrays, ...) into encoder inputs and soft-token counts:
-   the family's ``Modality.process``;
+2. read the media a family reads ahead (``load_media``: videos, whose sound track may become an audio part), then
+   turn each modality's media sources (paths, PIL images, arrays, loaded videos, ...) into encoder inputs and
+   soft-token counts: the family's ``Modality.process`` (``process_media``);
 3. render the chat template with user text escaped (``render_chat``);
 4. expand the template's media markers into soft-token runs: the family's ``expand``;
 5. tokenize (``encode_prompt``, preprocess/user_text.py) and check that the placeholder tokens of every modality are
@@ -27,11 +28,12 @@ from typing import Any, Callable
 import numpy as np
 
 from omnijax.common.errors import PromptError
-from omnijax.preprocess.prompts import MEDIA_TYPES, media_of, normalize_messages, render_chat
+from omnijax.preprocess.prompts import DEFAULT_ROLES, MEDIA_TYPES, media_of, normalize_messages, render_chat
+from omnijax.preprocess.request_limits import RequestBudget, check_media_budget, check_media_tokens, check_text_size
 from omnijax.preprocess.user_text import encode_prompt
 
 # How refusals and checks name the items of each modality.
-PLURALS = {"image": "images", "audio": "audio clips"}
+PLURALS = {"image": "images", "audio": "audio clips", "video": "videos"}
 
 
 @dataclasses.dataclass
@@ -42,7 +44,8 @@ class PreparedPrompt:
     media: modality -> encoder inputs, one per media item in order of appearance (e.g. pixel values [3, H, W]
         per image or crop); the processor's ``collate`` of the modality batches them.
     bidirectional: [seq] bool, True for tokens that attend to their whole block both ways (media soft tokens).
-    rope_positions: [axes, seq] RoPE positions when they are not 0..seq-1 (e.g. 3-D MRoPE positions).
+    rope_positions: [axes, seq] float32 RoPE positions when they are not 0..seq-1 (e.g. 3-D MRoPE positions, whose
+        temporal ones may be fractional for videos).
     rope_delta: added to the sequence position of every generated token to get its RoPE position.
     """
 
@@ -50,7 +53,7 @@ class PreparedPrompt:
     media: dict[str, list]
     bidirectional: np.ndarray
     rope_positions: np.ndarray | None = None
-    rope_delta: int = 0
+    rope_delta: float = 0
 
 
 @dataclasses.dataclass(frozen=True)
@@ -67,6 +70,12 @@ class MediaItems:
     tokens: list[int]
     layouts: list
 
+    @staticmethod
+    def joined(items: list["MediaItems"]) -> "MediaItems":
+        """The items of several ``MediaItems`` in order, as one."""
+        return MediaItems([x for i in items for x in i.inputs], [x for i in items for x in i.tokens],
+                          [x for i in items for x in i.layouts])
+
 
 @dataclasses.dataclass(frozen=True)
 class Modality:
@@ -76,12 +85,16 @@ class Modality:
     process: the modality's media sources of one prompt, in order -> MediaItems (MediaError for unreadable media).
     collate: encoder inputs of a batch (``MediaItems.inputs`` of its prompts) -> the encoder's input arrays.
     bidirectional: its soft tokens attend their whole block both ways.
+    independent: ``process`` of several items gives what it gives for each alone, one after the other (False when
+        items are padded to the longest of the prompt): then items are processed one at a time, and the rest is
+        not decoded once the prompt's media are over the context budget.
     """
 
     token_id: int
     process: Callable[[list], MediaItems]
     collate: Callable[[list], dict[str, np.ndarray]]
     bidirectional: bool = False
+    independent: bool = True
 
 
 def refusal(kind: str, count: int, accepted: tuple[str, ...]) -> str:
@@ -94,11 +107,18 @@ def refusal(kind: str, count: int, accepted: tuple[str, ...]) -> str:
 
 class Processor:
     """Chat messages -> PreparedPrompt through ``tokenizer``'s chat template; ``modalities``: the media the
-    checkpoint takes ({} for a text-only one). Subclasses override ``expand`` and ``finish`` (module docstring)."""
+    checkpoint takes ({} for a text-only one). Subclasses override ``expand`` and ``finish`` (module docstring).
+
+    roles: the message roles the family's chat template knows; any other is refused (PromptError).
+    budget: the limits of one request (preprocess/request_limits.py); the pipeline sets its context budget.
+    """
+
+    roles: tuple[str, ...] = DEFAULT_ROLES
 
     def __init__(self, tokenizer, modalities: dict[str, Modality] | None = None):
         self.tokenizer = tokenizer
         self.modalities = dict(modalities or {})
+        self.budget = RequestBudget()
 
     @property
     def collate(self) -> dict[str, Callable[[list], dict[str, np.ndarray]]]:
@@ -106,12 +126,17 @@ class Processor:
         return {m: modality.collate for m, modality in self.modalities.items()}
 
     def prepare(self, messages: Any) -> PreparedPrompt:
-        messages = normalize_messages(messages)
+        messages = normalize_messages(messages, self.roles)
+        check_text_size([p["text"] for m in messages for p in m["content"] if p["type"] == "text"],
+                        self.budget.max_text_bytes, "the conversation")
         sources = {kind: media_of(messages, kind) for kind in MEDIA_TYPES}
         for kind, found in sources.items():
             if found and kind not in self.modalities:
                 raise PromptError(refusal(kind, len(found), tuple(self.modalities)))
-        media = {m: self.modalities[m].process(sources[m]) for m in MEDIA_TYPES if sources[m]}
+        check_media_budget(sources, self.budget, frozenset(m for m, modality in self.modalities.items()
+                                                           if not modality.independent))
+        messages = self.load_media(messages)
+        media = self.process_media(messages)
         ids = encode_prompt(self.tokenizer, self.expand(render_chat(self.tokenizer, messages), media))
         for m, modality in self.modalities.items():
             check_soft_tokens(ids, m, modality.token_id, media.get(m))
@@ -119,10 +144,35 @@ class Processor:
         return PreparedPrompt(token_ids=ids, media={m: items.inputs for m, items in media.items()},
                               bidirectional=np.isin(ids, soft), **self.finish(ids, media))
 
+    def process_media(self, messages: list[dict]) -> dict[str, MediaItems]:
+        """{modality: its items} for the media of ``messages``: each modality's sources in order of appearance
+        through its ``process``; independent items one at a time, refusing the prompt as soon as its media alone
+        are over the context budget."""
+        sources = {kind: media_of(messages, kind) for kind in MEDIA_TYPES}
+        media: dict[str, MediaItems] = {}
+        tokens, done, total = 0, 0, sum(len(found) for found in sources.values())
+        for m in MEDIA_TYPES:
+            if not sources[m]:
+                continue
+            modality = self.modalities[m]
+            groups = [[source] for source in sources[m]] if modality.independent else [sources[m]]
+            parts = []
+            for group in groups:
+                parts.append(modality.process(group))
+                tokens, done = tokens + sum(parts[-1].tokens), done + len(group)
+                check_media_tokens(tokens, self.budget, done, total)
+            media[m] = parts[0] if len(parts) == 1 else MediaItems.joined(parts)
+        return media
+
     def decode(self, token_ids) -> str:
         return self.tokenizer.decode(list(token_ids), skip_special_tokens=True)
 
     # ---- hooks -----------------------------------------------------------------------------------------------
+
+    def load_media(self, messages: list[dict]) -> list[dict]:
+        """The messages with media a family reads ahead of the rest (videos: frames and sound track), possibly
+        with parts added (a video's sound as an audio part). The base class reads nothing ahead."""
+        return messages
 
     def expand(self, text: str, media: dict[str, MediaItems]) -> str:
         """The rendered prompt with each media marker replaced by its item's soft-token run (PromptError when the

@@ -17,6 +17,8 @@ def read_json(file: pathlib.Path) -> Any:
     try:
         with open(file, encoding="utf-8") as f:
             return json.load(f)
+    except RecursionError:
+        raise CheckpointError(f"cannot read {file}: it nests too deeply") from None
     except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
         raise CheckpointError(f"cannot read {file}: {exc}") from exc
 

@@ -5,23 +5,49 @@ from __future__ import annotations
 from typing import Any
 
 from omnijax.common.errors import PromptError
+from omnijax.preprocess.chat_template import render_chat_template
 from omnijax.preprocess.user_text import mark, protected_pattern, spells_special_token, unmark
+from omnijax.preprocess.video_source import check_video_part
 
-MEDIA_TYPES = ("image", "audio")
+MEDIA_TYPES = ("image", "audio", "video")
+# The roles every family's chat template knows; a family's processor states its own set (``Processor.roles``).
+DEFAULT_ROLES = ("system", "user", "assistant")
+MAX_MESSAGES = 4096  # messages of one conversation
+MAX_PARTS = 16384  # content parts of one conversation, all messages together
 
 
-def normalize_messages(messages: Any) -> list[dict]:
+def _role(message: dict, i: int, roles: tuple[str, ...]) -> str:
+    role = message["role"]
+    if not isinstance(role, str) or role not in roles:
+        shown = repr(role) if len(repr(role)) <= 60 else repr(role)[:57] + "..."
+        raise PromptError(f"message {i} has role {shown}; this checkpoint's chat template takes the roles "
+                          f"{', '.join(roles)}")
+    return role
+
+
+def normalize_messages(messages: Any, roles: tuple[str, ...] = DEFAULT_ROLES) -> list[dict]:
     """Validate transformers-style chat messages; string content becomes one text part.
 
-    Returns new message dicts whose content is a list of parts {"type": "text"|"image"|"audio", ...}.
+    Every role must be one of ``roles`` (a role is written into the prompt as it is: anything else could forge a
+    turn). Returns new message dicts whose content is a list of parts {"type": "text", "text": str} or
+    {"type": "image"|"audio"|"video", ...}: a text part keeps only its text; video parts are checked by
+    ``preprocess.video_source.check_video_part``.
     """
     if not isinstance(messages, (list, tuple)) or not messages:
         raise PromptError("messages must be a non-empty list of {'role': ..., 'content': ...} dicts")
+    if len(messages) > MAX_MESSAGES:
+        raise PromptError(f"the conversation has {len(messages)} messages; at most {MAX_MESSAGES} are accepted")
     out = []
+    count = 0
     for i, message in enumerate(messages):
         if not isinstance(message, dict) or "role" not in message or "content" not in message:
             raise PromptError(f"message {i} must be a dict with 'role' and 'content'")
+        role = _role(message, i, roles)
         content = message["content"]
+        count += len(content) if isinstance(content, (list, tuple)) else 1
+        if count > MAX_PARTS:
+            raise PromptError(f"the conversation has more than {MAX_PARTS} content parts; at most {MAX_PARTS} are "
+                              f"accepted")
         if isinstance(content, str):
             parts = [{"type": "text", "text": content}]
         elif isinstance(content, (list, tuple)):
@@ -31,16 +57,20 @@ def normalize_messages(messages: Any) -> list[dict]:
                 if kind == "text":
                     if not isinstance(part.get("text"), str):
                         raise PromptError(f"message {i} part {j}: a text part needs a string 'text'")
+                    parts.append({"type": "text", "text": part["text"]})
+                    continue
+                elif kind == "video":
+                    check_video_part(part, f"message {i} part {j}")
                 elif kind in MEDIA_TYPES:
                     if part.get(kind) is None and part.get("path") is None and part.get("url") is None:
                         raise PromptError(f"message {i} part {j}: an {kind} part needs its {kind!r} value")
                 else:
                     raise PromptError(f"message {i} part {j}: unknown content type {kind!r} "
-                                      f"(expected 'text', 'image' or 'audio')")
+                                      f"(expected 'text', 'image', 'audio' or 'video')")
                 parts.append(dict(part))
         else:
             raise PromptError(f"message {i}: content must be a string or a list of parts")
-        out.append({"role": message["role"], "content": parts})
+        out.append({"role": role, "content": parts})
     return out
 
 
@@ -92,8 +122,13 @@ def render_chat(tokenizer, messages: list[dict], chat_template: str | None = Non
 
 
 def _render(tokenizer, messages: list[dict], chat_template: str | None) -> str:
+    """The chat template rendered as ``tokenizer.apply_chat_template(messages, add_generation_prompt=True,
+    tokenize=False)`` renders it (the same variables: the messages, the tokenizer's special tokens, no tools or
+    documents), in the bounded sandbox of preprocess/chat_template.py."""
     try:
-        return tokenizer.apply_chat_template(messages, chat_template=chat_template, tokenize=False,
-                                             add_generation_prompt=True)
-    except Exception as e:  # jinja errors (e.g. the template's own role checks) surface as prompt errors
-        raise PromptError(f"the chat template rejected these messages: {e}") from e
+        source = tokenizer.get_chat_template(chat_template)
+    except ValueError as e:
+        raise PromptError(f"no chat template to use: {e}") from e
+    variables = {**tokenizer.special_tokens_map, "messages": messages, "tools": None, "documents": None,
+                 "add_generation_prompt": True}
+    return render_chat_template(source, variables)

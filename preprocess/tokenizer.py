@@ -1,4 +1,10 @@
-"""Loading a checkpoint's tokenizer and chat template from local files only."""
+"""Loading a checkpoint's tokenizer and chat template from local files only.
+
+Bounded before anything is parsed: every tokenizer file (``tokenizer.json``, ``tokenizer.model``, vocabularies,
+merges, configs) is a regular file of at most ``MAX_TOKENIZER_FILE_BYTES``, a chat template at most
+``chat_template.MAX_TEMPLATE_CHARS`` characters; the vocabulary (added tokens included) at most ``MAX_VOCAB``
+tokens.
+"""
 
 from __future__ import annotations
 
@@ -6,22 +12,73 @@ import json
 import os
 import pathlib
 import re
+import stat
 
-from omnijax.common.errors import CheckpointError
+from omnijax.common.errors import CheckpointError, PromptError
+from omnijax.preprocess.chat_template import MAX_TEMPLATE_CHARS, check_template_source
+
+MAX_VOCAB = 1 << 19  # tokens of a vocabulary, added tokens included (real: up to 262208)
+MAX_TOKENIZER_FILE_BYTES = 64 * 2**20  # a tokenizer.json holds up to ~35 MB (Gemma 3's: 33 MB)
+# The files AutoTokenizer and the processors may read from a checkpoint folder.
+TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "tokenizer.model", "special_tokens_map.json",
+                   "added_tokens.json", "vocab.json", "vocab.txt", "merges.txt", "spiece.model",
+                   "chat_template.jinja", "chat_template.json", "processor_config.json", "preprocessor_config.json")
+
+
+def check_tokenizer_files(folder: pathlib.Path) -> None:
+    """CheckpointError naming the first of ``TOKENIZER_FILES`` in ``folder`` that is not a regular file or is over
+    MAX_TOKENIZER_FILE_BYTES: checked from the file system, before any is read."""
+    for name in TOKENIZER_FILES:
+        try:
+            info = os.stat(pathlib.Path(folder) / name)
+        except OSError:
+            continue  # not there: the loader decides whether it is needed
+        if not stat.S_ISREG(info.st_mode):
+            raise CheckpointError(f"{name} in {str(folder)!r} is not a regular file")
+        if info.st_size > MAX_TOKENIZER_FILE_BYTES:
+            raise CheckpointError(f"{name} in {str(folder)!r} is {info.st_size / 2**20:.0f} MB; tokenizer files of "
+                                  f"at most {MAX_TOKENIZER_FILE_BYTES // 2**20} MB are read")
+
+
+def check_tokenizer(tokenizer, where: str) -> None:
+    """CheckpointError when the tokenizer's vocabulary is over MAX_VOCAB or its chat template over
+    MAX_TEMPLATE_CHARS (``where``: the folder or file it came from)."""
+    size = tokenizer_size(tokenizer)
+    if size > MAX_VOCAB:
+        raise CheckpointError(f"the tokenizer in {where} has {size} tokens; at most {MAX_VOCAB} are accepted")
+    templates = getattr(tokenizer, "chat_template", None)
+    for template in (templates.values() if isinstance(templates, dict) else [templates] if templates else []):
+        try:
+            check_template_source(template, where)
+        except PromptError as e:
+            raise CheckpointError(str(e)) from None
+
+
+def tokenizer_size(tokenizer) -> int:
+    """Ids the tokenizer can produce: ``len(tokenizer)`` (added tokens included), or more when an added token's id
+    is past it."""
+    size = len(tokenizer)
+    added = getattr(tokenizer, "added_tokens_decoder", None) or {}
+    return max(size, max(added) + 1) if added else size
 
 
 def load_tokenizer(folder: pathlib.Path):
     """transformers' AutoTokenizer from ``folder`` (no hub access), with the folder's chat template attached."""
+    check_tokenizer_files(folder)
     AutoTokenizer = _auto_tokenizer()
 
     try:
         tokenizer = AutoTokenizer.from_pretrained(str(folder), local_files_only=True)
+    except RecursionError:
+        raise CheckpointError(f"the tokenizer in {str(folder)!r} could not be loaded: a file nests too deeply") \
+            from None
     except Exception as e:
         raise CheckpointError(f"the tokenizer in {str(folder)!r} could not be loaded: {e}") from e
     if not getattr(tokenizer, "chat_template", None):
         template = chat_template_of(folder)
         if template is not None:
             tokenizer.chat_template = template
+    check_tokenizer(tokenizer, repr(str(folder)))
     return tokenizer
 
 
@@ -42,16 +99,24 @@ def _auto_tokenizer():
 
 def chat_template_of(folder: pathlib.Path) -> str | None:
     """The chat template shipped in the folder (chat_template.jinja, chat_template.json or processor config)."""
+    check_tokenizer_files(folder)
     jinja = folder / "chat_template.jinja"
     if jinja.exists():
-        return jinja.read_text()
+        with open(jinja, encoding="utf-8", errors="replace") as f:
+            text = f.read(MAX_TEMPLATE_CHARS + 1)
+        if len(text) > MAX_TEMPLATE_CHARS:
+            raise CheckpointError(f"{jinja} is over {MAX_TEMPLATE_CHARS} characters; a chat template is at most that")
+        return text
     for name in ("chat_template.json", "processor_config.json", "tokenizer_config.json"):
         file = folder / name
         if file.exists():
             try:
-                template = json.loads(file.read_text()).get("chat_template")
+                data = json.loads(file.read_text(encoding="utf-8"))
+            except RecursionError:
+                raise CheckpointError(f"{file} nests too deeply to be read as JSON") from None
             except ValueError as e:
                 raise CheckpointError(f"{file} is not readable JSON: {e}") from e
+            template = data.get("chat_template") if isinstance(data, dict) else None
             if template:
                 return template
     return None
@@ -101,6 +166,66 @@ def byte_fallback_ids(tokenizer) -> frozenset[int]:
     return found
 
 
+GGUF_TOKENIZER_CACHE_VERSION = "1"
+
+
+def gguf_tokenizer_key(file: pathlib.Path, header_bytes: int) -> str:
+    """A key for the tokenizer of a GGUF file: its size, modification time and a hash of its header (the metadata,
+    vocabulary included: ``header_bytes`` from the start), with the cache format and transformers' version."""
+    import hashlib
+
+    import transformers
+
+    stat = file.stat()
+    digest = hashlib.sha256()
+    with open(file, "rb") as f:
+        remaining = header_bytes
+        while remaining > 0:
+            block = f.read(min(remaining, 1 << 20))
+            if not block:
+                break
+            digest.update(block)
+            remaining -= len(block)
+    digest.update(f"{stat.st_size}:{stat.st_mtime_ns}:{GGUF_TOKENIZER_CACHE_VERSION}:{transformers.__version__}"
+                  .encode())
+    return digest.hexdigest()[:32]
+
+
+def cached_gguf_tokenizer(file: pathlib.Path, model_type: str, header_bytes: int, cache_root: pathlib.Path | None):
+    """``load_gguf_tokenizer``, kept after the first time as a tokenizer folder (tokenizer.json in the tokenizers
+    library's own format, with its config and chat template) under ``cache_root/<key>`` (default
+    ``$OMNIJAX_HOME/gguf-tokenizers``): building it from the metadata takes seconds, loading the folder a fraction
+    of one. A cache that cannot be read or written is skipped."""
+    import shutil
+    import tempfile
+
+    from omnijax.common.paths import omnijax_home
+
+    file = pathlib.Path(file)
+    root = pathlib.Path(cache_root) if cache_root is not None else omnijax_home() / "gguf-tokenizers"
+    folder = root / gguf_tokenizer_key(file, header_bytes)
+    if (folder / "tokenizer.json").is_file():
+        try:
+            return load_tokenizer(folder)
+        except CheckpointError:
+            pass  # a damaged entry is built again below
+    tokenizer = load_gguf_tokenizer(file, model_type)
+    try:
+        root.mkdir(parents=True, exist_ok=True)
+        tmp = pathlib.Path(tempfile.mkdtemp(prefix=".building-", dir=root))
+        try:
+            tokenizer.save_pretrained(str(tmp))
+            if folder.exists():
+                shutil.rmtree(folder, ignore_errors=True)
+            os.replace(tmp, folder)
+        finally:
+            if tmp.exists():
+                shutil.rmtree(tmp, ignore_errors=True)
+    except OSError:
+        pass
+    return tokenizer
+
+
 def load_gguf_tokenizer(file: pathlib.Path, model_type: str):
     """The tokenizer a GGUF file describes in its metadata (vocabulary, merges or scores, special ids, BOS/EOS
     flags, chat template), built by transformers as ``from_pretrained(folder, gguf_file=name)`` builds it.
@@ -116,6 +241,8 @@ def load_gguf_tokenizer(file: pathlib.Path, model_type: str):
     if cls is None:
         raise CheckpointError(f"transformers has no tokenizer class {name!r} for model type {model_type!r}")
     try:
-        return cls.from_pretrained(str(file.parent), gguf_file=file.name, local_files_only=True)
+        tokenizer = cls.from_pretrained(str(file.parent), gguf_file=file.name, local_files_only=True)
     except Exception as e:
         raise CheckpointError(f"the tokenizer in GGUF file {str(file)!r} could not be built: {e}") from e
+    check_tokenizer(tokenizer, f"GGUF file {str(file)!r}")
+    return tokenizer

@@ -296,11 +296,11 @@ def hf_gemma4_text(tiny_gemma4_text_dir):
 
 
 def _gemma4_pipeline(folder):
-    """This package's float32 pipeline for ``folder``, with one prompt / cache length bucket (384: every prompt of
-    the Gemma 4 tests, attended by the blocked backend) so that they share a few compiled programs."""
+    """This package's float32 pipeline for ``folder``, with one prompt / cache length bucket and prompt chunks of
+    up to 384 tokens (every prompt of the Gemma 4 tests is one chunk) so that they share a few compiled programs."""
     from omnijax.app.pipeline import Pipeline
 
-    pipe = Pipeline.from_pretrained(folder)
+    pipe = Pipeline.from_pretrained(folder, chunk=384)
     pipe.engine.buckets = (384, pipe.engine.max_context)
     return pipe
 

@@ -119,7 +119,9 @@ def test_prompt_plus_new_tokens_over_the_budget(pipe):
 def test_malformed_messages(pipe):
     with pytest.raises(PromptError, match="role"):
         pipe.generate([{"content": "hi"}])
-    with pytest.raises(PromptError, match="unknown content type 'video'"):
+    with pytest.raises(PromptError, match="unknown content type 'hologram'"):
+        pipe.generate([{"role": "user", "content": [{"type": "hologram", "hologram": "x.holo"}]}])
+    with pytest.raises(PromptError, match="takes no video input"):
         pipe.generate([{"role": "user", "content": [{"type": "video", "video": "x.mp4"}]}])
     with pytest.raises(PromptError, match="no audio"):
         pipe.generate([{"role": "user", "content": [{"type": "audio", "audio": "x.wav"}]}])

@@ -97,8 +97,10 @@ def test_glob_and_single_file_inputs(mixed_folder, monkeypatch):
 
 
 def test_manifest_parsing_and_errors(tmp_path):
-    items = parse_jsonl_manifest('{"path": "x/a.png", "prompt": "Hi?"}\n\n{"path": "/abs/b.wav"}\n', "m.jsonl",
-                                 str(tmp_path))
+    text = '{"path": "x/a.png", "prompt": "Hi?"}\n\n{"path": "/abs/b.wav"}\n'
+    with pytest.raises(CaptionInputError, match=r"m\.jsonl line 3: '/abs/b.wav' is outside the manifest's folder"):
+        parse_jsonl_manifest(text, "m.jsonl", str(tmp_path))
+    items = parse_jsonl_manifest(text, "m.jsonl", str(tmp_path), allow_outside=True)
     assert items == [CaptionItem(str(tmp_path / "x" / "a.png"), "image", "Hi?"), CaptionItem("/abs/b.wav", "audio")]
     with pytest.raises(CaptionInputError, match=r"m\.jsonl line 2 is not valid JSON"):
         parse_jsonl_manifest('{"path": "a.png"}\n{"path": \n', "m.jsonl", "/")
@@ -239,20 +241,20 @@ def caption_command() -> list[str]:
     return ["-m", "omnijax", "caption"]
 
 
-# ``omnijax caption`` whose third batch waits until a signal ends the run: the first two batches (four rows) are
-# written, then the run holds still, so a signal sent once four rows are there always lands mid-run.
+# ``omnijax caption`` whose fifth row waits until a signal ends the run: the first four rows are written, then the
+# run holds still, so a signal sent once four rows are there always lands mid-run.
 PAUSED_CAPTION = """
 import sys, threading
 import omnijax.demo.caption as caption
 from omnijax.demo.cli import main
-generate = caption.caption_batch
+next_row = caption.InFlight.next_row
 calls = []
-def caption_batch(pipe, batch, options):
-    calls.append(len(batch))
-    if len(calls) == 3:
+def paused_next_row(self):
+    calls.append(1)
+    if len(calls) == 5:
         threading.Event().wait()
-    return generate(pipe, batch, options)
-caption.caption_batch = caption_batch
+    return next_row(self)
+caption.InFlight.next_row = paused_next_row
 sys.exit(main(["caption", *sys.argv[1:]]))
 """
 

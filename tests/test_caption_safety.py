@@ -170,9 +170,12 @@ class Interrupting:
         self._maybe_interrupt("prepare")
         return self.pipe.prepare(messages)
 
-    def generate_prepared(self, prompts, **kwargs):
+    def submit(self, prompt, **kwargs):
+        return self.pipe.submit(prompt, **kwargs)
+
+    def wait(self, handle):
         self._maybe_interrupt("generate")
-        return self.pipe.generate_prepared(prompts, **kwargs)
+        return self.pipe.wait(handle)
 
     def loaded(self):
         self._maybe_interrupt("load")

@@ -16,7 +16,6 @@ import pytest
 import torch
 from PIL import Image
 
-from omnijax.app.sampling import SamplingParams
 from omnijax.common.errors import CheckpointError, MediaError, PromptError
 
 SR = 16000
@@ -225,15 +224,15 @@ def _through_eos(tokens: list[int], eos) -> list[int]:
 @pytest.fixture(scope="module")
 def generated(models, prepared):
     """{kind: (16 greedy tokens per case past any EOS, the API's answers)}: every case of the folder in one batch
-    (text, image, audio, several images, the long prompt side by side), through ``Engine.generate`` and
-    ``Pipeline.generate`` (one compiled program)."""
+    (text, image, audio, several images, the long prompt side by side), through ``Pipeline.generate_prepared``
+    (end ids ignored) and ``Pipeline.generate``."""
     out = {}
     for kind in ("small", "moe"):
         pipe = models[kind][0]
         cases = SMALL if kind == "small" else MOE
-        full = pipe.engine.generate([prepared[kind, c][0] for c in cases], NEW, SamplingParams(), ignore_eos=True)
+        full = pipe.generate_prepared([prepared[kind, c][0] for c in cases], max_new_tokens=NEW, ignore_eos=True)
         answers = pipe.generate([CASES[c] for c in cases], max_new_tokens=NEW)
-        out[kind] = {c: (row.tolist(), answer) for c, row, answer in zip(cases, full, answers)}
+        out[kind] = {c: (row.token_ids, answer) for c, row, answer in zip(cases, full, answers)}
     return out
 
 
@@ -313,7 +312,7 @@ def test_text_only_class_matches_transformers(gemma4_text_pipeline, hf_gemma4_te
         ref = hf_gemma4_text(input_ids=ids).logits[0].numpy()
     assert np.abs(pipe.engine.score([ours])[0] - ref).max() <= 1e-4 * max(1.0, float(np.abs(ref).max()))
     tokens = _reference_tokens(hf_gemma4_text, {"input_ids": ids}, eos_token_id=None)
-    assert pipe.engine.generate([ours], NEW, SamplingParams(), ignore_eos=True)[0].tolist() == tokens
+    assert pipe.generate_prepared([ours], max_new_tokens=NEW, ignore_eos=True)[0].token_ids == tokens
     assert pipe.generate(messages, max_new_tokens=NEW).token_ids == _through_eos(tokens, pipe.config.eos_ids)
     with pytest.raises(PromptError, match="no image input"):
         pipe.prepare(user(image(1), "What is it?"))

@@ -219,11 +219,11 @@ def test_bad_requests_to_speak(qwen_speech_pipeline):
 def test_new_lengths_inside_a_bucket_do_not_compile_again(qwen_speech_pipeline):
     pipe = qwen_speech_pipeline
     _speak(pipe, user("Say something nice."), max_speech_frames=40)
-    before = pipe.speech.compilations() + pipe.engine.compilations()
+    before = pipe.speech.compilations() + pipe.compilations()
     for prompt, frames in (("Tell me a story about the moon.", 37), ("Why?", 33)):
         result = _speak(pipe, user(prompt), max_speech_frames=frames)
         assert len(result.audio_codes) == frames
-    assert pipe.speech.compilations() + pipe.engine.compilations() == before
+    assert pipe.speech.compilations() + pipe.compilations() == before
 
 
 def test_cli_writes_the_spoken_answer_to_a_wav_file(tiny_qwen_full_dir, tiny_qwen_dir, qwen_speech_pipeline,

@@ -363,7 +363,7 @@ def test_positions_match_reference_single(thinker, name):
     ids, grids, frames = PROMPTS[name]
     _, _, ref_positions, ref_deltas = reference_rope_index(thinker, [ids], [grids], [frames])
     positions, delta = ours_single(name)
-    assert positions.dtype == np.int64 and positions.shape == (3, len(ids))
+    assert positions.dtype == np.float32 and positions.shape == (3, len(ids))
     np.testing.assert_array_equal(positions, ref_positions[:, 0])
     assert delta == int(ref_deltas[0])
     # generation continues at the last prompt position + 1 on every axis

@@ -136,3 +136,41 @@ def test_weights_stream_in_near_the_final_weights_plus_one_tensor(real_gguf):
     assert 1000 < m["weights_mb"] < 1100  # 268M float32 parameters
     assert m["weights_peak_mb"] <= m["weights_mb"] + m["largest_tensor_mb"] + 128
     assert m["rss_after_mb"] - m["rss_before_weights_mb"] <= m["weights_mb"] + 128
+
+
+HELD_OUT = ("The river had been rising for three days when the ferryman decided to close the crossing. He tied the "
+            "boat to the old oak by the landing, carried the oars up to his cottage and told the travellers waiting "
+            "on the bank that they would have to go round by the bridge, twenty miles upstream. Most of them grumbled "
+            "and left. One woman stayed. She said that her sister lived in the village on the far side and was ill, "
+            "and that she could not wait for the water to fall. The ferryman looked at the brown current, at the "
+            "branches turning in it, and at the clouds still piling up in the west. Then he went back down to the "
+            "landing and untied the boat.")
+
+
+@pytest.fixture(scope="module")
+def float32_perplexity(gguf_pipe):
+    from omnijax.app.scoring import perplexity
+
+    ref = perplexity([gguf_pipe.score(HELD_OUT)])
+    assert 1.0 < ref < 100.0
+    return ref
+
+
+def quantized_perplexity(real_gguf, mode: str) -> float:
+    from omnijax.app.scoring import perplexity
+
+    return perplexity([Pipeline.from_pretrained(real_gguf, quantize=mode).score(HELD_OUT)])
+
+
+def test_int8_perplexity_is_within_one_percent_of_float32(real_gguf, float32_perplexity):
+    got = quantized_perplexity(real_gguf, "int8")
+    print(f"\nperplexity float32 {float32_perplexity:.4f}, int8 {got:.4f} ({got / float32_perplexity - 1:+.2%})")
+    assert abs(got / float32_perplexity - 1) <= 0.01
+
+
+@pytest.mark.xfail(strict=True, reason="known gap: requantizing the file's Q5_0 / Q6_K / Q8_0 layer tensors into "
+                                       "int4 groups of 32 costs ~10% perplexity (measured 27.99 vs 25.37)")
+def test_int4_perplexity_is_within_three_percent_of_float32(real_gguf, float32_perplexity):
+    got = quantized_perplexity(real_gguf, "int4")
+    print(f"\nperplexity float32 {float32_perplexity:.4f}, int4 {got:.4f} ({got / float32_perplexity - 1:+.2%})")
+    assert abs(got / float32_perplexity - 1) <= 0.03

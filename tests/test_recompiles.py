@@ -1,6 +1,7 @@
 """Shape budgets: new media sizes, prompt lengths and max_new_tokens inside their buckets compile nothing new.
 
-Every compiled program of the engine is counted (encoders, prefill, RoPE tables, decode loop, streaming step).
+Every compiled program of the engine is counted (encoders, prefill, RoPE tables, and the serving slots' chunk,
+insert, decode and cache programs).
 Each case first generates once (compiling what that bucket needs), then checks that further inputs of other sizes
 in the same buckets add no compilation, while their answers still follow their own inputs.
 """
@@ -24,9 +25,9 @@ def _first_then_same_bucket(pipe, conversations, max_new_tokens=(8, 8, 8, 8)):
              for p in prompts}
     assert len(media) == 1, f"the inputs span media buckets {media}: the test's premise fails"
     first = pipe.generate_prepared(prompts[:1], max_new_tokens=max_new_tokens[0])
-    before = engine.compilations()
+    before = pipe.compilations()
     rest = [pipe.generate_prepared([p], max_new_tokens=n)[0] for p, n in zip(prompts[1:], max_new_tokens[1:])]
-    new = engine.compilations() - before
+    new = pipe.compilations() - before
     last = [host_array(engine.prefill([p], 8).logits)[0] for p in prompts]  # each prompt's own next-token logits
     assert all(np.abs(a - b).max() > 1e-4 for i, a in enumerate(last) for b in last[i + 1:])
     return first + rest, new, prompts

@@ -97,21 +97,17 @@ def test_expert_parallel_runs_equal_one_device(tiny_qwen_dir):
 COLLECTIVES_SCRIPT = r"""
 import collections, json, re, sys
 import jax, jax.numpy as jnp
-from omnijax.app.generation import DecodeState
 from omnijax.app.pipeline import Pipeline
-from omnijax.app.sampling import SamplingParams
 from omnijax.common.sharding import make_mesh, use_mesh
 folder = sys.argv[1]
 out = {}
 for name, model in [("model4", 4), ("data2_model2", 2)]:
-    pipe = Pipeline.from_pretrained(folder, mesh=make_mesh(model))
-    eng = pipe.engine
-    pre = eng.prefill([pipe.prepare([{"role": "user", "content": "Hi there"}])] * 2, 4)
-    sp = SamplingParams()
+    pipe = Pipeline.from_pretrained(folder, mesh=make_mesh(model), max_batch=2, max_context=256)
+    eng, slots = pipe.engine, pipe.scheduler.slots
+    slots.ensure_allocated()
     with use_mesh(eng.mesh):
-        state = DecodeState(jnp.int32(0), jnp.zeros((2,), jnp.int32), jnp.zeros((2,), bool), None)
-        hlo = eng._step.lower(eng.params, pre.cache, state, eng._put(pre.batch.rope_delta, ("batch",)),
-                              jax.random.key(0), sp.values(), eng.eos_ids, mode=sp.mode()).compile().as_text()
+        hlo = slots._decode.lower(eng.params, slots.cache, slots.state, eng.eos_ids,
+                                  rows=slots.slots).compile().as_text()
     ops = re.findall(r"= \S+ (all-reduce|all-gather|reduce-scatter|all-to-all|collective-permute)(?:-start)?\(", hlo)
     out[name] = {"collectives": dict(collections.Counter(ops)), "layers": pipe.config.decoder.num_layers,
                  "kv_heads": [l["attn"]["qkv"].shape[0] for l in eng.params["decoder"]["layers"].values()],

@@ -8,6 +8,7 @@ import os
 import pathlib
 import socket
 import threading
+import time
 import types
 import wave
 
@@ -45,7 +46,8 @@ def _gr_file(path: str, mime: str = "image/png") -> dict:
 def test_media_kind_by_extension_then_mime():
     assert media_kind("/x/a.PNG") == "image" and media_kind("b.jpeg") == "image" and media_kind("c.webp") == "image"
     assert media_kind("rec/audio.wav") == "audio" and media_kind("song.MP3") == "audio"
-    assert media_kind("notes.txt") is None and media_kind("vector.svg") is None and media_kind("clip.mp4") is None
+    assert media_kind("notes.txt") is None and media_kind("vector.svg") is None and media_kind("clip.mp4") == "video"
+    assert media_kind("upload", "video/webm") == "video"
     assert media_kind("pasted", "image/png") == "image" and media_kind("blob", "audio/wav") == "audio"
     assert media_kind("pasted", "image/svg+xml") is None and media_kind("noext") is None
     assert media_kind("a.txt", "image/png") is None  # a known extension that is not media decides
@@ -212,6 +214,34 @@ def test_responder_stop_releases_the_pipeline(gemma3_pipeline):
     assert done, "a request after a stopped one never finished (the generation lock was not released)"
     expected = gemma3_pipeline.generate([_user(_text("Tell me a long story."))], max_new_tokens=MAX_NEW)
     assert _answer_text(done[0][-1][0]) == expected.text
+
+
+def test_tabs_generate_at_the_same_time_and_stop_only_their_own(gemma3_pipeline):
+    """Two tabs' answers stream side by side: the second tab's answer starts while the first one's is still
+    generating (no global lock), and Stop in the first tab cancels only its request."""
+    from omnijax.demo.web import make_responder
+
+    respond = make_responder(gemma3_pipeline)
+    long = gemma3_pipeline.generate([_user(_text("Tell me a long story."))], max_new_tokens=64)
+    assert len(long.token_ids) == 64 and long.finish_reason == "length"  # premise: the first answer runs long
+    stats = gemma3_pipeline.scheduler.stats
+    cancelled = stats.finished["cancelled"]
+    first = respond({"text": "Tell me a long story.", "files": []}, [], 64, 0.0, 1.0, 0, 0)
+    next(first)  # the first tab's answer has begun
+    second: list = []
+    worker = threading.Thread(target=lambda: second.append(_run(respond, {"text": "Count to five.", "files": []})),
+                              daemon=True)
+    worker.start()
+    worker.join(timeout=600)
+    assert second, "the second tab got no answer while the first one was generating"
+    assert gemma3_pipeline.scheduler.running >= 1  # the first tab's request is still generating
+    first.close()  # the first tab's Stop
+    expected = gemma3_pipeline.generate([_user(_text("Count to five."))], max_new_tokens=MAX_NEW)
+    assert _answer_text(second[0][-1][0]) == expected.text
+    deadline = time.monotonic() + 600
+    while stats.finished["cancelled"] == cancelled and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert stats.finished["cancelled"] == cancelled + 1
 
 
 def test_responder_reports_bad_input_in_the_chat(gemma3_pipeline, broken_image, image_file, tmp_path):

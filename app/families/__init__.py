@@ -44,7 +44,7 @@ GGUF_ARCHITECTURES = by_gguf_architecture(FAMILIES)
 
 def family_for_config(hf_config: dict) -> FamilySpec:
     model_type = hf_config.get("model_type")
-    if model_type not in MODEL_TYPES:
+    if not isinstance(model_type, str) or model_type not in MODEL_TYPES:
         raise UnsupportedModelError(f"model_type {model_type!r} (architectures {hf_config.get('architectures')}) "
                                     f"is not supported; supported: {sorted(MODEL_TYPES)}")
     return MODEL_TYPES[model_type]

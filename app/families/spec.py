@@ -25,7 +25,10 @@ class ModelConfig:
 
     media_token_ids: (modality, placeholder id in input ids) pairs; features of that modality land there.
     encoders: (modality, encoder config) pairs.
-    deepstack_modality: the modality whose encoder's extra feature maps are added after the first decoder layers.
+    deepstack_modality: the modality whose encoder's extra feature maps are added after the first decoder layers
+        (and those of every modality read by the same encoder).
+    shared_encoders: (modality, encoder modality) pairs: a modality read by another modality's encoder (video
+        frames by the image encoder).
     speech: the family's speech-output config (a model that can answer aloud), or None.
     """
 
@@ -37,16 +40,30 @@ class ModelConfig:
     max_context: int
     deepstack_modality: str | None = None
     speech: Any = None
+    shared_encoders: tuple[tuple[str, str], ...] = ()
 
     @property
     def modalities(self) -> tuple[str, ...]:
-        return tuple(m for m, _ in self.encoders)
+        return tuple(m for m, _ in self.encoders) + tuple(m for m, _ in self.shared_encoders)
+
+    def encoder_of(self, modality: str) -> str:
+        """The encoder (by the modality it is built for) that reads ``modality``."""
+        return dict(self.shared_encoders).get(modality, modality)
 
     def encoder_config(self, modality: str):
-        return dict(self.encoders)[modality]
+        return dict(self.encoders)[self.encoder_of(modality)]
 
     def media_token_id(self, modality: str) -> int:
         return dict(self.media_token_ids)[modality]
+
+    def deepstack_ids(self, modalities) -> tuple[int, ...]:
+        """The placeholder ids, among ``modalities``, whose encoder's extra feature maps are added after the first
+        decoder layers: those read by the deepstack modality's encoder (images, and video frames by the same
+        tower)."""
+        deep = self.deepstack_modality
+        if deep is None:
+            return ()
+        return tuple(self.media_token_id(m) for m in modalities if self.encoder_of(m) == self.encoder_of(deep))
 
 
 @dataclasses.dataclass(frozen=True)

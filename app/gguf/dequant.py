@@ -65,21 +65,27 @@ def dequantize_rows(raw_RB: np.ndarray, ggml_type: int) -> np.ndarray:
     return np.asarray(out, dtype=np.float32)
 
 
-def dequantize_tensor(read_rows, info, dtype, chunk_bytes: int = CHUNK_BYTES) -> np.ndarray:
-    """The tensor ``info`` (a ``TensorInfo``) as ``dtype``, in its shape.
-
-    read_rows: ``slice -> uint8 [rows, bytes per row]`` (``GGUFFile.read`` bound to ``info``).
-    """
+def dequantize_rows_chunked(read_rows, info, chunk_bytes: int = CHUNK_BYTES):
+    """(row slice, float32 [rows in it, values per row]) of the tensor ``info`` (a ``TensorInfo``), a group of
+    rows at a time. read_rows: ``slice -> uint8 [rows, bytes per row]`` (``GGUFFile.read`` bound to ``info``)."""
     rows = info.rows
     per_row = info.nbytes // max(rows, 1)
     step = max(1, chunk_bytes // max(per_row, 1))
     row_len = info.shape[-1] if info.shape else 1
-    out = np.empty((rows, row_len), dtype)
     for start in range(0, rows, step):
         part = slice(start, min(rows, start + step))
         values = dequantize_rows(read_rows(part), info.ggml_type)
         if values.shape != (part.stop - part.start, row_len):
             raise CheckpointError(f"tensor {info.name!r}: {type_name(info.ggml_type)} rows dequantized to shape "
                                   f"{list(values.shape)}, expected {[part.stop - part.start, row_len]}")
+        yield part, values
+
+
+def dequantize_tensor(read_rows, info, dtype, chunk_bytes: int = CHUNK_BYTES) -> np.ndarray:
+    """The tensor ``info`` (a ``TensorInfo``) as ``dtype``, in its shape (``dequantize_rows_chunked`` written into
+    one array of ``dtype``)."""
+    row_len = info.shape[-1] if info.shape else 1
+    out = np.empty((info.rows, row_len), dtype)
+    for part, values in dequantize_rows_chunked(read_rows, info, chunk_bytes):
         out[part] = values
     return out.reshape(info.shape)

@@ -29,6 +29,15 @@ MAGIC = b"GGUF"
 VERSIONS = (2, 3)
 DEFAULT_ALIGNMENT = 32
 KEEP_STRINGS_UP_TO = 4096  # longer string arrays (vocabularies, merges) are kept as their length only
+# Bounds on what the header may declare, checked before it is used (real files: ~40 keys, ~1000 tensors, 262k-token
+# vocabularies, strings of kilobytes)
+MAX_KEYS = 1 << 16
+MAX_TENSORS = 1 << 20
+MAX_DIMS = 8
+MAX_ARRAY = 1 << 21  # elements of a metadata array
+MAX_STRING_BYTES = 16 * 2**20  # a metadata string (a chat template: kilobytes)
+MAX_ARRAY_STRING_BYTES = 1 << 16  # one string of a string array (a token, a merge)
+MAX_ALIGNMENT = 1 << 20
 
 # metadata value type -> struct format of one value (8: string and 9: array are variable-sized)
 _SCALAR_FORMATS = {0: "<B", 1: "<b", 2: "<H", 3: "<h", 4: "<I", 5: "<i", 6: "<f", 7: "<?", 10: "<Q", 11: "<q",
@@ -76,8 +85,10 @@ class _Cursor:
         self.pos += size
         return values if len(values) > 1 else values[0]
 
-    def string(self) -> str:
+    def string(self, limit: int = MAX_STRING_BYTES) -> str:
         length = self.unpack("<Q")
+        if length > limit:
+            raise CheckpointError(f"{self.path} holds a metadata string of {length} bytes; at most {limit} are read")
         if self.pos + length > len(self.buf):
             raise CheckpointError(f"{self.path} is truncated: its GGUF header ends early")
         raw = bytes(self.buf[self.pos:self.pos + length])
@@ -89,7 +100,11 @@ class _Cursor:
 
     def skip_strings(self, count: int) -> None:
         for _ in range(count):
-            self.pos += 8 + self.unpack("<Q")
+            length = self.unpack("<Q")
+            if length > MAX_ARRAY_STRING_BYTES:
+                raise CheckpointError(f"{self.path} holds a string of {length} bytes in a metadata array; at most "
+                                      f"{MAX_ARRAY_STRING_BYTES} are read")
+            self.pos += length
         if self.pos > len(self.buf):
             raise CheckpointError(f"{self.path} is truncated: its GGUF header ends early")
 
@@ -100,6 +115,9 @@ class _Cursor:
             return self.string()
         if value_type == _ARRAY:
             element_type, count = self.unpack("<IQ")
+            if count > MAX_ARRAY:
+                raise CheckpointError(f"{self.path} holds a metadata array of {count} values; at most {MAX_ARRAY} "
+                                      f"are read")
             if element_type in _SCALAR_FORMATS:
                 dtype = np.dtype(_SCALAR_FORMATS[element_type].replace("?", "b1"))
                 end = self.pos + count * dtype.itemsize
@@ -112,7 +130,7 @@ class _Cursor:
                 if count > KEEP_STRINGS_UP_TO:
                     self.skip_strings(count)
                     return StringArray(count)
-                return [self.string() for _ in range(count)]
+                return [self.string(MAX_ARRAY_STRING_BYTES) for _ in range(count)]
             raise CheckpointError(f"{self.path} holds a metadata array of value type {element_type}, "
                                   f"which GGUF does not define")
         raise CheckpointError(f"{self.path} holds a metadata value of type {value_type}, which GGUF does not define")
@@ -151,6 +169,9 @@ class GGUFFile:
             hint = " (a big-endian file?)" if version > 0xFFFF else ""
             raise CheckpointError(f"{self.path} is GGUF version {version}{hint}; supported versions: {VERSIONS}")
         tensor_count, kv_count = cur.unpack("<QQ")
+        if kv_count > MAX_KEYS or tensor_count > MAX_TENSORS:
+            raise CheckpointError(f"{self.path} declares {kv_count} metadata keys and {tensor_count} tensors; at "
+                                  f"most {MAX_KEYS} keys and {MAX_TENSORS} tensors are read")
         metadata = {}
         for _ in range(kv_count):
             key = cur.string()
@@ -159,13 +180,19 @@ class GGUFFile:
         for _ in range(tensor_count):
             name = cur.string()
             ndim = cur.unpack("<I")
+            if ndim > MAX_DIMS:
+                raise CheckpointError(f"{self.path}: tensor {name!r} has {ndim} dimensions; at most {MAX_DIMS}")
             dims = cur.unpack(f"<{ndim}Q") if ndim else ()
             dims = (dims,) if isinstance(dims, int) else tuple(dims)
             ggml_type, offset = cur.unpack("<IQ")
             entries.append((name, tuple(reversed(dims)), ggml_type, offset))
-        alignment = int(metadata.get("general.alignment", DEFAULT_ALIGNMENT))
-        if alignment <= 0:
-            raise CheckpointError(f"{self.path} has general.alignment {alignment}")
+        alignment = metadata.get("general.alignment", DEFAULT_ALIGNMENT)
+        if isinstance(alignment, (bool, np.bool_)) or not isinstance(alignment, (int, np.integer)) \
+                or not 1 <= alignment <= MAX_ALIGNMENT:
+            shown = repr(alignment)[:40]
+            raise CheckpointError(f"{self.path} has general.alignment {shown}; it must be an integer in "
+                                  f"[1, {MAX_ALIGNMENT}]")
+        alignment = int(alignment)
         data_start = -(-cur.pos // alignment) * alignment
         tensors: dict[str, TensorInfo] = {}
         for name, shape, ggml_type, offset in entries:

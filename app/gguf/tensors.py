@@ -14,9 +14,10 @@ from typing import Iterable
 import numpy as np
 
 from omnijax.app.gguf.arch import GGUFArch, gguf_tensor_name
-from omnijax.app.gguf.dequant import dequantize_tensor
+from omnijax.app.gguf.dequant import CHUNK_BYTES, dequantize_rows_chunked, dequantize_tensor
 from omnijax.app.gguf.file import GGUFFile, TensorInfo
 from omnijax.common.errors import CheckpointError
+from omnijax.common.quantized import quantize
 
 log = logging.getLogger(__name__)
 
@@ -80,6 +81,25 @@ class GGUFTensors:
         for transform in transforms:
             array = transform(array, self.hf_config)
         return array.astype(self.dtype, copy=False)
+
+    def read_quantized(self, key: str, mode: str, axis: int, shape: tuple[int, ...],
+                       chunk_bytes: int = CHUNK_BYTES) -> dict[str, np.ndarray] | None:
+        """The tensor ``key`` quantized to ``mode`` along its last axis (``quantize``'s parts), converted a group of
+        rows at a time: the stored blocks of a few rows are dequantized to float32 and quantized again, so the
+        tensor is never whole in float32. None when this path does not apply (a transform, another axis or shape):
+        the loader then reads the tensor whole."""
+        info = self.info(key)
+        if axis != len(shape) - 1 or tuple(info.shape) != tuple(shape) or self.arch.transforms_for(key):
+            return None
+        out: dict[str, np.ndarray] = {}
+        rows = info.rows
+        for part, values in dequantize_rows_chunked(lambda r: self.file.read(info, r), info, chunk_bytes):
+            chunk = quantize(values, mode, -1)
+            for name, a in chunk.items():
+                if name not in out:
+                    out[name] = np.empty((rows,) + a.shape[1:], a.dtype)
+                out[name][part] = a
+        return {name: a.reshape(tuple(shape[:-1]) + a.shape[1:]) for name, a in out.items()}
 
     def close(self) -> None:
         self.file.close()

@@ -26,6 +26,7 @@ import numpy as np
 from flax import nnx
 
 from omnijax.common.linear import Linear, param
+from omnijax.common.matmul_policy import table_rows
 from omnijax.common.norms import RMSNorm
 from omnijax.decoder.spec import DecoderSpec
 
@@ -67,7 +68,7 @@ class Gemma4LayerInputs(nnx.Module):
         self.num_layers = dspec.num_layers
         self.hidden = dspec.hidden_size
         total = self.num_layers * self.width
-        self.embedding = param(rngs, (self.vocab_size, total), ("vocab", None))
+        self.embedding = param(rngs, (self.vocab_size, total), ("vocab", None), quant_axis=-1)
         self.projection = Linear(dspec.hidden_size, total, axes=("embed", None), rngs=rngs)
         self.norm = RMSNorm(self.width, eps=dspec.rms_norm_eps)
 
@@ -77,7 +78,8 @@ class Gemma4LayerInputs(nnx.Module):
         n, p = self.num_layers, self.width
         table = self.embedding[...]
         ids = table_ids(tokens_BL, self.placeholder_ids, self.pad_id, self.vocab_size)
-        token = jnp.take(table, ids, axis=0) * jnp.asarray(np.float32(p ** 0.5), jnp.float32).astype(table.dtype)
+        rows = table_rows(table, ids, embeddings_BLD.dtype)
+        token = rows * jnp.asarray(np.float32(p ** 0.5), jnp.float32).astype(rows.dtype)
         x = embeddings_BLD
         ctx = self.projection(x) * jnp.asarray(self.hidden ** -0.5, x.dtype)
         ctx = self.norm(ctx.reshape(b, l, n, p))

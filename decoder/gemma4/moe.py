@@ -22,6 +22,7 @@ from flax import nnx
 
 from omnijax.common.activations import activation
 from omnijax.common.linear import matmul_oi, param
+from omnijax.common.matmul_policy import expert_weights
 from omnijax.common.norms import rms_norm
 from omnijax.decoder.moe import run_experts
 from omnijax.decoder.spec import FeedForwardSpec
@@ -64,9 +65,9 @@ class ExpertsBeside(nnx.Module):
         self.router = router_cls(spec, hidden, eps=eps, rngs=rngs)
         if self.router.scales_input:
             raise ValueError(f"router {spec.router!r} scales the expert inputs; experts beside take output weights")
-        self.gate_proj = param(rngs, (e, hidden, i), ("expert", "embed", "mlp"))
-        self.up_proj = param(rngs, (e, hidden, i), ("expert", "embed", "mlp"))
-        self.down_proj = param(rngs, (e, i, hidden), ("expert", "mlp", "embed"))
+        self.gate_proj = param(rngs, (e, hidden, i), ("expert", "embed", "mlp"), quant_axis=1)
+        self.up_proj = param(rngs, (e, hidden, i), ("expert", "embed", "mlp"), quant_axis=1)
+        self.down_proj = param(rngs, (e, i, hidden), ("expert", "mlp", "embed"), quant_axis=1)
         self.top_k = spec.top_k
         self.act = spec.activation
 
@@ -74,6 +75,6 @@ class ExpertsBeside(nnx.Module):
         b, l, d = x_BLD.shape
         weights_TK, ids_TK = self.router(route_BLD.reshape(b * l, d))
         xs = jnp.repeat(x_BLD.reshape(b * l, d), self.top_k, axis=0)
-        wg, wu, wd = (w[...].astype(x_BLD.dtype) for w in (self.gate_proj, self.up_proj, self.down_proj))
+        wg, wu, wd = (expert_weights(w[...], x_BLD.dtype) for w in (self.gate_proj, self.up_proj, self.down_proj))
         y = run_experts(xs, ids_TK.reshape(-1), wg, wu, wd, activation(self.act)).reshape(b * l, self.top_k, d)
         return (y * weights_TK[..., None]).sum(axis=1).reshape(b, l, d)

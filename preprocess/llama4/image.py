@@ -39,6 +39,8 @@ from omnijax.common.config_values import (as_checkpoint_error, as_float, as_int,
 from omnijax.common.errors import CheckpointError, MediaError
 from omnijax.preprocess.pixels import normalization_constants, to_chw_uint8
 from omnijax.preprocess.processor_config import processor_section
+from omnijax.preprocess.resize_uint8 import BICUBIC, BILINEAR, axis_weights
+from omnijax.preprocess.resize_uint8 import resize_uint8 as resize_hwc
 
 _STANDARD_MEAN = (0.5, 0.5, 0.5)
 _STANDARD_STD = (0.5, 0.5, 0.5)
@@ -50,7 +52,6 @@ MAX_CANVAS_PIXELS = 1 << 26
 # Bound on an input image (decoded pixels), about 134 million.
 MAX_IMAGE_PIXELS = 1 << 27
 # Rows (or columns) resampled at a time, so a pass over a large image holds a bounded int32 buffer.
-_RESAMPLE_CHUNK = 256
 
 _RESAMPLE_FILTERS = {int(PIL.Image.Resampling.BILINEAR): "bilinear", int(PIL.Image.Resampling.BICUBIC): "bicubic"}
 
@@ -241,94 +242,28 @@ def resized_size(height: int, width: int, canvas: tuple[int, int], tile_size: in
 # Resampling: torch's uint8 antialiased kernel.
 
 
-def _bilinear_filter(x: np.ndarray) -> np.ndarray:
-    x = np.abs(x)
-    return np.where(x < 1.0, 1.0 - x, 0.0)
-
-
-def _bicubic_filter(x: np.ndarray) -> np.ndarray:
-    a = -0.5  # torch's antialiased bicubic (as PIL)
-    x = np.abs(x)
-    near = ((a + 2) * x - (a + 3)) * x * x + 1
-    far = ((a * x - 5 * a) * x + 8 * a) * x - 4 * a
-    return np.where(x < 1.0, near, np.where(x < 2.0, far, 0.0))
-
-
-_FILTERS = {"bilinear": (_bilinear_filter, 2), "bicubic": (_bicubic_filter, 4)}
-
-
 def resample_weights(in_size: int, out_size: int, kind: str = "bilinear") -> tuple[np.ndarray, np.ndarray, int]:
-    """One axis of torch's uint8 antialiased resize: (first input index [out], int16 weights [out, k], precision).
-
-    ``_compute_indices_min_size_weights_aa`` and ``_compute_index_ranges_int16_weights`` (align_corners false, no
-    scale factor): support = interp_size / 2 * max(scale, 1) with scale = in / out, taps ``[xmin, xmin + xsize)``
-    around the centre scale * (i + 0.5), filter weights normalized to sum 1 in float64, then scaled by
-    2**precision (the largest precision <= 22 keeping the biggest weight under 2**15) and rounded half away from
-    zero. Output pixel i is (sum_j w[i, j] * x[xmin[i] + j] + 2**(precision - 1)) >> precision, clipped to uint8.
-    """
-    fn, interp_size = _FILTERS[kind]
-    scale = in_size / out_size
-    support = (interp_size * 0.5) * scale if scale >= 1.0 else interp_size * 0.5
-    ksize = int(math.ceil(support)) * 2 + 1
-    invscale = 1.0 / scale if scale >= 1.0 else 1.0
-    centers = scale * (np.arange(out_size, dtype=np.float64) + 0.5)
-    xmin = np.maximum((centers - support + 0.5).astype(np.int64), 0)  # C++ casts truncate toward zero
-    xmax = np.minimum((centers + support + 0.5).astype(np.int64), in_size)
-    xsize = np.clip(xmax - xmin, 0, ksize)
-    j = np.arange(ksize)
-    weights = fn((j[None, :] + xmin[:, None] - centers[:, None] + 0.5) * invscale)
-    weights = np.where(j[None, :] < xsize[:, None], weights, 0.0)
-    total = np.zeros(out_size)
-    for k in range(ksize):  # accumulate in tap order, as the reference
-        total = total + weights[:, k]
-    weights = np.where(total[:, None] != 0.0, weights / np.where(total == 0.0, 1.0, total)[:, None], weights)
-    wt_max = float(weights.max()) if weights.size else 0.0
-    precision = 0
-    while precision < 22 and int(0.5 + wt_max * (1 << (precision + 1))) < (1 << 15):
-        precision += 1
-    scaled = weights * (1 << precision)
-    ints = np.where(scaled < 0, np.trunc(-0.5 + scaled), np.trunc(0.5 + scaled)).astype(np.int32)
-    return xmin, ints, precision
-
-
-def _resample_axis(image: np.ndarray, out_size: int, axis: int, kind: str) -> np.ndarray:
-    """uint8 ``image`` [3, H, W] resampled along ``axis`` (1: rows, 2: columns) to ``out_size``."""
-    in_size = image.shape[axis]
-    xmin, weights, precision = resample_weights(in_size, out_size, kind)
-    ksize = weights.shape[1]
-    taps = np.minimum(xmin[:, None] + np.arange(ksize)[None, :], in_size - 1)  # zero weights past the edge
-    src = np.moveaxis(image, axis, -1)  # [3, other, in]
-    out = np.empty(src.shape[:-1] + (out_size,), np.uint8)
-    half = np.int32(1 << (precision - 1)) if precision > 0 else np.int32(0)
-    for start in range(0, src.shape[1], _RESAMPLE_CHUNK):
-        block = src[:, start:start + _RESAMPLE_CHUNK].astype(np.int32)
-        acc = np.full(block.shape[:-1] + (out_size,), half, np.int32)
-        for k in range(ksize):
-            acc += block[..., taps[:, k]] * weights[:, k]
-        out[:, start:start + _RESAMPLE_CHUNK] = np.clip(acc >> precision, 0, 255)
-    return np.moveaxis(out, -1, axis)
+    """One axis of torch's uint8 antialiased resize: (first input index [out], int16 weights [out, k], precision)
+    (``preprocess.resize_uint8.axis_weights``, the steps written out there). Output pixel i is
+    (sum_j w[i, j] * x[xmin[i] + j] + 2**(precision - 1)) >> precision, clipped to uint8."""
+    return axis_weights(in_size, out_size, {"bilinear": BILINEAR, "bicubic": BICUBIC}[kind])
 
 
 def resize_uint8(image: np.ndarray, height: int, width: int, resample: int = int(PIL.Image.Resampling.BILINEAR)
                  ) -> np.ndarray:
     """uint8 [3, height, width]: uint8 ``image`` [3, H, W] resized as torchvision resizes a uint8 tensor on CPU
-    (``antialias=True``): columns first, then rows, each pass rounded to uint8 (:func:`resample_weights`). A size
+    (``antialias=True``; preprocess/resize_uint8.py): columns first, then rows, each pass rounded to uint8. A size
     that does not change is returned as is."""
     if image.dtype != np.uint8 or image.ndim != 3 or image.shape[0] != 3:
         raise MediaError(f"resize expects a uint8 [3, H, W] array, got {image.dtype} of shape {tuple(image.shape)}")
     if height <= 0 or width <= 0:
         raise MediaError(f"cannot resize to {width}x{height}")
-    kind = _RESAMPLE_FILTERS[int(resample)]
-    out = image
-    if width != image.shape[2]:
-        out = _resample_axis(out, width, 2, kind)
-    if height != image.shape[1]:
-        out = _resample_axis(out, height, 1, kind)
-    return out
+    if (height, width) == image.shape[1:]:
+        return image
+    return np.ascontiguousarray(np.moveaxis(resize_hwc(np.moveaxis(image, 0, -1), height, width, resample), -1, 0))
 
 
 # ---------------------------------------------------------------------------------------------------------------
-# Values.
 
 
 def round_bf16(x: np.ndarray) -> np.ndarray:

@@ -21,6 +21,8 @@ class Llama4Processor(Processor):
     """image_token_id: the model's image placeholder id (the tokenizer's ``<|patch|>``); None for a text-only
     checkpoint. ``tokens_per_tile`` follows from the processor settings (preprocess/llama4/prompt.py)."""
 
+    roles = ("system", "user", "assistant", "ipython", "tool")  # the roles its chat template knows
+
     def __init__(self, folder: pathlib.Path, *, image_token_id: int | None):
         tokenizer = load_tokenizer(folder)
         if not getattr(tokenizer, "chat_template", None):

@@ -15,7 +15,10 @@ The rope delta of a prompt of n tokens is ``max(positions) + 1 - n``. Generated 
 position ``n + j + delta`` on all three axes, i.e. one more than the last prompt position (the prompt ends in
 text), which is what transformers' generation does (it adds 1 per step to the last prompt position).
 
-Videos (``<|video_pad|>``, audio interleaved in video) are not handled: they raise ``PromptError``.
+Videos (``<|video_pad|>``) take the image layout with temporal positions ``t * seconds_per_grid *
+position_id_per_seconds`` (float32, possibly fractional); a video with its sound (``<|vision_start|><|audio_start|>``
+...) merges the video's positions with the sound's sequential ones by temporal position. Positions are float32,
+computed in the reference's order of float32 operations.
 """
 
 from __future__ import annotations
@@ -95,8 +98,20 @@ def _run_length(ids: np.ndarray, start: int, token: int) -> int:
     return int(np.argmax(rest)) if rest.any() else len(ids) - start
 
 
-def _vision_block_S3(grid_thw, cfg: MRopeTokens, start: int) -> np.ndarray:
-    """int64 [3, t * h * w / merge**2] positions of one image's tokens whose block starts at position ``start``."""
+_WHAT = {"image": "grids", "audio": "lengths", "video": "videos"}
+
+
+def _f32(x) -> np.float32:
+    return np.float32(x)
+
+
+def _arange(n: int, start) -> np.ndarray:
+    """float32 [3, n]: ``torch.arange(n).expand(3, -1) + start`` (one float32 addition per value)."""
+    return np.broadcast_to(np.arange(n, dtype=np.float32) + _f32(start), (3, n))
+
+
+def _vision_block(grid_thw, t_index: np.ndarray, cfg: MRopeTokens, start) -> np.ndarray:
+    """float32 [3, t * h * w / merge**2]: ``get_llm_pos_ids_for_vision`` (t_index float32 [t]) plus ``start``."""
     t, h, w = (int(v) for v in grid_thw)
     merge = cfg.spatial_merge_size
     if min(t, h, w) <= 0 or h % merge or w % merge:
@@ -105,16 +120,33 @@ def _vision_block_S3(grid_thw, cfg: MRopeTokens, start: int) -> np.ndarray:
             f"spatial merge size {merge}"
         )
     gh, gw = h // merge, w // merge
-    t_index = np.arange(t, dtype=np.float64) * float(cfg.position_id_per_seconds)
-    if not np.all(t_index == np.round(t_index)):
-        raise PromptError(
-            f"image grid with t = {t} frames and position_id_per_seconds = {cfg.position_id_per_seconds} gives "
-            "non-integer temporal positions"
-        )
-    t_pos = np.repeat(t_index.astype(np.int64), gh * gw)
-    h_pos = np.tile(np.repeat(np.arange(gh, dtype=np.int64), gw), t)
-    w_pos = np.tile(np.arange(gw, dtype=np.int64), t * gh)
-    return np.stack([t_pos, h_pos, w_pos]) + start
+    t_pos = np.repeat(t_index.astype(np.float32), gh * gw)
+    h_pos = np.tile(np.repeat(np.arange(gh, dtype=np.float32), gw), t)
+    w_pos = np.tile(np.arange(gw, dtype=np.float32), t * gh)
+    return np.stack([t_pos, h_pos, w_pos]) + _f32(start)
+
+
+def video_time_index(t: int, seconds_per_grid: float, cfg: MRopeTokens) -> np.ndarray:
+    """float32 [t]: ``arange(t) * float32(seconds_per_grid) * position_id_per_seconds`` in float32, the temporal
+    positions of a video's frame groups."""
+    return (np.arange(t, dtype=np.float32) * _f32(seconds_per_grid)) * _f32(cfg.position_id_per_seconds)
+
+
+def _interleave(video: np.ndarray, audio: np.ndarray) -> list[np.ndarray]:
+    """The reference's merge of a video's and its sound's positions by their temporal position (ties: video)."""
+    chunks, v, a = [], 0, 0
+    while v < video.shape[1] and a < audio.shape[1]:
+        if video[0, v] <= audio[0, a]:
+            chunks.append(video[:, v:v + 1])
+            v += 1
+        else:
+            chunks.append(audio[:, a:a + 1])
+            a += 1
+    if v < video.shape[1]:
+        chunks.append(video[:, v:])
+    if a < audio.shape[1]:
+        chunks.append(audio[:, a:])
+    return chunks
 
 
 def mrope_positions(
@@ -122,19 +154,26 @@ def mrope_positions(
     *,
     image_grids: Sequence[Sequence[int]] = (),
     audio_lengths: Sequence[int] = (),
+    videos: Sequence[tuple[Sequence[int], float]] = (),
     cfg: MRopeTokens,
-) -> tuple[np.ndarray, int]:
-    """3-D positions of one prompt: (positions int64 [3, seq], rope delta int).
+) -> tuple[np.ndarray, float]:
+    """3-D positions of one prompt: (positions float32 [3, seq], rope delta).
 
     input_ids: int [seq], the prompt without padding. Images appear as ``<|vision_start|>`` + image tokens,
-        audios as ``<|audio_start|>`` + audio tokens (then normally the end tokens, which count as text).
+        audios as ``<|audio_start|>`` + audio tokens, videos as ``<|vision_start|>`` + video tokens, a video with
+        its sound as ``<|vision_start|><|audio_start|>`` + video and audio tokens interleaved (then normally the end
+        tokens, which count as text).
     image_grids: one (t, h, w) per image, in prompt order, in patches (the processor's ``image_grid_thw``).
-    audio_lengths: one count per audio, in prompt order, in AUDIO TOKENS (placeholders), not mel frames: convert
-        frame counts with :func:`audio_tokens_from_frames` exactly once.
+    audio_lengths: one count per audio block, in prompt order (a video's sound counts where its video is), in
+        AUDIO TOKENS (placeholders), not mel frames: convert frame counts with :func:`audio_tokens_from_frames`
+        exactly once.
+    videos: one ((t, h, w), seconds per temporal patch) per video, in prompt order.
 
-    Equal to transformers' ``get_rope_index`` for such prompts. Raises ``PromptError`` when the media blocks do
-    not match the grids / lengths (wrong count, a run of placeholders of the wrong length, a placeholder outside
-    its block, a start token not followed by its placeholders) and for video tokens.
+    The reference's walk, block by block and in its float32 arithmetic (a video's temporal positions may be
+    fractional): text runs continue from the previous chunk's largest position + 1; a block's start token(s)
+    follow; image tokens take (start + t * position_id_per_seconds, start + row, start + column), video tokens
+    the same with ``video_time_index``; a video's sound tokens take start + k and are merged with its video
+    tokens by temporal position. Raises ``PromptError`` when the media blocks do not match the grids / lengths.
     """
     ids = np.asarray(input_ids)
     if ids.ndim != 1:
@@ -144,66 +183,110 @@ def mrope_positions(
     n = len(ids)
     if n == 0:
         raise PromptError("cannot compute positions of an empty prompt")
-    positions = np.empty((3, n), dtype=np.int64)
     merge2 = cfg.spatial_merge_size**2
     media_tokens = {cfg.image_token_id: "image", cfg.audio_token_id: "audio", cfg.video_token_id: "video"}
-    next_pos = 0
-    num_images = num_audios = 0
-    i = 0
+    chunks: list[np.ndarray] = []
+    counts = {"image": 0, "audio": 0, "video": 0}
+    given = {"image": len(image_grids), "audio": len(audio_lengths), "video": len(videos)}
+
+    def take(kind: str) -> int:
+        if counts[kind] >= given[kind]:
+            raise PromptError(f"prompt holds more {kind} blocks than the {given[kind]} {kind} {_WHAT[kind]} given")
+        counts[kind] += 1
+        return counts[kind] - 1
+
+    def next_start():
+        return chunks[-1].max() + _f32(1) if chunks else _f32(0)
+
+    def check_run(start: int, token: int, length: int, what: str) -> None:
+        run = _run_length(ids, start, token)
+        if run != length:
+            raise PromptError(f"{what}, the prompt holds {run} at index {start}")
+
+    st, i = 0, 0
     while i < n:
         token = int(ids[i])
         following = int(ids[i + 1]) if i + 1 < n else None
-        if token == cfg.vision_start_token_id and following == cfg.image_token_id:
-            if num_images >= len(image_grids):
-                raise PromptError(f"prompt holds more image blocks than the {len(image_grids)} image grids given")
-            grid = image_grids[num_images]
-            block = _vision_block_S3(grid, cfg, next_pos + 1)
-            length = block.shape[1]
-            run = _run_length(ids, i + 1, cfg.image_token_id)
-            if run != length:
-                raise PromptError(
-                    f"image {num_images}: grid {tuple(int(v) for v in grid)} needs {length} image tokens "
-                    f"(t*h*w/{merge2}), the prompt holds {run} at index {i + 1}"
-                )
-            positions[:, i] = next_pos
-            positions[:, i + 1 : i + 1 + length] = block
-            next_pos = int(block.max()) + 1
-            num_images += 1
-            i += 1 + length
-        elif token == cfg.audio_start_token_id and following == cfg.audio_token_id:
-            if num_audios >= len(audio_lengths):
-                raise PromptError(f"prompt holds more audio blocks than the {len(audio_lengths)} audio lengths given")
-            length = int(audio_lengths[num_audios])
-            run = _run_length(ids, i + 1, cfg.audio_token_id)
-            if run != length:
-                raise PromptError(
-                    f"audio {num_audios}: expected {length} audio tokens, the prompt holds {run} at index {i + 1}"
-                )
-            positions[:, i : i + 1 + length] = np.arange(next_pos, next_pos + 1 + length, dtype=np.int64)
-            next_pos += 1 + length
-            num_audios += 1
-            i += 1 + length
-        elif token == cfg.vision_start_token_id and following in (cfg.video_token_id, cfg.audio_start_token_id):
-            raise PromptError(f"video input at token index {i} is not supported for Qwen3-Omni")
+        block = None
+        if token == cfg.vision_start_token_id:
+            if following == cfg.image_token_id:
+                block = "image"
+            elif following == cfg.video_token_id:
+                block = "video"
+            elif following == cfg.audio_start_token_id:
+                block = "video_audio"
+            else:
+                raise PromptError(f"vision start token at index {i} is not followed by image tokens")
+        elif token == cfg.audio_start_token_id:
+            if following != cfg.audio_token_id:
+                raise PromptError(f"audio start token at index {i} is not followed by audio tokens")
+            block = "audio"
         elif token in media_tokens:
             raise PromptError(
                 f"{media_tokens[token]} placeholder token {token} at index {i} is not inside a media block (it must "
                 "follow its start token)"
             )
-        elif token == cfg.vision_start_token_id:
-            raise PromptError(f"vision start token at index {i} is not followed by image tokens")
-        elif token == cfg.audio_start_token_id:
-            raise PromptError(f"audio start token at index {i} is not followed by audio tokens")
-        else:
-            positions[:, i] = next_pos
-            next_pos += 1
+        if block is None:
             i += 1
-    if num_images != len(image_grids):
-        raise PromptError(f"{len(image_grids)} image grids given but the prompt holds {num_images} image blocks")
-    if num_audios != len(audio_lengths):
-        raise PromptError(f"{len(audio_lengths)} audio lengths given but the prompt holds {num_audios} audio blocks")
-    delta = int(positions.max()) + 1 - n
-    return positions, delta
+            continue
+        st_idx = next_start()
+        if i > st:
+            chunks.append(_arange(i - st, st_idx))
+            st_idx = _f32(st_idx + _f32(i - st))
+        bos = 2 if block == "video_audio" else 1
+        chunks.append(_arange(bos, st_idx))
+        st_idx = _f32(st_idx + _f32(bos))
+        body = i + bos
+        if block == "audio":
+            k = take("audio")
+            length = int(audio_lengths[k])
+            check_run(body, cfg.audio_token_id, length, f"audio {k}: expected {length} audio tokens")
+            chunks.append(_arange(length, st_idx))
+        elif block == "image":
+            k = take("image")
+            grid = tuple(int(v) for v in image_grids[k])
+            t_index = (np.arange(grid[0], dtype=np.float32) * _f32(cfg.position_id_per_seconds))
+            positions = _vision_block(grid, t_index, cfg, st_idx)
+            length = positions.shape[1]
+            run = _run_length(ids, body, cfg.image_token_id)
+            if run != length:
+                raise PromptError(f"image {k}: grid {grid} needs {length} image tokens (t*h*w/{merge2}), the prompt "
+                                  f"holds {run} at index {body}")
+            chunks.append(positions)
+        else:
+            k = take("video")
+            grid, seconds = tuple(int(v) for v in videos[k][0]), float(videos[k][1])
+            positions = _vision_block(grid, video_time_index(grid[0], seconds, cfg), cfg, st_idx)
+            length = positions.shape[1]
+            if block == "video":
+                check_run(body, cfg.video_token_id, length, f"video {k}: grid {grid} needs {length} video tokens")
+            else:
+                a = take("audio")
+                sound = int(audio_lengths[a])
+                inside = ids[body:body + length + sound]
+                found = (int((inside == cfg.video_token_id).sum()), int((inside == cfg.audio_token_id).sum()))
+                if found != (length, sound):
+                    raise PromptError(f"video {k} with its sound: expected {length} video and {sound} audio tokens "
+                                      f"at index {body}, the prompt holds {found[0]} and {found[1]}")
+                # chunk by chunk: the block's end token continues from its last chunk, as in the reference
+                chunks.extend(_interleave(positions, _arange(sound, st_idx)))
+                length += sound
+            if block == "video":
+                chunks.append(positions)
+        end = body + length + bos
+        if end > n:
+            raise PromptError(f"the {block} block at index {i} has no end token")
+        chunks.append(_arange(bos, next_start()))
+        st = i = end
+    for kind in counts:
+        if counts[kind] != given[kind]:
+            raise PromptError(f"{given[kind]} {kind} {_WHAT[kind]} given but the prompt holds {counts[kind]} {kind} "
+                              f"blocks")
+    if st < n:
+        chunks.append(_arange(n - st, next_start()))
+    positions = np.concatenate(chunks, axis=1)
+    delta = positions.max() + _f32(1) - _f32(n)
+    return positions, float(delta)
 
 
 def mrope_positions_batch(

@@ -200,6 +200,7 @@ def parse_config(hf: dict) -> ModelConfig:
         if not text_only and hf.get("vision_config") is not None:
             encoders.append(("image", Gemma4VisionConfig.from_hf(hf["vision_config"], hidden)))
             media.append(("image", int(hf.get("image_token_id", TOKEN_DEFAULTS["image_token_id"]))))
+            media.append(("video", int(hf.get("video_token_id", TOKEN_DEFAULTS["video_token_id"]))))
         if not text_only and hf.get("audio_config") is not None:
             encoders.append(("audio", Gemma4AudioEncoderConfig.from_hf(hf["audio_config"], hidden)))
             media.append(("audio", int(hf.get("audio_token_id", TOKEN_DEFAULTS["audio_token_id"]))))
@@ -210,6 +211,7 @@ def parse_config(hf: dict) -> ModelConfig:
             decoder=decoder_config(tc, placeholders), encoders=tuple(encoders),
             media_token_ids=tuple(media),
             eos_ids=tuple(int(e) for e in eos) if isinstance(eos, list) else (int(eos),),
+            shared_encoders=(("video", "image"),) if any(m == "image" for m, _ in media) else (),
             pad_id=int(tc.get("pad_token_id", 0) or 0),
             max_context=int(tc.get("max_position_embeddings", TEXT_DEFAULTS.max_position_embeddings)),
         )
@@ -329,6 +331,7 @@ def make_processor(folder: pathlib.Path, cfg: ModelConfig, *, max_audio_seconds:
         max_audio_seconds=max_audio_seconds)
     if "image" in cfg.modalities:
         check_image_config(cfg.encoder_config("image"), processor.image_cfg)
+        check_image_config(cfg.encoder_config("image"), processor.video_cfg.pixels)
     return processor
 
 

@@ -78,7 +78,9 @@ def parse_config(hf: dict) -> ModelConfig:
         return ModelConfig(
             decoder=decoder,
             encoders=(("image", vision), ("audio", audio)),
-            media_token_ids=(("image", int(th["image_token_id"])), ("audio", int(th["audio_token_id"]))),
+            media_token_ids=(("image", int(th["image_token_id"])), ("audio", int(th["audio_token_id"])),
+                             ("video", int(th["video_token_id"]))),
+            shared_encoders=(("video", "image"),),
             eos_ids=tuple(eos) if isinstance(eos, (list, tuple)) else (int(eos),),
             pad_id=int(tc.get("pad_token_id") or 0),
             max_context=int(tc.get("max_position_embeddings", 32768)),
@@ -137,7 +139,7 @@ def make_processor(folder: pathlib.Path, cfg: ModelConfig, *, max_audio_seconds:
         folder, image_token_id=cfg.media_token_id("image"), audio_token_id=cfg.media_token_id("audio"),
         thinker_config=thinker_config(read_json(folder, "config.json")),
         vision=vision_input(cfg.encoder_config("image")), audio=audio_input(cfg.encoder_config("audio")),
-        max_audio_seconds=max_audio_seconds)
+        max_audio_seconds=max_audio_seconds, video_token_id=cfg.media_token_id("video"))
 
 
 SPEC = FamilySpec(

@@ -1,0 +1,145 @@
+"""A generation request as the serving engine sees it, the events it streams back, and its result.
+
+``Request`` is what a caller submits (a prepared prompt plus its own sampling settings); ``RequestHandle`` is what
+it gets back: a thread-safe stream of ``TokenEvent``s (one per generated token: the token id and the text it
+settles) ending with the ``GenerationResult``, and ``cancel()``, which frees the request's slot at the engine's next
+step. The engine's scheduler thread is the only writer; any thread may read.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import queue
+import threading
+import time
+from typing import Iterator
+
+import numpy as np
+
+from omnijax.app.sampling import SamplingParams
+from omnijax.preprocess.processor import PreparedPrompt
+
+FINISH_REASONS = ("eos", "stop", "length", "cancelled")
+
+
+@dataclasses.dataclass
+class GenerationResult:
+    """text: the answer (special tokens removed, cut before a stop string); token_ids: generated ids (an EOS that
+    ended the answer included, as transformers' generate returns it); finish_reason: "eos", "stop", "length" or
+    "cancelled"; cached_tokens: prompt tokens whose keys / values came from the prefix cache; seconds: from
+    submission to the last token; first_token_seconds: from submission to the first token. A spoken answer
+    (``speak=True``) adds audio (float32 mono samples in [-1, 1]), sample_rate (Hz) and audio_codes (int32 [frames,
+    code groups], the codec codes the audio was made from); None otherwise."""
+
+    text: str
+    token_ids: list[int]
+    prompt_tokens: int
+    finish_reason: str
+    seconds: float = 0.0
+    cached_tokens: int = 0
+    first_token_seconds: float | None = None
+    audio: np.ndarray | None = None
+    sample_rate: int | None = None
+    audio_codes: np.ndarray | None = None
+
+
+@dataclasses.dataclass(frozen=True)
+class Request:
+    """One prompt to answer. ``ignore_eos``: generate exactly ``max_new_tokens`` (end ids do not end it);
+    ``stop``: stop strings (checked by ``check_stops``)."""
+
+    prompt: PreparedPrompt
+    max_new_tokens: int
+    sampling: SamplingParams = SamplingParams()
+    stop: tuple[str, ...] = ()
+    ignore_eos: bool = False
+
+
+@dataclasses.dataclass(frozen=True)
+class TokenEvent:
+    """One generated token: its id and the text it settles ("" while it shows nothing yet). The last event of an
+    answer may carry no token (``token_id`` None): text held back until the end (an unfinished character)."""
+
+    token_id: int | None
+    text: str
+
+
+class RequestHandle:
+    """A submitted request: iterate ``events()`` for its tokens as they come, or ``result()`` to wait for the end.
+
+    The scheduler calls ``_emit`` / ``_finish`` (its thread only); ``cancel`` may be called from any thread, any
+    number of times, also after the end."""
+
+    def __init__(self, request: Request, on_cancel, listener=None):
+        """listener: called (from the engine's thread) after every new event and at the end, e.g. to wake an
+        event loop; it must not block."""
+        self.request = request
+        self.submitted = time.perf_counter()
+        self._events: queue.SimpleQueue = queue.SimpleQueue()
+        self._done = threading.Event()
+        self._result: GenerationResult | None = None
+        self._error: BaseException | None = None
+        self._on_cancel = on_cancel
+        self._listener = listener
+        self._ended = False  # the end mark has been taken by ``take``
+        self.cancelled = False
+
+    # ---- caller side -----------------------------------------------------------------------------------------
+    def cancel(self) -> None:
+        """Stop generating: the request ends with finish_reason "cancelled" at the engine's next step."""
+        if not self.cancelled and not self._done.is_set():
+            self.cancelled = True
+            self._on_cancel(self)
+
+    @property
+    def done(self) -> bool:
+        return self._done.is_set()
+
+    def events(self, timeout: float | None = None) -> Iterator[TokenEvent]:
+        """Token events as they are generated; the iteration ends when the request ends (an engine error is raised
+        here). ``timeout``: the longest wait for one event (``queue.Empty`` past it)."""
+        while True:
+            item = self._events.get(timeout=timeout)
+            if item is None:
+                if self._error is not None:
+                    raise self._error
+                return
+            yield item
+
+    def take(self) -> tuple[list[TokenEvent], bool]:
+        """Without waiting: the events that have come, and whether the request has ended (after them). An engine
+        error is raised once every event before it has been taken."""
+        events = []
+        while not self._ended:
+            try:
+                item = self._events.get_nowait()
+            except queue.Empty:
+                break
+            if item is None:
+                self._ended = True
+            else:
+                events.append(item)
+        if self._ended and not events and self._error is not None:
+            raise self._error
+        return events, self._ended
+
+    def result(self, timeout: float | None = None) -> GenerationResult:
+        """Wait for the end; the GenerationResult (an engine error is raised here)."""
+        if not self._done.wait(timeout):
+            raise TimeoutError("the request has not finished")
+        if self._error is not None:
+            raise self._error
+        return self._result
+
+    # ---- scheduler side --------------------------------------------------------------------------------------
+    def _emit(self, event: TokenEvent) -> None:
+        self._events.put(event)
+        if self._listener is not None:
+            self._listener()
+
+    def _finish(self, result: GenerationResult | None, error: BaseException | None = None) -> None:
+        self._result, self._error = result, error
+        self._done.set()
+        self._events.put(None)
+        if self._listener is not None:
+            self._listener()

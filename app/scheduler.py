@@ -1,0 +1,428 @@
+"""The serving engine's host side: requests join and leave between decode steps over a fixed number of slots.
+
+One thread owns the device state (app/slots.py) and loops:
+
+1. take new requests and cancellations (any thread submits; ``submit`` checks the prompt fits first);
+2. give free slots to waiting requests, oldest first: encode their media (app/media_cache.py, each item once),
+   find the longest cached prefix (app/prefix_cache.py) and copy it into the slot, cut the rest into chunks;
+3. run one chunk of the oldest prefilling request (so long prompts do not stall the others); after its last chunk
+   draw its first token and make its slot active (and keep its keys / values as a prefix entry);
+4. dispatch one decode step over the active slots (each with its own sampling settings);
+5. read back the previous step's tokens (the device works on the next one meanwhile): each request's answer text
+   grows by O(1) work per token (app/answer_text.py); a request that ends (end id, stop string, max tokens,
+   cancellation) frees its slot for the next one.
+
+Nothing here depends on the batch: a request's greedy tokens are the same alone or among others. With several JAX
+processes (one mesh over them) there is no thread: ``run`` drives the loop in the caller, identically in every
+process, so every process runs the same programs in the same order.
+"""
+
+from __future__ import annotations
+
+import atexit
+import collections
+import dataclasses
+import logging
+import threading
+import time
+
+import jax
+import numpy as np
+
+from omnijax.app.answer_text import AnswerText, answer_for
+from omnijax.app.chunks import plan_chunks, prefix_points
+from omnijax.app.generation import bucket_for
+from omnijax.app.media_cache import EncodedItem, MediaCache
+from omnijax.app.prefix_cache import PrefixCache, PrefixEntry, key_ids
+from omnijax.app.requests import GenerationResult, Request, RequestHandle, TokenEvent
+from omnijax.app.slots import DEFAULT_CHUNK, DEFAULT_SLOTS, Slots
+from omnijax.common.errors import OmnijaxError, PromptError
+from omnijax.common.sharding import host_array
+from omnijax.decoder.model import Media
+from omnijax.preprocess.buckets import length_bucket
+
+log = logging.getLogger(__name__)
+
+DEFAULT_MAX_QUEUE = 256
+DEFAULT_PREFIX_CACHE_MB = 256
+DEFAULT_MEDIA_CACHE_MB = 256
+MIN_PREFIX_TOKENS = 16  # shorter prompts are not worth an entry
+PREFIX_EVERY = 256  # a long prompt also keeps its keys / values at the last multiple of this many tokens
+
+
+class QueueFullError(OmnijaxError):
+    """The engine's queue of waiting requests is full (a server answers 503)."""
+
+
+@dataclasses.dataclass
+class Live:
+    """A request inside the engine."""
+
+    handle: RequestHandle
+    order: int
+    answer: AnswerText
+    slot: int | None = None
+    ids: np.ndarray | None = None  # key ids of the prompt (app/prefix_cache.py)
+    chunks: list = dataclasses.field(default_factory=list)
+    keep_at: set = dataclasses.field(default_factory=set)  # chunk ends whose keys / values become prefix entries
+    media: dict = dataclasses.field(default_factory=dict)  # placeholder id -> Media of the whole prompt
+    generated: int = 0
+    cached: int = 0
+    first_token: float | None = None
+    decoding: bool = False
+    finished: bool = False
+
+    @property
+    def request(self) -> Request:
+        return self.handle.request
+
+
+TTFT_BUCKETS = (0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0)
+
+
+@dataclasses.dataclass
+class Stats:
+    """Counters since start: requests by how they ended, tokens, decode steps, and the time to first token of
+    every request as a histogram (cumulative counts per ``TTFT_BUCKETS`` bound, their sum and count)."""
+
+    finished: collections.Counter = dataclasses.field(default_factory=collections.Counter)
+    failed: int = 0
+    prompt_tokens: int = 0
+    cached_tokens: int = 0
+    generated_tokens: int = 0
+    steps: int = 0
+    ttft_counts: list = dataclasses.field(default_factory=lambda: [0] * len(TTFT_BUCKETS))
+    ttft_sum: float = 0.0
+    ttft_count: int = 0
+
+    def first_token(self, seconds: float) -> None:
+        for i, bound in enumerate(TTFT_BUCKETS):
+            if seconds <= bound:
+                self.ttft_counts[i] += 1
+        self.ttft_sum += seconds
+        self.ttft_count += 1
+
+
+class Scheduler:
+    """Continuous batching over ``slots`` slots for one loaded model.
+
+    engine: app/generation.py's Engine; processor: the family processor (decoding tokens to text).
+    context: the longest prompt plus answer one slot holds (default: the engine's context budget). chunk: the
+    longest prompt chunk run between two decode steps. prefix_cache_mb / media_cache_mb: their budgets (0: off).
+    max_queue: waiting requests beyond which ``submit`` raises QueueFullError. threaded: run the loop in a
+    thread of its own (False: the caller drives it with ``run``; what several JAX processes need)."""
+
+    def __init__(self, engine, processor, *, slots: int = DEFAULT_SLOTS, context: int | None = None,
+                 chunk: int = DEFAULT_CHUNK, prefix_cache_mb: float = DEFAULT_PREFIX_CACHE_MB,
+                 media_cache_mb: float = DEFAULT_MEDIA_CACHE_MB, max_queue: int = DEFAULT_MAX_QUEUE,
+                 threaded: bool = True):
+        if chunk < 1 or max_queue < 1:
+            raise ValueError(f"chunk and max_queue must be >= 1, got {chunk} and {max_queue}")
+        self.engine = engine
+        self.processor = processor
+        self.slots = Slots(engine, slots=slots, context=context)
+        self.chunk = chunk
+        self.max_queue = max_queue
+        self.media = MediaCache(self._encode_one, int(media_cache_mb * 2**20))
+        self.prefix = PrefixCache(int(prefix_cache_mb * 2**20))
+        self.stats = Stats()
+        self.threaded = threaded
+        self._inbox: collections.deque = collections.deque()
+        self._cancels: collections.deque = collections.deque()
+        self._wake = threading.Condition()
+        self._waiting: collections.deque[Live] = collections.deque()
+        self._slot_of: list[Live | None] = [None] * self.slots.slots
+        self._pending = None  # (tokens, active, lives) of the decode step not read back yet
+        self._firsts: list = []  # (live, first token) of requests inserted, not read back yet
+        self._order = 0
+        self._thread: threading.Thread | None = None
+        self._stop = False
+
+    # ---- any thread ----------------------------------------------------------------------------------------
+    @property
+    def context(self) -> int:
+        return self.slots.context
+
+    def check_fits(self, prompt_tokens: int, max_new_tokens: int) -> None:
+        """PromptError unless a prompt of this length and this many new tokens fits a slot."""
+        if prompt_tokens == 0:
+            raise PromptError("the prompt is empty")
+        if prompt_tokens >= self.context:
+            raise PromptError(f"the prompt has {prompt_tokens} tokens; the context budget is {self.context} tokens "
+                              f"(prompt plus at least one new token)")
+        if prompt_tokens + max_new_tokens > self.context:
+            raise PromptError(f"the prompt has {prompt_tokens} tokens and max_new_tokens is {max_new_tokens}: "
+                              f"{prompt_tokens + max_new_tokens} exceeds the context budget of {self.context} "
+                              f"tokens")
+
+    def submit(self, request: Request, listener=None) -> RequestHandle:
+        """Queue ``request``; its handle streams the tokens (``listener``: see RequestHandle). PromptError when it
+        cannot fit, QueueFullError when ``max_queue`` requests are waiting already."""
+        self.check_fits(len(request.prompt.token_ids), request.max_new_tokens)
+        handle = RequestHandle(request, self._cancel, listener)
+        with self._wake:
+            if len(self._inbox) + len(self._waiting) >= self.max_queue:
+                raise QueueFullError(f"the engine's queue is full ({self.max_queue} requests are waiting)")
+            self._inbox.append(handle)
+            self._wake.notify()
+        if self.threaded:
+            self._ensure_thread()
+        return handle
+
+    def _cancel(self, handle: RequestHandle) -> None:
+        with self._wake:
+            self._cancels.append(handle)
+            self._wake.notify()
+
+    @property
+    def queue_depth(self) -> int:
+        return len(self._inbox) + len(self._waiting)
+
+    @property
+    def running(self) -> int:
+        return sum(live is not None for live in self._slot_of)
+
+    def warm_up(self) -> None:
+        """Compile what text requests run (every prompt chunk length up to ``chunk``, every decode row count) now,
+        so the first requests do not wait for it. Call it before any request."""
+        longest = bucket_for(self.chunk, self.engine.buckets)
+        self.slots.warm_up([b for b in self.engine.buckets if b <= longest])
+
+    def compilations(self) -> int:
+        """Programs compiled so far by the engine (media encoders, prefill) and the slots."""
+        return self.engine.compilations() + self.slots.compilations()
+
+    def close(self) -> None:
+        """Stop the loop thread (requests still inside end as cancelled)."""
+        with self._wake:
+            self._stop = True
+            self._wake.notify()
+        if self._thread is not None:
+            self._thread.join()
+
+    # ---- the loop ------------------------------------------------------------------------------------------
+    def _ensure_thread(self) -> None:
+        with self._wake:
+            if self._thread is None or not self._thread.is_alive():
+                if self._thread is None:  # stopped before the interpreter goes: a thread killed inside XLA aborts
+                    atexit.register(self.close)
+                self._thread = threading.Thread(target=self._serve, name="omnijax-engine", daemon=True)
+                self._thread.start()
+
+    def _serve(self) -> None:
+        while True:
+            with self._wake:
+                while not self._stop and not self._has_work():
+                    self._wake.wait()
+                if self._stop:
+                    break
+            self.step()
+        for live in list(self._waiting) + [x for x in self._slot_of if x is not None]:
+            self._end(live, "cancelled")
+
+    def _has_work(self) -> bool:
+        return bool(self._inbox or self._cancels or self._waiting or self._pending is not None or self._firsts
+                    or any(x is not None for x in self._slot_of))
+
+    def run(self, handles: list[RequestHandle] | None = None) -> None:
+        """Drive the loop in this thread until ``handles`` (default: every request inside) have finished."""
+        while (any(not h.done for h in handles) if handles is not None else self._has_work()):
+            self.step()
+
+    def step(self) -> None:
+        """One turn of the loop (module docstring); errors of one request end that request only."""
+        try:
+            self._take_inbox()
+            self._admit()
+            self._prefill_one()
+            dispatched = self._dispatch_decode()
+            firsts, self._firsts = self._firsts, []
+            for live, token in firsts:
+                self._read_first(live, token)
+            pending, self._pending = self._pending, dispatched
+            if pending is not None:
+                self._read_step(*pending)
+        except Exception as e:  # noqa: BLE001 - the engine itself failed: every request inside ends with it
+            log.exception("engine step failed")
+            self._pending = None
+            for live in list(self._waiting) + [x for x in self._slot_of if x is not None]:
+                self._end(live, None, error=e if isinstance(e, OmnijaxError) else RuntimeError(f"engine error: {e}"))
+
+    def _take_inbox(self) -> None:
+        with self._wake:
+            new, self._inbox = list(self._inbox), collections.deque()
+            cancels, self._cancels = list(self._cancels), collections.deque()
+        for handle in new:
+            stops, eos = handle.request.stop, () if handle.request.ignore_eos else self.engine.cfg.eos_ids
+            self._waiting.append(Live(handle, self._order, answer_for(self.processor, stops, eos)))
+            self._order += 1
+        for handle in cancels:
+            live = next((x for x in list(self._waiting) + self._slot_of if x is not None and x.handle is handle),
+                        None)
+            if live is not None and not live.finished:
+                if live.decoding:
+                    self.slots.release(live.slot)
+                self._end(live, "cancelled")
+
+    def _admit(self) -> None:
+        while self._waiting and None in self._slot_of:
+            live = self._waiting.popleft()
+            live.slot = self._slot_of.index(None)
+            self._slot_of[live.slot] = live
+            try:
+                self._start(live)
+            except OmnijaxError as e:
+                self._end(live, None, error=e)
+
+    def _start(self, live: Live) -> None:
+        """Media encoded, a cached prefix copied into the slot, the rest of the prompt cut into chunks."""
+        self.slots.ensure_allocated()
+        prompt = live.request.prompt
+        placeholders, media = {}, {}
+        for modality, items in prompt.media.items():
+            token_id = self.engine.cfg.media_token_id(modality)
+            rows = self.media.rows(modality, items)
+            placeholders[token_id] = [(digest, len(item.features)) for digest, item in rows]
+            media[token_id] = self._device_media([item for _, item in rows])
+        live.media = media
+        live.ids = key_ids(prompt.token_ids, placeholders)
+        n = len(live.ids)
+        start = 0
+        entry = self.prefix.lookup(live.ids)
+        if entry is not None:
+            self.slots.restore(live.slot, entry.saved, entry.length)
+            start = live.cached = entry.length
+        points = prefix_points(start, n, prompt.bidirectional, PREFIX_EVERY) if self.prefix.enabled else ()
+        live.keep_at = {p for p in points if p >= MIN_PREFIX_TOKENS}
+        live.chunks = plan_chunks(start, n, prompt.bidirectional, self.chunk, tuple(live.keep_at))
+        if not live.chunks:  # the whole prompt was cached, with its logits
+            self._insert(live, entry.logits)
+
+    def _device_media(self, items: list[EncodedItem]) -> Media:
+        features = np.concatenate([i.features for i in items])
+        rows = length_bucket(len(features), 16)
+        pad = lambda a: np.concatenate([a, np.zeros((rows - len(a),) + a.shape[1:], a.dtype)])  # noqa: E731
+        extras = tuple(pad(np.concatenate(maps)) for maps in zip(*(i.extras for i in items)))
+        put = lambda a: self.engine.put(a, (None,) * a.ndim)  # noqa: E731
+        return Media(put(pad(features)), None, tuple(put(e) for e in extras))
+
+    def _encode_one(self, modality: str, item) -> EncodedItem:
+        out = self.engine.encode({modality: [item]})[modality]  # (features, valid[, extras])
+        features, valid, extras = out[0], out[1], tuple(out[2]) if len(out) > 2 else ()
+        valid = host_array(valid) if valid is not None else np.ones(features.shape[0], bool)
+        return EncodedItem(host_array(features)[valid], tuple(host_array(e)[valid] for e in extras))
+
+    def _prefill_one(self) -> None:
+        """The next chunk of the oldest prefilling request; after its last chunk its first token is drawn (read
+        back once the next decode step is dispatched)."""
+        todo = [x for x in self._slot_of if x is not None and x.chunks]
+        if not todo:
+            return None
+        live = min(todo, key=lambda x: x.order)
+        a, b = live.chunks.pop(0)
+        prompt = live.request.prompt
+        ids = prompt.token_ids
+        media, offsets = {}, {}
+        for token_id, m in live.media.items():
+            if np.any(ids[a:b] == token_id):
+                media[token_id] = m
+                offsets[token_id] = int(np.sum(ids[:a] == token_id))
+        rope = np.arange(a, b)[None] if prompt.rope_positions is None else prompt.rope_positions[:, a:b]
+        deepstack = tuple(t for t in self._deepstack_ids(live) if t in media)
+        logits = self.slots.extend(ids[a:b], a, live.slot, rope, prompt.bidirectional[a:b], media, offsets,
+                                   deepstack, bucket_for(b - a, self.engine.buckets))
+        if live.chunks:
+            if b in live.keep_at:
+                self._keep_prefix(live, b, None)
+            return None
+        n = len(ids)
+        if self.prefix.enabled and n >= MIN_PREFIX_TOKENS and live.cached < n:
+            self._keep_prefix(live, n, logits)
+        self._insert(live, logits)
+
+    def _deepstack_ids(self, live: Live) -> tuple[int, ...]:
+        """The placeholder ids of the prompt's media whose extra feature maps are added after the first layers:
+        those read by the deepstack modality's encoder (images, and video frames through the same tower)."""
+        return self.engine.cfg.deepstack_ids(live.request.prompt.media)
+
+    def _insert(self, live: Live, logits) -> None:
+        req = live.request
+        token = self.slots.insert(live.slot, logits, req.sampling, req.max_new_tokens, req.prompt.rope_delta,
+                                  not req.ignore_eos)
+        live.decoding = True
+        self._firsts.append((live, token))
+
+    def _keep_prefix(self, live: Live, length: int, logits) -> None:
+        saved = self.slots.snapshot(live.slot, length_bucket(length, 64))
+        nbytes = sum(int(a.nbytes) for a in jax.tree.leaves(saved)) + (0 if logits is None else int(logits.nbytes))
+        self.prefix.store_entry(live.ids, PrefixEntry(saved, length, logits, nbytes))
+
+    def _dispatch_decode(self):
+        lives = [x for x in self._slot_of if x is not None and x.decoding and not x.finished]
+        if not lives:
+            return None
+        rows = self.slots.rows_for(max(x.slot for x in lives))
+        tokens, active = self.slots.decode(rows)
+        self.stats.steps += 1
+        return tokens, active, list(self._slot_of[:rows])
+
+    def _read_first(self, live: Live, token) -> None:
+        live.first_token = time.perf_counter()
+        self.stats.first_token(live.first_token - live.handle.submitted)
+        self._push(live, int(host_array(token)))
+
+    def _read_step(self, tokens, active, lives) -> None:
+        tokens, active = host_array(tokens), host_array(active)
+        for row, live in enumerate(lives):
+            if live is not None and active[row] and not live.finished and live.decoding:
+                self._push(live, int(tokens[row]))
+
+    def _push(self, live: Live, token: int) -> None:
+        """One generated token of ``live``: its text to the caller; the end of the answer frees the slot."""
+        if live.finished:
+            return
+        live.generated += 1
+        live.handle._emit(TokenEvent(token, live.answer.push(token)))
+        if live.answer.done or live.generated >= live.request.max_new_tokens:
+            if live.answer.finish_reason == "stop":
+                self.slots.release(live.slot)  # the device does not know stop strings: it may still be active
+            elif self.prefix.enabled:  # the device ended it (end id or last token): its row holds the whole turn
+                self._keep_turn(live)
+            self._end(live, None)
+
+    def _keep_turn(self, live: Live) -> None:
+        """A prefix entry of the prompt and answer (all but the last token, which is not in the cache)."""
+        answer = np.asarray(live.answer.token_ids[:-1], np.int64)
+        length = len(live.ids) + len(answer)
+        if len(answer) and length >= MIN_PREFIX_TOKENS:
+            live.ids = np.concatenate([live.ids, answer])
+            self._keep_prefix(live, length, None)
+
+    def _end(self, live: Live, reason: str | None, error: BaseException | None = None) -> None:
+        """Finish ``live`` (reason "cancelled", or None: its answer's own reason) and free its slot."""
+        if live.finished:
+            return
+        live.finished = True
+        if live in self._waiting:
+            self._waiting.remove(live)
+        if live.slot is not None and self._slot_of[live.slot] is live:
+            self._slot_of[live.slot] = None
+        if error is not None:
+            self.stats.failed += 1
+            live.handle._finish(None, error)
+            return
+        rest = live.answer.finish()
+        if rest:
+            live.handle._emit(TokenEvent(None, rest))
+        reason = reason or live.answer.finish_reason
+        now = time.perf_counter()
+        prompt_tokens = len(live.request.prompt.token_ids)
+        self.stats.finished[reason] += 1
+        self.stats.prompt_tokens += prompt_tokens
+        self.stats.cached_tokens += live.cached
+        self.stats.generated_tokens += live.generated
+        live.handle._finish(GenerationResult(
+            text=live.answer.text, token_ids=live.answer.token_ids, prompt_tokens=prompt_tokens,
+            finish_reason=reason, seconds=now - live.handle.submitted, cached_tokens=live.cached,
+            first_token_seconds=None if live.first_token is None else live.first_token - live.handle.submitted))
+

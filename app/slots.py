@@ -1,0 +1,224 @@
+"""The serving engine's device side: a fixed number of slots, each a row of one KV cache, and the jitted programs
+that fill and decode them.
+
+Every slot holds one request: its row of every layer's cache (full layers: the context length; sliding / chunked
+layers: a ring of the window) and its decoding state (``SlotState``: the next token to feed, how many it has
+generated, whether it is active, its sampling settings). The programs, all on fixed shapes:
+
+- ``extend``: a chunk of one request's prompt (a bucketed length) attends to its row and is written into it;
+- ``insert``: the first token of a prefilled request, drawn from the prompt's last logits, makes its slot active;
+- ``decode``: one token for every active slot of the first ``rows`` slots (rows: a power of two, so a lone request
+  decodes at batch 1) with each slot's own settings; a slot turns inactive on an end id or its last token;
+- ``release``: a slot stops (a cancelled or stopped request) at the next step;
+- ``snapshot`` / ``restore``: a row's keys and values copied out (the prefix cache) and into another row.
+
+Requests coming and going change only array contents: nothing compiles again once each bucket has run
+(``warm_up`` compiles them up front). The host side (app/scheduler.py) decides what runs when.
+"""
+
+from __future__ import annotations
+
+from typing import NamedTuple
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from omnijax.app.sampling import SamplingParams, choose_rows, row_settings
+from omnijax.common.sharding import named_sharding, use_mesh
+from omnijax.decoder.kv_cache import KEY_AXES, VALUE_AXES, init_cache, restore_row, snapshot_row
+from omnijax.decoder.model import Chunk, Media
+
+DEFAULT_CHUNK = 512  # the longest chunk of a prompt, unless a media block needs more (it is never split)
+DEFAULT_SLOTS = 8
+
+
+class SlotState(NamedTuple):
+    """The decoding state of every slot, each [slots]: ``token`` (generated token number ``index`` of the slot's
+    request, not yet in the cache), ``active`` (the slot decodes at the next step), ``remaining`` (tokens it may
+    still generate after ``token``), ``delta`` (added to the cache length for the RoPE position; float32, as
+    time-aware positions may be fractional), ``eos_on`` (end
+    ids end the request), ``settings`` ({temperature, top_k, top_p: [slots], key: [slots, 2]})."""
+
+    token: jax.Array
+    index: jax.Array
+    active: jax.Array
+    remaining: jax.Array
+    delta: jax.Array
+    eos_on: jax.Array
+    settings: dict
+
+
+def empty_state(slots: int) -> SlotState:
+    zeros = jnp.zeros((slots,), jnp.int32)
+    key = jax.random.key_data(jax.random.key(0))
+    return SlotState(zeros, zeros, jnp.zeros((slots,), bool), zeros, jnp.zeros((slots,), jnp.float32),
+                     jnp.ones((slots,), bool),
+                     {"temperature": jnp.zeros((slots,), jnp.float32), "top_k": zeros,
+                      "top_p": jnp.ones((slots,), jnp.float32), "key": jnp.broadcast_to(key, (slots, *key.shape))})
+
+
+def round_context(n: int) -> int:
+    """A cache length of at least n: above 512 a multiple of 128 (so the chunk attention reads it in blocks)."""
+    return n if n <= 512 else -(-n // 128) * 128
+
+
+def row_buckets(slots: int) -> tuple[int, ...]:
+    """Row counts a decode step runs: powers of two below ``slots``, and ``slots``."""
+    out, r = [], 1
+    while r < slots:
+        out.append(r)
+        r *= 2
+    return tuple(out) + (slots,)
+
+
+class Slots:
+    """The slots of one loaded model (``engine``: app/generation.py's Engine, for its parameters, mesh and model).
+
+    slots: how many requests decode together. context: the longest prompt plus answer a slot holds (its cache
+    length). The cache is allocated on first use."""
+
+    def __init__(self, engine, *, slots: int = DEFAULT_SLOTS, context: int | None = None):
+        if slots < 1:
+            raise ValueError(f"the engine needs at least one slot, got {slots}")
+        self.engine = engine
+        self.cfg = engine.cfg
+        self.slots = slots
+        self.context = round_context(min(context or engine.max_context, engine.max_context))
+        self.rows = row_buckets(slots) if engine.mesh.shape["data"] == 1 else (slots,)
+        self.cache = None
+        self.state = None
+        self._programs(None, None)
+
+    def _programs(self, cache_sharding, state_sharding) -> None:
+        """The jitted programs; with the shardings of the allocated cache and state they return them laid out the
+        same way, so a program's output fed back as its input never compiles it again."""
+        one = None if state_sharding is None else jax.sharding.NamedSharding(self.engine.mesh,
+                                                                               jax.sharding.PartitionSpec())
+        out = lambda *shardings: None if cache_sharding is None else shardings  # noqa: E731
+        self._extend = jax.jit(self._extend_impl, static_argnames=("deepstack",), donate_argnames=("cache",),
+                               out_shardings=out(one, cache_sharding))
+        self._insert = jax.jit(self._insert_impl, donate_argnames=("state",), out_shardings=out(state_sharding, one))
+        self._decode = jax.jit(self._decode_impl, static_argnames=("rows",), donate_argnames=("cache", "state"),
+                               out_shardings=out(one, one, state_sharding, cache_sharding))
+        self._release = jax.jit(lambda state, slot: state._replace(active=state.active.at[slot].set(False)),
+                                donate_argnames=("state",), out_shardings=None if state_sharding is None
+                                else state_sharding)
+        self._snapshot = jax.jit(snapshot_row, static_argnames=("length",))
+        self._restore = jax.jit(restore_row, donate_argnames=("cache",),
+                                out_shardings=None if cache_sharding is None else cache_sharding)
+
+    # ---- jitted bodies -------------------------------------------------------------------------------------
+    def _extend_impl(self, params, cache, tokens, count, start, row, rope_pos, bidirectional, media, offsets, *,
+                     deepstack):
+        dec = self.engine.model(params).decoder
+        return dec.extend(Chunk(tokens, count, start, row, rope_pos, bidirectional, media, offsets, deepstack),
+                          cache)
+
+    def _insert_impl(self, state: SlotState, slot, logits_1V, settings, max_new, delta, eos_on, eos_ids):
+        token = choose_rows(logits_1V, {k: v[None] for k, v in settings.items()}, jnp.zeros((1,), jnp.int32))[0]
+        ended = (jnp.isin(token, eos_ids) & eos_on) | (max_new <= 1)
+        put = lambda a, v: a.at[slot].set(v)  # noqa: E731
+        return SlotState(put(state.token, token), put(state.index, 0), put(state.active, ~ended),
+                         put(state.remaining, max_new - 1), put(state.delta, delta), put(state.eos_on, eos_on),
+                         {k: put(state.settings[k], v) for k, v in settings.items()}), token
+
+    def _decode_impl(self, params, cache, state: SlotState, eos_ids, *, rows):
+        dec = self.engine.model(params).decoder
+        token, active = state.token[:rows], state.active[:rows]
+        pos = cache["length"][:rows] + state.delta[:rows]
+        logits, cache = dec.step(token, jnp.broadcast_to(pos[None], (dec.spec.rope_axes, rows)), cache,
+                                 active_B=active)
+        index = state.index[:rows] + 1
+        nxt = choose_rows(logits, {k: v[:rows] for k, v in state.settings.items()}, index)
+        remaining = state.remaining[:rows]
+        ended = (jnp.isin(nxt, eos_ids) & state.eos_on[:rows]) | (remaining <= 1)
+        head = lambda a, v: a.at[:rows].set(jnp.where(active, v, a[:rows]))  # noqa: E731
+        state = state._replace(token=head(state.token, nxt), index=head(state.index, index),
+                               remaining=head(state.remaining, remaining - 1),
+                               active=state.active.at[:rows].set(active & ~ended))
+        return nxt, active, state, cache
+
+    # ---- host side -----------------------------------------------------------------------------------------
+    def ensure_allocated(self) -> None:
+        if self.cache is not None:
+            return
+        spec, dtype, mesh = self.cfg.decoder, self.engine.dtype, self.engine.mesh
+        shapes = jax.eval_shape(lambda: init_cache(spec, self.slots, self.context, dtype))
+
+        def zeros(a, axes):  # one buffer per array (a jitted init may hand several outputs one buffer)
+            return jnp.zeros(a.shape, a.dtype, device=named_sharding(axes, a.shape, mesh))
+
+        self.cache = {"length": zeros(shapes["length"], ("batch",)),
+                      "k": tuple(zeros(a, KEY_AXES) for a in shapes["k"]),
+                      "v": tuple(zeros(a, VALUE_AXES) for a in shapes["v"])}
+        replicated = jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec())
+        self.state = jax.tree.map(lambda a: jax.device_put(jnp.copy(a), replicated), empty_state(self.slots))
+        self._programs(jax.tree.map(lambda a: a.sharding, self.cache), jax.tree.map(lambda a: a.sharding, self.state))
+
+    def cache_bytes(self) -> int:
+        self.ensure_allocated()
+        return sum(int(a.nbytes) for a in jax.tree.leaves(self.cache))
+
+    def rows_for(self, highest_slot: int) -> int:
+        """The decode step's row count for active slots up to ``highest_slot``."""
+        return next(r for r in self.rows if r > highest_slot)
+
+    def extend(self, tokens: np.ndarray, start: int, row: int, rope_pos: np.ndarray, bidirectional: np.ndarray,
+               media: dict, offsets: dict, deepstack: tuple[int, ...], length: int) -> jax.Array:
+        """Run one chunk (``tokens`` [count] of a prompt at positions start..) into slot ``row``, right-padded to
+        ``length`` -> the logits [1, V] at its last token (a device array)."""
+        count = len(tokens)
+        tok = np.full((1, length), self.cfg.pad_id, np.int32)
+        tok[0, :count] = tokens
+        pos = np.zeros((rope_pos.shape[0], 1, length), np.float32)
+        pos[:, 0, :count] = rope_pos
+        bid = np.zeros((1, length), bool)
+        bid[0, :count] = bidirectional
+        with use_mesh(self.engine.mesh):
+            logits, self.cache = self._extend(self.engine.params, self.cache, tok, np.int32(count), np.int32(start),
+                                              np.int32(row), pos, bid, media,
+                                              {k: np.int32(v) for k, v in offsets.items()}, deepstack=deepstack)
+        return logits
+
+    def insert(self, slot: int, logits_1V: jax.Array, sampling: SamplingParams, max_new: int, delta: int,
+               eos_on: bool) -> jax.Array:
+        """Make ``slot`` active with its first token drawn from ``logits``; returns that token (device)."""
+        self.state, token = self._insert(self.state, np.int32(slot), logits_1V, row_settings(sampling),
+                                         np.int32(max_new), np.float32(delta), np.bool_(eos_on), self.engine.eos_ids)
+        return token
+
+    def decode(self, rows: int) -> tuple[jax.Array, jax.Array]:
+        """One step of the first ``rows`` slots -> (tokens [rows], which rows were active) as device arrays."""
+        with use_mesh(self.engine.mesh):
+            token, active, self.state, self.cache = self._decode(self.engine.params, self.cache, self.state,
+                                                                 self.engine.eos_ids, rows=rows)
+        return token, active
+
+    def release(self, slot: int) -> None:
+        self.state = self._release(self.state, np.int32(slot))
+
+    def snapshot(self, slot: int, length: int) -> dict:
+        """Slot ``slot``'s keys and values for ``length`` tokens (device arrays; ``length`` a bucket)."""
+        return self._snapshot(self.cache, np.int32(slot), length=length)
+
+    def restore(self, slot: int, saved: dict, length: int) -> None:
+        """Slot ``slot`` holds ``saved`` (a snapshot) as its first ``length`` tokens."""
+        self.cache = self._restore(self.cache, np.int32(slot), saved, np.int32(length))
+
+    def warm_up(self, chunk_lengths) -> None:
+        """Compile the chunk program for each of ``chunk_lengths`` (text), insert, release and every decode row
+        count (nothing stays active)."""
+        self.ensure_allocated()
+        rope = np.zeros((self.cfg.decoder.rope_axes, 1), np.float32)
+        logits = None
+        for length in chunk_lengths:
+            logits = self.extend(np.array([self.cfg.pad_id]), 0, 0, rope, np.zeros(1, bool), {}, {}, (), length)
+        self.insert(0, logits, SamplingParams(), 2, 0, True)
+        self.release(0)
+        for rows in self.rows:
+            jax.block_until_ready(self.decode(rows))
+
+    def compilations(self) -> int:
+        return sum(f._cache_size() for f in (self._extend, self._insert, self._decode, self._release,
+                                             self._snapshot, self._restore))

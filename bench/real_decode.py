@@ -1,0 +1,197 @@
+"""Real-model decode benchmark: Gemma 3 270M (the Q4_K_M GGUF of the test extra), batch-1 greedy decode, omnijax
+(int8, int4, bfloat16, float32 weights) against llama.cpp (llama-cpp-python, the ``bench`` extra) on the same file.
+
+    python -m bench.real_decode [--out bench/results] [--rounds 2] [--threads 2] [--new-tokens 128]
+
+Every measurement runs in its own process (one system, one setting), so each peak resident memory (VmHWM) is that
+system's alone; the systems take turns in each round (llama.cpp, then each omnijax setting), after one warm-up
+process each (which builds what is cached between runs: the GGUF tokenizer, compiled programs), so every load time
+is a second run's. A process loads the model (timed: ``load_s``), generates once to warm up, then times one token
+and ``--new-tokens`` tokens from the same prompt (EOS ignored): decode tokens/s = (new tokens - 1) / (time of all
+- time of one). Headline ratios are taken within each round (the machine is shared: its speed drifts) and their
+median reported. Writes ``real-decode-<time>.json`` and ``latest-real-decode.md`` / ``.json`` into ``--out``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import pathlib
+import platform
+import statistics
+import subprocess
+import sys
+import time
+
+PROMPT = "The history of the city begins with a small settlement by the river, where"
+OMNIJAX_SETTINGS = (("int8", "float32", "int8"), ("int4", "float32", "int4"), ("bfloat16", "bfloat16", None),
+                    ("float32", "float32", None))
+
+
+def peak_rss_mb() -> float:
+    for line in pathlib.Path("/proc/self/status").read_text().splitlines():
+        if line.startswith("VmHWM:"):
+            return int(line.split()[1]) / 1024
+    return float("nan")
+
+
+def timed_decode(run, new_tokens: int) -> dict:
+    """Time one token and ``new_tokens`` tokens of ``run(n) -> token ids``: the first token's time and decode
+    tokens/s = (new tokens - 1) / (time of all - time of one)."""
+    t = time.perf_counter()
+    run(1)
+    one = time.perf_counter() - t
+    t = time.perf_counter()
+    tokens = run(new_tokens)
+    full = time.perf_counter() - t
+    return {"ttft_s": one, "decode_tok_s": (new_tokens - 1) / (full - one), "tokens": tokens}
+
+
+def probe_llama_cpp(path: str, new_tokens: int, threads: int) -> dict:
+    from llama_cpp import Llama
+
+    start = time.perf_counter()
+    llm = Llama(model_path=path, n_threads=threads, n_threads_batch=threads, n_ctx=512, verbose=False)
+    load_s = time.perf_counter() - start
+    prompt = llm.tokenize(PROMPT.encode(), add_bos=True)
+
+    def run(n: int) -> list[int]:
+        llm.reset()
+        out = []
+        for token in llm.generate(prompt, top_k=1, top_p=1.0, temp=0.0, repeat_penalty=1.0, reset=True):
+            out.append(int(token))
+            if len(out) == n:
+                break
+        return out
+
+    run(4)
+    return dict(timed_decode(run, new_tokens), load_s=load_s, peak_rss_mb=peak_rss_mb())
+
+
+def probe_omnijax(path: str, new_tokens: int, dtype: str, quantize: str | None) -> dict:
+    import jax
+
+    from omnijax.app.pipeline import Pipeline
+    from omnijax.app.sampling import SamplingParams
+
+    start = time.perf_counter()
+    pipe = Pipeline.from_pretrained(path, dtype=dtype, quantize=quantize)
+    load_s = time.perf_counter() - start
+    prompt = pipe.prepare_raw(PROMPT)
+
+    def run(n: int):
+        return pipe.engine.generate([prompt], n, SamplingParams(), ignore_eos=True)
+
+    run(new_tokens)  # compiles (or reads the compiled programs back from the cache)
+    result = timed_decode(lambda n: run(n)[0].tolist(), new_tokens)
+    weights = sum(x.nbytes for x in jax.tree.leaves(pipe.engine.params["decoder"]))
+    return dict(result, load_s=load_s, peak_rss_mb=peak_rss_mb(), decoder_weight_mb=weights / 2**20)
+
+
+def measure(system: str, path, new_tokens: int, threads: int) -> dict:
+    """One probe in a fresh process (``threads`` CPU threads for llama.cpp; XLA uses the machine's cores)."""
+    cmd = [sys.executable, "-m", "bench.real_decode", "--probe", system, "--gguf", str(path),
+           "--new-tokens", str(new_tokens), "--threads", str(threads)]
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=1800)
+    lines = [l for l in proc.stdout.splitlines() if l.startswith("{")]
+    if proc.returncode != 0 or not lines:
+        raise RuntimeError(f"{system} probe failed ({proc.returncode}):\n{proc.stderr[-3000:]}")
+    return json.loads(lines[-1])
+
+
+def systems() -> list[str]:
+    return ["llama.cpp"] + [f"omnijax-{name}" for name, _, _ in OMNIJAX_SETTINGS]
+
+
+def markdown(report: dict) -> str:
+    lines = [f"# Real Gemma 3 270M (Q4_K_M GGUF), batch-1 greedy decode ({report['machine']}, {report['date']})", "",
+             f"{report['new_tokens']} new tokens, llama.cpp with {report['threads']} threads; {report['rounds']} "
+             f"interleaved rounds, each process alone; median (min-max). Ratios: median over rounds of the ratio "
+             f"within the round.", "",
+             "| system | decode tok/s | ratio to llama.cpp | peak RSS MB | RSS ratio | load s (second run) | "
+             "decoder weights MB |", "|---|---|---|---|---|---|---|"]
+    for name in systems():
+        s = report["systems"][name]
+        tok = s["decode_tok_s"]
+        ratio = report["ratios"].get(name, {})
+        lines.append(f"| {name} | {tok['median']:.1f} ({tok['min']:.1f}-{tok['max']:.1f}) | "
+                     f"{ratio.get('decode', 1.0):.2f}x | {s['peak_rss_mb']['max']:.0f} | "
+                     f"{ratio.get('rss', 1.0):.2f} | {s['load_s']['median']:.2f} | "
+                     f"{s.get('decoder_weight_mb', float('nan')):.0f} |")
+    lines += ["", "Targets (int8 and int4): decode >= 1.2x llama.cpp, peak RSS <= 1.5x llama.cpp's, load <= 5 s.",
+              "Greedy tokens agree with llama.cpp's for the first "
+              + ", ".join(f"{n}: {report['agreement'][n]}" for n in report["agreement"]) + " tokens."]
+    return "\n".join(lines) + "\n"
+
+
+def summary(samples: list[float]) -> dict:
+    return {"median": statistics.median(samples), "min": min(samples), "max": max(samples), "samples": samples}
+
+
+def run(out: pathlib.Path, rounds: int, threads: int, new_tokens: int) -> dict:
+    from bench.real_gemma3 import gemma3_270m_gguf
+
+    path = gemma3_270m_gguf()
+    for name in systems():  # warm-up: builds the caches a second run reads
+        measure(name, path, 8, threads)
+    results = {name: [] for name in systems()}
+    for _ in range(rounds):
+        for name in systems():
+            results[name].append(measure(name, path, new_tokens, threads))
+    report = {"machine": f"{platform.machine()}, {os.cpu_count()} CPUs", "date": time.strftime("%Y-%m-%d %H:%M:%S"),
+              "rounds": rounds, "threads": threads, "new_tokens": new_tokens, "gguf": str(path), "systems": {},
+              "ratios": {}, "agreement": {}}
+    for name, runs in results.items():
+        entry = {k: summary([r[k] for r in runs]) for k in ("decode_tok_s", "peak_rss_mb", "load_s", "ttft_s")}
+        if "decoder_weight_mb" in runs[0]:
+            entry["decoder_weight_mb"] = runs[0]["decoder_weight_mb"]
+        entry["tokens"] = runs[0]["tokens"]
+        report["systems"][name] = entry
+        ref = results["llama.cpp"]
+        report["ratios"][name] = {
+            "decode": statistics.median(r["decode_tok_s"] / b["decode_tok_s"] for r, b in zip(runs, ref)),
+            "rss": statistics.median(r["peak_rss_mb"] / b["peak_rss_mb"] for r, b in zip(runs, ref))}
+        same = 0
+        for a, b in zip(runs[0]["tokens"], ref[0]["tokens"]):
+            if a != b:
+                break
+            same += 1
+        report["agreement"][name] = same
+    out.mkdir(parents=True, exist_ok=True)
+    (out / f"real-decode-{time.strftime('%Y%m%d-%H%M%S')}.json").write_text(json.dumps(report, indent=1))
+    (out / "latest-real-decode.json").write_text(json.dumps(report, indent=1))
+    (out / "latest-real-decode.md").write_text(markdown(report))
+    return report
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(prog="python -m bench.real_decode", description=__doc__.splitlines()[0])
+    p.add_argument("--out", default="bench/results")
+    p.add_argument("--rounds", type=int, default=2)
+    p.add_argument("--threads", type=int, default=2)
+    p.add_argument("--new-tokens", type=int, default=128)
+    p.add_argument("--probe", help=argparse.SUPPRESS)
+    p.add_argument("--gguf", help=argparse.SUPPRESS)
+    args = p.parse_args(argv)
+    if args.probe:
+        if args.probe == "llama.cpp":
+            result = probe_llama_cpp(args.gguf, args.new_tokens, args.threads)
+        else:
+            name = args.probe.split("-", 1)[1]
+            _, dtype, quantize = next(s for s in OMNIJAX_SETTINGS if s[0] == name)
+            result = probe_omnijax(args.gguf, args.new_tokens, dtype, quantize)
+        print(json.dumps(result))
+        return 0
+    try:
+        import llama_cpp  # noqa: F401
+    except ImportError:
+        print("python -m bench.real_decode: llama.cpp's Python binding is not installed: pip install -e '.[bench]'",
+              file=sys.stderr)
+        return 2
+    print(markdown(run(pathlib.Path(args.out), args.rounds, args.threads, args.new_tokens)))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,197 @@
+"""Serving benchmark: many requests at once on the serving engine, against one request at a time and against
+lockstep batches (a batch starts together and ends with its longest request), in one run.
+
+    python -m bench.serving --model bench      # the ~140M Gemma-3-shaped bench checkpoint (bench/checkpoints.py)
+    python -m bench.serving --model real       # Google's Gemma 3 270M, the Q4_K_M GGUF of the test extra
+
+Measured (greedy, end ids ignored so every request generates its budget; prefix and media caches off except for
+the chat figure):
+- throughput: N requests of mixed prompt (32..600 tokens) and output (16..128 tokens) lengths all arriving at
+  once: aggregate generated tokens/s and time to first token (p50, p99, from the arrival) for continuous
+  batching, one request at a time, and lockstep batches of the same size;
+- a short request arriving while 8 long ones decode: its whole time against theirs;
+- a chat's second turn (the first turn's prompt and answer plus a new question) with the prefix cache: its time to
+  first token against the first turn's.
+Targets (2-core CPU): throughput >= 3x one at a time; the short request under a quarter of the long ones' time;
+the second turn's time to first token <= 0.3x the first's.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import pathlib
+import platform
+import sys
+import time
+
+import numpy as np
+
+WORDS = ("the quick brown fox jumps over a lazy dog while rain falls on quiet town and wind moves grass near old "
+         "river bridge where children play games every summer evening under tall trees").split()
+
+
+def text(rng: np.random.Generator, words: int) -> str:
+    return " ".join(rng.choice(WORDS, words))
+
+
+def chat(pipe, content: str) -> list[dict] | str:
+    """A user message, or the raw text for a model without a chat template."""
+    return [{"role": "user", "content": content}] if pipe.has_chat_template else content
+
+
+def workload(pipe, n: int, seed: int = 0) -> list[tuple]:
+    """n (prepared prompt, new tokens) pairs of mixed lengths."""
+    rng = np.random.default_rng(seed)
+    return [(pipe.prepare(chat(pipe, text(rng, int(rng.integers(20, 450))))), int(rng.integers(16, 129)))
+            for _ in range(n)]
+
+
+def _submit(pipe, prompt, new_tokens):
+    return pipe.submit(prompt, max_new_tokens=new_tokens, ignore_eos=True)
+
+
+def _figures(t0: float, handles: list, end: float) -> dict:
+    results = [h.result() for h in handles]
+    ttft = [h.submitted + r.first_token_seconds - t0 for h, r in zip(handles, results)]
+    tokens = sum(len(r.token_ids) for r in results)
+    return {"tokens": tokens, "seconds": end - t0, "tok_s": tokens / (end - t0),
+            "ttft_p50_s": float(np.percentile(ttft, 50)), "ttft_p99_s": float(np.percentile(ttft, 99))}
+
+
+def continuous(pipe, work) -> dict:
+    t0 = time.perf_counter()
+    handles = [_submit(pipe, p, n) for p, n in work]
+    for h in handles:
+        h.result()
+    return _figures(t0, handles, time.perf_counter())
+
+
+def one_at_a_time(pipe, work) -> dict:
+    t0 = time.perf_counter()
+    handles = []
+    for p, n in work:
+        handles.append(_submit(pipe, p, n))
+        handles[-1].result()
+    return _figures(t0, handles, time.perf_counter())
+
+
+def lockstep(pipe, work, batch: int) -> dict:
+    """Batches of ``batch`` requests, each starting when the previous batch has wholly ended."""
+    t0 = time.perf_counter()
+    handles = []
+    for i in range(0, len(work), batch):
+        group = [_submit(pipe, p, n) for p, n in work[i:i + batch]]
+        for h in group:
+            h.result()
+        handles += group
+    return _figures(t0, handles, time.perf_counter())
+
+
+def short_among_long(pipe, seed: int = 1) -> dict:
+    """8 long requests (256 tokens) decoding; a short one (8 tokens) arrives once all of them have started."""
+    rng = np.random.default_rng(seed)
+    long = [_submit(pipe, pipe.prepare(chat(pipe, text(rng, 60))), 256) for _ in range(8)]
+    for h in long:
+        next(h.events())
+    start = time.perf_counter()
+    short = _submit(pipe, pipe.prepare(chat(pipe, text(rng, 20))), 8)
+    short.result()
+    short_s = time.perf_counter() - start
+    long_s = float(np.mean([h.result().seconds for h in long]))
+    return {"short_s": short_s, "long_s": long_s, "ratio": short_s / long_s}
+
+
+def chat_turns(pipe, seed: int = 2) -> dict:
+    """Time to first token of a second chat turn (prefix cached) against the first's, median of three chats."""
+    rng = np.random.default_rng(seed)
+    ratios, first, second = [], [], []
+    for _ in range(3):
+        system, q1, q2 = text(rng, 300), text(rng, 20), text(rng, 20)
+        if pipe.has_chat_template:
+            turn1 = [{"role": "system", "content": system}, {"role": "user", "content": q1}]
+            a = pipe.generate(turn1, max_new_tokens=32)
+            turn2 = turn1 + [{"role": "assistant", "content": a.text}, {"role": "user", "content": q2}]
+        else:
+            turn1 = system + "\n" + q1
+            a = pipe.generate(turn1, max_new_tokens=32)
+            turn2 = turn1 + a.text + "\n" + q2
+        b = pipe.generate(turn2, max_new_tokens=32)
+        first.append(a.first_token_seconds)
+        second.append(b.first_token_seconds)
+        ratios.append(b.first_token_seconds / a.first_token_seconds)
+    return {"first_turn_ttft_s": float(np.median(first)), "second_turn_ttft_s": float(np.median(second)),
+            "ratio": float(np.median(ratios))}
+
+
+def model_folder(name: str, checkpoints: pathlib.Path):
+    if name == "real":
+        from bench.real_gemma3 import gemma3_270m_gguf
+
+        return gemma3_270m_gguf()
+    from bench.checkpoints import bench_checkpoint
+
+    return bench_checkpoint("gemma3", checkpoints, smoke=name == "smoke")
+
+
+def run(name: str, n: int, checkpoints: pathlib.Path) -> dict:
+    from omnijax.app.pipeline import Pipeline
+
+    folder = model_folder(name, checkpoints)
+    pipe = Pipeline.from_pretrained(folder, max_batch=n, max_context=1024, prefix_cache_mb=0, media_cache_mb=0)
+    pipe.scheduler.warm_up()
+    work = workload(pipe, n)
+    continuous(pipe, work)  # compiles what the warm-up did not (media-free, so little)
+    figures = {"continuous": continuous(pipe, work), "one_at_a_time": one_at_a_time(pipe, work),
+               "lockstep": lockstep(pipe, work, n)}
+    figures["short_among_long"] = short_among_long(pipe)
+    pipe.close()
+    cached = Pipeline.from_pretrained(folder, max_batch=n, max_context=1024)
+    chat_turns(cached, seed=3)  # compiles
+    figures["chat"] = chat_turns(cached)
+    cached.close()
+    return {"model": name, "checkpoint": str(folder), "requests": n,
+            "throughput_vs_one_at_a_time": figures["continuous"]["tok_s"] / figures["one_at_a_time"]["tok_s"],
+            "throughput_vs_lockstep": figures["continuous"]["tok_s"] / figures["lockstep"]["tok_s"],
+            "short_request_ratio": figures["short_among_long"]["ratio"],
+            "second_turn_ttft_ratio": figures["chat"]["ratio"], "figures": figures,
+            "host": platform.node(), "date": time.strftime("%Y-%m-%d %H:%M:%S")}
+
+
+def markdown(report: dict) -> str:
+    f = report["figures"]
+    rows = [f"# Serving benchmark: {report['model']} ({report['requests']} requests, {report['date']})", "",
+            "| mode | tokens/s | TTFT p50 s | TTFT p99 s | seconds |", "|---|---|---|---|---|"]
+    for mode in ("continuous", "lockstep", "one_at_a_time"):
+        m = f[mode]
+        rows.append(f"| {mode.replace('_', ' ')} | {m['tok_s']:.1f} | {m['ttft_p50_s']:.3f} | {m['ttft_p99_s']:.3f} | "
+                    f"{m['seconds']:.1f} |")
+    s, c = f["short_among_long"], f["chat"]
+    rows += ["", "| figure | value | target |", "|---|---|---|",
+             f"| continuous / one at a time (tokens/s) | {report['throughput_vs_one_at_a_time']:.2f}x | >= 3x |",
+             f"| continuous / lockstep (tokens/s) | {report['throughput_vs_lockstep']:.2f}x | |",
+             f"| short request among 8 long: its time / theirs | {s['ratio']:.3f} ({s['short_s']:.2f} s / "
+             f"{s['long_s']:.2f} s) | < 0.25 |",
+             f"| chat second turn TTFT / first turn's | {c['ratio']:.3f} ({c['second_turn_ttft_s']:.3f} s / "
+             f"{c['first_turn_ttft_s']:.3f} s) | <= 0.3 |"]
+    return "\n".join(rows) + "\n"
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(prog="python -m bench.serving", description=__doc__.splitlines()[0])
+    p.add_argument("--model", default="bench", choices=["bench", "real", "smoke"])
+    p.add_argument("--requests", type=int, default=16)
+    p.add_argument("--out", default="bench/results")
+    p.add_argument("--checkpoints", default=str(pathlib.Path.home() / ".cache" / "omnijax" / "bench"))
+    args = p.parse_args(argv)
+    report = run(args.model, args.requests, pathlib.Path(args.checkpoints))
+    out = pathlib.Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    (out / f"latest-serving-{args.model}.json").write_text(json.dumps(report, indent=2))
+    (out / f"latest-serving-{args.model}.md").write_text(markdown(report))
+    print(markdown(report))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

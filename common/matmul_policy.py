@@ -1,0 +1,122 @@
+"""How a product with a weight is computed, chosen per shape in one place.
+
+A weight is stored in one of: float32, bfloat16 (or float16), or a ``QuantizedArray`` (int8 / int4 with scales,
+common/quantized.py). Activations are float32 wherever narrow products are slow (CPUs without bf16 dot
+instructions) and keep the weights' dtype elsewhere (``activation_dtype``). A product then goes one of two ways:
+
+- few rows (a decode step: at most ``DECODE_ROWS`` rows): the weight is widened to the activations' dtype inside
+  the jitted function, next to the product (a narrow weight is read as narrow bytes: decode is bandwidth bound);
+  an int8 weight's per-channel scales multiply the product's output instead of every weight;
+- many rows (a prompt, a batch): where the platform multiplies bfloat16 fast (every GPU and TPU, CPUs with
+  avx512_bf16 or AMX: ``fast_bf16_products``), a narrow weight and the activations meet as bfloat16 with float32
+  accumulation; elsewhere as float32.
+
+Float32 weights with float32 activations take exactly the product they always took (the parity tests' numbers).
+"""
+
+from __future__ import annotations
+
+import functools
+import math
+import pathlib
+
+import jax
+import jax.numpy as jnp
+
+from omnijax.common.quantized import QuantizedArray, is_quantized
+
+DECODE_ROWS = 16  # products with at most this many rows widen the weight next to the product
+_FAST_BF16_CPU_FLAGS = ("avx512_bf16", "amx_bf16")
+
+
+@functools.cache
+def cpu_flags(path: str = "/proc/cpuinfo") -> frozenset[str]:
+    """The CPU feature flags the kernel reports (empty where /proc/cpuinfo is not readable)."""
+    try:
+        text = pathlib.Path(path).read_text()
+    except OSError:
+        return frozenset()
+    for line in text.splitlines():
+        if line.startswith("flags"):
+            return frozenset(line.split(":", 1)[1].split())
+    return frozenset()
+
+
+def fast_bf16_products(platform: str | None = None, flags: frozenset[str] | None = None) -> bool:
+    """Whether bfloat16 x bfloat16 products (float32 accumulation) beat float32 ones on ``platform`` (default:
+    JAX's default backend): every GPU and TPU, and CPUs with avx512_bf16 or AMX."""
+    platform = platform or jax.default_backend()
+    if platform != "cpu":
+        return True
+    flags = cpu_flags() if flags is None else flags
+    return any(f in flags for f in _FAST_BF16_CPU_FLAGS)
+
+
+def activation_dtype(weight_dtype, platform: str | None = None):
+    """The dtype activations flow in for weights stored as ``weight_dtype``: float32 on a CPU (its narrow products
+    are slow; narrow weights are widened next to their products), the weights' own float dtype elsewhere."""
+    if weight_dtype is None or not jnp.issubdtype(weight_dtype, jnp.floating):
+        return jnp.float32
+    platform = platform or jax.default_backend()
+    return jnp.dtype(jnp.float32) if platform == "cpu" else jnp.dtype(weight_dtype)
+
+
+def weight_dtype(w) -> jnp.dtype:
+    """The float dtype of a stored weight (float32 for a QuantizedArray)."""
+    return jnp.dtype(w.dtype)
+
+
+def widened(w, dtype) -> jax.Array:
+    """The weight ``w`` (an array or a QuantizedArray) as a ``dtype`` array (elementwise, fusable)."""
+    if is_quantized(w):
+        return w.dequantize(dtype)
+    return w.astype(dtype)
+
+
+def _narrow(w) -> bool:
+    return is_quantized(w) or jnp.dtype(w.dtype).itemsize < 4
+
+
+def matmul_oi(x_XI: jax.Array, w_OI) -> jax.Array:
+    """x [..., in] times a weight stored [out..., in] (torch's layout) -> [..., out...] in x's dtype, contracting
+    the last axes (a direct dot_general: on XLA's CPU backend this layout streams the weight faster than
+    [in, out] for decode-sized batches, with no transpose op).
+
+    w_OI: an array or a ``QuantizedArray`` quantized along its last axis."""
+    rows = math.prod(x_XI.shape[:-1])
+    out_dims = tuple(w_OI.shape[:-1])
+    dims = (((x_XI.ndim - 1,), (len(out_dims),)), ((), ()))
+    if not _narrow(w_OI):  # float32 weights: the product they always took
+        return jax.lax.dot_general(x_XI, w_OI.astype(x_XI.dtype), dims)
+    if rows > DECODE_ROWS and fast_bf16_products():
+        y = jax.lax.dot_general(x_XI.astype(jnp.bfloat16), widened(w_OI, jnp.bfloat16), dims,
+                                preferred_element_type=jnp.float32)
+        return y.astype(x_XI.dtype)
+    if is_quantized(w_OI) and w_OI.bits == 8:  # per-channel scales multiply the output, not every weight
+        y = jax.lax.dot_general(x_XI, w_OI.values.astype(x_XI.dtype), dims)
+        return y * w_OI.scales.reshape(out_dims).astype(y.dtype)
+    return jax.lax.dot_general(x_XI, widened(w_OI, x_XI.dtype), dims)
+
+
+def logits_matmul(h_BLD: jax.Array, w_VD) -> jax.Array:
+    """Logits [B, L, V] in float32 from the output matrix [V, D] (an array or a QuantizedArray)."""
+    if not _narrow(w_VD):
+        return jnp.einsum("bld,vd->blv", h_BLD, w_VD.astype(h_BLD.dtype), preferred_element_type=jnp.float32)
+    return matmul_oi(h_BLD.astype(jnp.float32) if h_BLD.dtype != jnp.float32 else h_BLD, w_VD).astype(jnp.float32)
+
+
+def table_rows(table_VD, ids, dtype) -> jax.Array:
+    """Rows ``ids`` of an embedding table [V, D] (an array or a QuantizedArray quantized along D) as ``dtype``."""
+    if is_quantized(table_VD):
+        return table_VD[ids].dequantize(dtype)
+    return jnp.take(table_VD, ids, axis=0)
+
+
+def expert_weights(w, dtype):
+    """Expert weights [E, ...] as ``dtype`` for the mixture-of-experts products (a QuantizedArray stays one: the
+    experts' code gathers the selected experts first, then widens them)."""
+    return w if is_quantized(w) else w.astype(dtype)
+
+
+__all__ = ["DECODE_ROWS", "QuantizedArray", "activation_dtype", "cpu_flags", "expert_weights", "fast_bf16_products",
+           "logits_matmul", "matmul_oi", "table_rows", "weight_dtype", "widened"]

@@ -1,0 +1,266 @@
+"""``omnijax serve``: an OpenAI-compatible HTTP API (FastAPI on uvicorn) over one pipeline's serving engine.
+
+    GET  /health                 {"status": "ok"}
+    GET  /v1/models              the served model
+    POST /v1/chat/completions    chat (text, image_url / video_url data: URLs, input_audio), stream or not
+    POST /v1/completions         raw prompts (base models)
+    GET  /metrics                Prometheus text (demo/metrics.py)
+
+Requests are checked field by field (demo/openai_protocol.py) and prepared in worker threads; generation runs on
+the engine, whose scheduler thread serves every request at once. A handler waits on its request without holding a
+thread: the engine wakes it through the event loop. Streams are server-sent events as OpenAI sends them. A client
+that goes away (a closed stream, a dropped connection) cancels its request, which frees its slot at the engine's
+next step. Every refusal is OpenAI's error JSON with its status: 400 bad request, 401 missing key, 404 unknown model
+or path, 413 body too large, 503 queue full; nothing a request holds can stop the server.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import logging
+import pathlib
+import secrets
+import shutil
+import tempfile
+import time
+from typing import Any
+
+from fastapi import FastAPI, Request
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse, Response, StreamingResponse
+from starlette.concurrency import run_in_threadpool
+from starlette.exceptions import HTTPException as StarletteHTTPException
+
+from omnijax.app.scheduler import QueueFullError
+from omnijax.common.errors import OmnijaxError
+from omnijax.demo import openai_protocol as api
+from omnijax.demo.api_key import ApiKeyCheck
+from omnijax.demo.body_limit import BodyLimit
+from omnijax.demo.host_check import HostCheck
+from omnijax.demo.metrics import CONTENT_TYPE, metrics_text
+
+log = logging.getLogger(__name__)
+
+DEFAULT_MAX_BODY_MB = 64
+DEFAULT_MAX_TOKENS = 256  # a request that names no max_tokens gets at most this many (within the context)
+
+
+def error_response(status: int, message: str, type_: str = "invalid_request_error", param: str | None = None,
+                   code: str | None = None) -> JSONResponse:
+    return JSONResponse(api.error_body(message, type_=type_, param=param, code=code), status_code=status)
+
+
+def _refusal(e: BaseException) -> JSONResponse:
+    """The HTTP answer for an error of a request: its own status for a RequestError, 503 for a full queue, 400 for
+    any other OmnijaxError (bad media, prompt over the context, bad setting)."""
+    if isinstance(e, api.RequestError):
+        return error_response(e.status, str(e), e.type, e.param, e.code)
+    if isinstance(e, QueueFullError):
+        return error_response(503, str(e), "server_overloaded", code="queue_full")
+    return error_response(400, str(e), code=type(e).__name__)
+
+
+class Server:
+    """The API over ``pipe`` (a Pipeline), served as ``model`` (its name unless given)."""
+
+    def __init__(self, pipe, *, model: str | None = None, allow_remote_media: bool = False, fetch=None,
+                 upload_dir: str | None = None):
+        """fetch: MediaRef -> bytes for remote URLs (demo/remote_media.py), with ``allow_remote_media``."""
+        self.pipe = pipe
+        self.model = model or pipe.name
+        self.allow_remote_media = allow_remote_media and fetch is not None
+        self.fetch = fetch
+        self.upload_root = pathlib.Path(upload_dir or tempfile.mkdtemp(prefix="omnijax-serve-"))
+        self.created = int(time.time())
+
+    # ---- request -> engine ---------------------------------------------------------------------------------
+    def _check_model(self, body: dict) -> None:
+        name = body.get("model")
+        if name is not None and name != self.model:
+            raise api.RequestError(f"the model {str(name)[:200]!r} does not exist; this server serves "
+                                   f"{self.model!r}", param="model", status=404, code="model_not_found")
+
+    def _submit(self, prompt, settings: api.Settings, listener):
+        """The request on the engine: without max_tokens as much as fits up to DEFAULT_MAX_TOKENS; without a seed
+        a random one (as OpenAI samples)."""
+        limit = settings.max_new_tokens
+        if limit is None:  # as much as fits, up to the default
+            limit = max(1, min(DEFAULT_MAX_TOKENS, self.pipe.scheduler.context - len(prompt.token_ids)))
+        return self.pipe.submit(prompt, max_new_tokens=limit, temperature=settings.temperature,
+                                top_k=settings.top_k, top_p=settings.top_p,
+                                seed=secrets.randbelow(2**63) if settings.seed is None else settings.seed,
+                                stop=settings.stop or None,
+                                ignore_eos=settings.ignore_eos, listener=listener)
+
+    def _prepare_chat(self, body: dict, folder: pathlib.Path):
+        messages = api.chat_messages(body, allow_remote=self.allow_remote_media)
+        if not self.pipe.has_chat_template:
+            raise api.RequestError("this model has no chat template (a base model): use /v1/completions",
+                                   param="messages")
+        return self.pipe.prepare(api.resolve_media(messages, folder, self.fetch))
+
+    # ---- handlers ------------------------------------------------------------------------------------------
+    async def chat(self, request: Request):
+        return await self._complete(request, chat=True)
+
+    async def completions(self, request: Request):
+        return await self._complete(request, chat=False)
+
+    async def _complete(self, request: Request, *, chat: bool):
+        try:
+            body = await _json_body(request)
+            settings = api.settings_of(body, chat=chat)
+            self._check_model(body)
+        except OmnijaxError as e:
+            return _refusal(e)
+        folder = pathlib.Path(tempfile.mkdtemp(prefix="request-", dir=self.upload_root))
+        loop = asyncio.get_running_loop()
+        wake = asyncio.Event()
+        try:
+            if chat:
+                prompt = await run_in_threadpool(self._prepare_chat, body, folder)
+            else:
+                prompt = await run_in_threadpool(self.pipe.prepare_raw, api.completion_prompt(body))
+            handle = self._submit(prompt, settings, lambda: loop.call_soon_threadsafe(wake.set))
+        except OmnijaxError as e:
+            shutil.rmtree(folder, ignore_errors=True)
+            return _refusal(e)
+        except Exception:
+            shutil.rmtree(folder, ignore_errors=True)
+            raise
+        shutil.rmtree(folder, ignore_errors=True)  # prepared: the media files are no longer needed
+        request_id = api.new_id("chatcmpl" if chat else "cmpl")
+        if settings.stream:
+            return StreamingResponse(self._stream(handle, wake, request_id, chat, settings.include_usage),
+                                     media_type="text/event-stream",
+                                     headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
+        watcher = asyncio.create_task(_cancel_on_disconnect(request, handle))
+        try:
+            async for _ in _events(handle, wake):
+                pass
+            result = handle.result()
+        except OmnijaxError as e:
+            return _refusal(e)
+        finally:
+            watcher.cancel()
+            handle.cancel()
+        use = api.usage(result.prompt_tokens, len(result.token_ids), result.cached_tokens)
+        if chat:
+            return JSONResponse(api.chat_completion(request_id, self.model, result.text, result.finish_reason, use))
+        return JSONResponse(api.completion(request_id, self.model, result.text, result.finish_reason, use))
+
+    async def _stream(self, handle, wake: asyncio.Event, request_id: str, chat: bool, include_usage: bool):
+        created = int(time.time())
+        try:
+            if chat:
+                yield api.sse(api.chat_chunk(request_id, self.model, created, {"role": "assistant", "content": ""}))
+            async for event in _events(handle, wake):
+                if not event.text:
+                    continue
+                if chat:
+                    yield api.sse(api.chat_chunk(request_id, self.model, created, {"content": event.text}))
+                else:
+                    yield api.sse(api.completion(request_id, self.model, event.text, None, None, created,
+                                                 chunk=True))
+            result = handle.result()
+            use = api.usage(result.prompt_tokens, len(result.token_ids), result.cached_tokens)
+            if chat:
+                yield api.sse(api.chat_chunk(request_id, self.model, created, {}, result.finish_reason))
+                if include_usage:
+                    yield api.sse(api.chat_chunk(request_id, self.model, created, None, use=use))
+            else:
+                yield api.sse(api.completion(request_id, self.model, "", result.finish_reason,
+                                             use if include_usage else None, created, chunk=True))
+            yield api.sse("[DONE]")
+        except OmnijaxError as e:  # the stream has started: the error goes as an event
+            yield api.sse(api.error_body(str(e), code=type(e).__name__))
+            yield api.sse("[DONE]")
+        finally:  # also when the client goes away (the generator is closed or cancelled)
+            handle.cancel()
+
+    def models(self) -> dict:
+        return {"object": "list", "data": [{"id": self.model, "object": "model", "created": self.created,
+                                            "owned_by": "omnijax"}]}
+
+    def metrics(self) -> Response:
+        return Response(metrics_text(self.pipe.scheduler, self.model), media_type=CONTENT_TYPE)
+
+    def close(self) -> None:
+        shutil.rmtree(self.upload_root, ignore_errors=True)
+
+
+async def _json_body(request: Request) -> dict:
+    raw = await request.body()
+    try:
+        body = json.loads(raw)
+    except (ValueError, RecursionError):
+        raise api.RequestError("the request body is not valid JSON") from None
+    if not isinstance(body, dict):
+        raise api.RequestError("the request body must be a JSON object")
+    return body
+
+
+async def _events(handle, wake: asyncio.Event):
+    """The request's token events as they come, without holding a thread (the engine sets ``wake``)."""
+    while True:
+        wake.clear()
+        events, ended = handle.take()
+        for event in events:
+            yield event
+        if ended:
+            return
+        if not events:
+            await wake.wait()
+
+
+async def _cancel_on_disconnect(request: Request, handle) -> None:
+    """Cancel ``handle`` when the client closes the connection before the answer is sent."""
+    while True:
+        message = await request.receive()
+        if message["type"] == "http.disconnect":
+            handle.cancel()
+            return
+
+
+def build_app(server: Server, *, names: frozenset[str] = frozenset(), max_body_mb: float = DEFAULT_MAX_BODY_MB,
+              api_key: str | None = None, ui=None) -> Any:
+    """The ASGI app: the API routes and error handlers behind the Host check (``names``: see
+    demo/host_check.py), the body cap and the API key; with ``ui`` (a gradio Blocks), the web demo at ``/ui``."""
+    app = FastAPI(title="omnijax", docs_url=None, redoc_url=None, openapi_url=None)
+    app.add_api_route("/health", lambda: {"status": "ok"}, methods=["GET"])
+    app.add_api_route("/v1/models", server.models, methods=["GET"])
+    app.add_api_route("/v1/chat/completions", server.chat, methods=["POST"])
+    app.add_api_route("/v1/completions", server.completions, methods=["POST"])
+    app.add_api_route("/metrics", server.metrics, methods=["GET"])
+
+    @app.exception_handler(StarletteHTTPException)
+    async def http_error(request, exc):
+        code = "not_found" if exc.status_code == 404 else None
+        return error_response(exc.status_code, str(exc.detail), code=code)
+
+    @app.exception_handler(RequestValidationError)
+    async def invalid(request, exc):
+        return error_response(400, "the request is malformed")
+
+    @app.exception_handler(Exception)
+    async def failed(request, exc):
+        log.exception("request failed")
+        return error_response(500, f"internal error: {type(exc).__name__}", "server_error")
+
+    if ui is not None:
+        import gradio as gr
+
+        app = gr.mount_gradio_app(app, ui, path="/ui")
+    return HostCheck(BodyLimit(ApiKeyCheck(app, api_key), int(max_body_mb * 2**20)), names)
+
+
+@contextlib.contextmanager
+def serving(pipe, **kwargs):
+    """A Server over ``pipe`` whose uploads folder is removed at the end."""
+    server = Server(pipe, **kwargs)
+    try:
+        yield server
+    finally:
+        server.close()

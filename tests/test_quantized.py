@@ -1,0 +1,229 @@
+"""Quantized weights: the int8 / int4 layouts, their products, loading a tiny Gemma 3 with them (one device and four
+simulated ones), GGUF tensors converted a group of rows at a time, the cached GGUF tokenizer, and the errors that
+name the valid settings."""
+
+from __future__ import annotations
+
+import json
+import os
+import pathlib
+import subprocess
+import sys
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from omnijax.common.errors import SettingError
+from omnijax.common.matmul_policy import fast_bf16_products, matmul_oi
+from omnijax.common.quantized import (QuantizedArray, check_quantize, dequantize_numpy, quantize, quantize_int4,
+                                      quantize_int8)
+
+ROOT = pathlib.Path(__file__).resolve().parents[1]
+
+
+def _device(parts, mode, axis):
+    return QuantizedArray(jnp.asarray(parts["values"]), jnp.asarray(parts["scales"]),
+                          None if "offsets" not in parts else jnp.asarray(parts["offsets"]),
+                          bits=8 if mode == "int8" else 4, axis=axis, group=32 if mode == "int4" else 0)
+
+
+@pytest.mark.parametrize("axis", [-1, 1])
+def test_int8_is_within_half_a_step_per_output_channel(axis):
+    w = np.random.default_rng(0).standard_normal((3, 64, 96)).astype(np.float32)
+    values, scales = quantize_int8(w, axis % 3)
+    assert values.dtype == np.int8 and scales.shape[axis] == 1 and np.abs(values).max() == 127
+    back = values.astype(np.float32) * scales
+    assert np.all(np.abs(back - w) <= scales / 2 + 1e-7)
+
+
+@pytest.mark.parametrize("axis", [-1, 1])
+def test_int4_packs_two_per_byte_and_is_within_half_a_step_per_group(axis):
+    w = np.random.default_rng(1).standard_normal((3, 64, 96)).astype(np.float32)
+    a = axis % 3
+    values, scales, offsets = quantize_int4(w, a)
+    assert values.dtype == np.uint8 and values.shape[a] == w.shape[a] // 2 and scales.shape[a] == w.shape[a] // 32
+    back = dequantize_numpy({"values": values, "scales": scales, "offsets": offsets}, "int4", a)
+    step = np.repeat(scales.astype(np.float32), 32, axis=a)
+    assert back.shape == w.shape
+    assert np.all(np.abs(back - w) <= step / 2 + 1e-3 * np.abs(w).max())
+    # a group that holds 16 evenly spaced levels (a GGUF 4-bit block) comes back exactly
+    levels = (np.arange(32) % 16).astype(np.float32) * 0.25 - 1.0
+    exact = quantize(levels[None], "int4", -1)
+    assert np.array_equal(dequantize_numpy(exact, "int4", 1)[0], levels)
+
+
+@pytest.mark.parametrize("mode", ["int8", "int4"])
+def test_device_dequantize_reshape_and_index_match_numpy(mode):
+    w = np.random.default_rng(2).standard_normal((4, 6, 64)).astype(np.float32)
+    parts = quantize(w, mode, -1)
+    q = _device(parts, mode, 2)
+    ref = dequantize_numpy(parts, mode, 2)
+    assert q.shape == w.shape and q[...] is q
+    np.testing.assert_allclose(np.asarray(q.dequantize()), ref, rtol=1e-6, atol=1e-6)
+    np.testing.assert_allclose(np.asarray(q.reshape(-1, 64).dequantize()), ref.reshape(24, 64), rtol=1e-6, atol=1e-6)
+    np.testing.assert_allclose(np.asarray(q[jnp.array([3, 1])].dequantize()), ref[[3, 1]], rtol=1e-6, atol=1e-6)
+    with pytest.raises(ValueError, match="only the axes before"):
+        q.reshape(4, 6 * 64)
+
+
+@pytest.mark.parametrize("mode", ["int8", "int4"])
+@pytest.mark.parametrize("rows", [1, 40])
+def test_products_with_quantized_weights_equal_products_with_their_values(mode, rows):
+    rng = np.random.default_rng(3)
+    w = rng.standard_normal((48, 64)).astype(np.float32)
+    x = rng.standard_normal((rows, 64)).astype(np.float32)
+    parts = quantize(w, mode, -1)
+    y = np.asarray(jax.jit(matmul_oi)(jnp.asarray(x), _device(parts, mode, 1)))
+    ref = x @ dequantize_numpy(parts, mode, 1).T
+    tol = 2e-2 if rows > 16 and fast_bf16_products() else 1e-5  # bf16 products where the platform has them
+    np.testing.assert_allclose(y, ref, rtol=tol, atol=tol * np.abs(ref).max())
+
+
+def test_float32_products_are_unchanged():
+    rng = np.random.default_rng(4)
+    w, x = rng.standard_normal((48, 64)).astype(np.float32), rng.standard_normal((2, 5, 64)).astype(np.float32)
+    got = np.asarray(matmul_oi(jnp.asarray(x), jnp.asarray(w)))
+    want = np.asarray(jax.lax.dot_general(jnp.asarray(x), jnp.asarray(w), (((2,), (1,)), ((), ()))))
+    assert np.array_equal(got, want)
+
+
+def test_fast_bf16_products_follow_the_platform_and_cpu_flags():
+    assert fast_bf16_products("gpu") and fast_bf16_products("tpu")
+    assert fast_bf16_products("cpu", frozenset({"avx2", "avx512_bf16"}))
+    assert fast_bf16_products("cpu", frozenset({"amx_bf16"}))
+    assert not fast_bf16_products("cpu", frozenset({"avx2", "avx512f"}))
+
+
+def test_unknown_settings_name_the_valid_ones(tiny_gemma3_dir):
+    from omnijax.app.pipeline import Pipeline
+
+    with pytest.raises(SettingError, match="int8, int4"):
+        check_quantize("int3")
+    with pytest.raises(SettingError, match="int8, int4"):
+        Pipeline.from_pretrained(tiny_gemma3_dir, quantize="q4")
+    with pytest.raises(SettingError, match="bfloat16, float16, float32"):
+        Pipeline.from_pretrained(tiny_gemma3_dir, dtype="float64")
+    assert issubclass(SettingError, ValueError)
+
+
+@pytest.fixture(scope="module")
+def quantized_pipes(tiny_gemma3_dir, gemma3_pipeline):
+    from omnijax.app.pipeline import Pipeline
+
+    return {mode: Pipeline.from_pretrained(tiny_gemma3_dir, quantize=mode) for mode in ("int8", "int4")}
+
+
+def test_the_decoder_matrices_are_stored_quantized_and_the_rest_is_not(quantized_pipes, gemma3_pipeline):
+    params = quantized_pipes["int4"].engine.params
+    dec = params["decoder"]
+    assert isinstance(dec["embedder"]["embedding"], QuantizedArray) and dec["embedder"]["embedding"].bits == 8
+    assert dec["layers"][0]["mlp"]["gate_up_proj"].bits == 4
+    layer = dec["layers"][0]
+    for leaf in (layer["attn"]["qkv"], layer["attn"]["o_proj"]["kernel"], layer["mlp"]["gate_up_proj"],
+                 layer["mlp"]["down_proj"]["kernel"]):
+        assert isinstance(leaf, QuantizedArray)
+    assert not isinstance(layer["attn_norm_in"]["weight"], QuantizedArray)
+    encoder_leaves = jax.tree.leaves(params["encoders"], is_leaf=lambda x: isinstance(x, QuantizedArray))
+    assert encoder_leaves and not any(isinstance(x, QuantizedArray) for x in encoder_leaves)
+    size = lambda p: sum(x.nbytes for x in jax.tree.leaves(p["decoder"]))
+    f32 = size(gemma3_pipeline.engine.params)
+    assert size(quantized_pipes["int8"].engine.params) < 0.3 * f32
+    assert size(params) < 0.2 * f32
+
+
+@pytest.mark.parametrize("mode", ["int8", "int4"])
+def test_quantized_logits_stay_close_to_float32(quantized_pipes, gemma3_pipeline, mode):
+    prompt = gemma3_pipeline.prepare([{"role": "user", "content": "Tell me a story about a fox and a crow."}])
+    ref = np.asarray(gemma3_pipeline.engine.prefill([prompt], 4).logits)[0]
+    got = np.asarray(quantized_pipes[mode].engine.prefill([prompt], 4).logits)[0]
+    # random tiny weights: int8 stays within a few percent of the largest logit; int4 (16 levels per group of 32
+    # Gaussian values, ~8% noise per weight) moves them more, but they must still follow float32's
+    err = np.abs(got - ref).max() / np.abs(ref).max()
+    corr = np.corrcoef(got, ref)[0, 1]
+    print(f"{mode}: max error {err:.3f} of the largest logit, correlation {corr:.4f}")
+    if mode == "int8":
+        assert err < 0.05 and corr > 0.999, (err, corr)
+    else:
+        assert corr > 0.9, (err, corr)
+    result = quantized_pipes[mode].generate([{"role": "user", "content": "Hello"}], max_new_tokens=4)
+    assert len(result.token_ids) >= 1
+
+
+SHARD_SCRIPT = r"""
+import json, sys
+import jax, numpy as np
+from omnijax.app.pipeline import Pipeline
+from omnijax.common.sharding import make_mesh
+assert len(jax.devices()) == 4, jax.devices()
+out = {}
+for name, mesh in [("one", make_mesh(1, jax.devices()[:1])), ("model4", make_mesh(4))]:
+    pipe = Pipeline.from_pretrained(sys.argv[1], mesh=mesh, quantize="int4")
+    w = pipe.engine.params["decoder"]["layers"][0]["mlp"]["gate_up_proj"]
+    logits = np.asarray(pipe.engine.prefill([pipe.prepare("Tell me a story about a fox.")], 4).logits)
+    out[name] = {"tokens": pipe.generate(["Tell me a story about a fox."], max_new_tokens=8)[0].token_ids,
+                 "logits": logits.tolist(),
+                 "specs": [str(x.sharding.spec) for x in (w.values, w.scales, w.offsets)],
+                 "shards": len(w.values.addressable_shards)}
+print("RESULT" + json.dumps(out))
+"""
+
+
+def test_quantized_weights_shard_like_their_float_weights(tiny_gemma3_dir):
+    env = dict(os.environ, XLA_FLAGS="--xla_force_host_platform_device_count=4", JAX_PLATFORMS="cpu",
+               PYTHONPATH=str(ROOT))
+    proc = subprocess.run([sys.executable, "-c", SHARD_SCRIPT, str(tiny_gemma3_dir)], env=env, capture_output=True,
+                          text=True, timeout=600)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    out = json.loads(next(l for l in proc.stdout.splitlines() if l.startswith("RESULT"))[len("RESULT"):])
+    assert out["one"]["tokens"] == out["model4"]["tokens"]
+    np.testing.assert_allclose(out["model4"]["logits"], out["one"]["logits"], rtol=1e-4, atol=1e-4)
+    # gate_up_proj [mlp, 2, embed]: values, scales and offsets are all split along "mlp" over the model axis
+    assert out["model4"]["shards"] == 4
+    assert all(spec.replace("PartitionSpec", "P").startswith("P('model'") for spec in out["model4"]["specs"]), \
+        out["model4"]["specs"]
+
+
+@pytest.mark.parametrize("mode", ["int8", "int4"])
+def test_gguf_tensors_convert_a_group_of_rows_at_a_time(tmp_path, mode):
+    from fixtures.tiny_gguf import write_tiny_gemma3_gguf
+
+    from omnijax.app.checkpoint_source import open_checkpoint
+    from omnijax.app.families import family_for_config
+
+    path = write_tiny_gemma3_gguf(tmp_path / "tiny.gguf")
+    ckpt = open_checkpoint(path, tokenizer_cache=tmp_path / "tokenizers")
+    spec = family_for_config(ckpt.hf_config)
+    cfg = spec.parse_config(ckpt.hf_config)
+    tensors = ckpt.open_tensors(spec, spec.weight_map(cfg), "float32")
+    key = "model.embed_tokens.weight"  # Q8_0 in the tiny file
+    whole = tensors.read(key)
+    parts = tensors.read_quantized(key, mode, 1, whole.shape, chunk_bytes=1024)  # many row groups
+    assert parts is not None and whole.shape[0] * whole.shape[1] > 4 * 1024
+    expected = quantize(whole, mode, -1)
+    assert sorted(parts) == sorted(expected)
+    for name in parts:
+        assert np.array_equal(parts[name], expected[name]), name
+    tensors.close()
+
+
+def test_the_gguf_tokenizer_is_built_once_and_read_back_the_same(tmp_path):
+    from fixtures.tiny_gguf import write_tiny_gemma3_gguf
+
+    from omnijax.app.checkpoint_source import open_checkpoint
+
+    path = write_tiny_gemma3_gguf(tmp_path / "tiny.gguf")
+    cache = tmp_path / "tokenizers"
+    first = open_checkpoint(path, tokenizer_cache=cache).processor_kwargs["tokenizer"]
+    entries = list(cache.iterdir())
+    assert len(entries) == 1 and (entries[0] / "tokenizer.json").is_file()
+    assert not list(entries[0].glob("*.pkl")) and json.loads((entries[0] / "tokenizer.json").read_text())["model"]
+    second = open_checkpoint(path, tokenizer_cache=cache).processor_kwargs["tokenizer"]
+    text = "Hello world, the fox jumps over the lazy dog 12345."
+    assert first(text)["input_ids"] == second(text)["input_ids"]
+    assert first.decode(first(text)["input_ids"]) == second.decode(second(text)["input_ids"])
+    assert second.chat_template == first.chat_template
+    os.utime(path, ns=(path.stat().st_atime_ns, path.stat().st_mtime_ns + 10**9))  # a changed file: a new entry
+    open_checkpoint(path, tokenizer_cache=cache)
+    assert len(list(cache.iterdir())) == 2

@@ -1,0 +1,274 @@
+"""The serving engine (app/scheduler.py, app/slots.py) on the tiny Gemma 3 checkpoint: requests joining and leaving
+between steps give the tokens they give alone, with their own sampling settings; chunked prefill; cancellation
+frees a slot; the prefix and media caches; no recompiles; several threads; several devices.
+
+Every "alone" answer is the same request run when nothing else is inside the engine; the pipeline's own answers
+(``gemma3_pipeline``, prompts in one chunk) are checked too, and they equal transformers' in test_gemma3_parity.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import pathlib
+import subprocess
+import sys
+import threading
+
+import numpy as np
+import pytest
+
+from omnijax.app.chunks import media_runs, plan_chunks, prefix_points
+from omnijax.app.media_cache import content_hash
+from omnijax.app.prefix_cache import key_ids
+from omnijax.app.requests import Request
+from omnijax.app.sampling import SamplingParams
+from omnijax.app.scheduler import QueueFullError, Scheduler
+from omnijax.common.lru import BytesLRU
+from test_gemma3_parity import LONG_TEXT, conversation, image
+
+ROOT = pathlib.Path(__file__).resolve().parents[1]
+WAIT_S = 600  # a bound on waiting for one request, far above its real time: a hang fails instead of blocking CI
+
+PROMPTS = [
+    conversation("Write a short poem about the sea."),
+    conversation(image(1), "Describe this image."),
+    conversation("Hi!"),
+    # longer than the sliding window (16) and than a chunk (32), an image block inside: chunks must not split it
+    conversation(LONG_TEXT, image(4), "and what follows " + LONG_TEXT, system="Be brief."),
+    conversation("Compare", image(2), "with", image(3, (20, 70)), "please."),
+    conversation("Tell me about winds and tides, at length, in several sentences."),
+]
+MAX_NEW = [12, 9, 20, 7, 16, 5]
+
+
+def request(pipe, messages, max_new=8, **sampling) -> Request:
+    return Request(pipe.prepare(messages), max_new, SamplingParams(**sampling), ignore_eos=True)
+
+
+@pytest.fixture(scope="module")
+def sched(gemma3_pipeline):
+    """4 slots, 32-token chunks, no caches: the engine under test (the pipeline's own runs prompts in one chunk)."""
+    s = Scheduler(gemma3_pipeline.engine, gemma3_pipeline.processor, slots=4, context=512, chunk=32,
+                  prefix_cache_mb=0, media_cache_mb=0)
+    yield s
+    s.close()
+
+
+@pytest.fixture(scope="module")
+def alone(gemma3_pipeline, sched):
+    """Each prompt's greedy tokens, run alone on ``sched``."""
+    return [sched.submit(request(gemma3_pipeline, p, n)).result(WAIT_S).token_ids for p, n in zip(PROMPTS, MAX_NEW)]
+
+
+def test_requests_together_give_their_tokens_alone(gemma3_pipeline, sched, alone):
+    """Six requests on four slots, each with its own length: requests join as others leave, and every answer is
+    the one it gives alone and the pipeline's (one chunk per prompt)."""
+    handles = [sched.submit(request(gemma3_pipeline, p, n)) for p, n in zip(PROMPTS, MAX_NEW)]
+    together = [h.result(WAIT_S).token_ids for h in handles]
+    assert [len(t) for t in together] == MAX_NEW
+    assert together == alone
+    pipeline = gemma3_pipeline.generate_prepared([gemma3_pipeline.prepare(p) for p in PROMPTS], max_new_tokens=20,
+                                                 ignore_eos=True)
+    assert [r.token_ids[:n] for r, n in zip(pipeline, MAX_NEW)] == alone
+
+
+def test_each_request_samples_with_its_own_settings(gemma3_pipeline, sched, alone):
+    """Greedy and sampled requests (temperature, top-k, top-p, seed) decode in one step; each gives what it gives
+    alone, a sampled request depends on its seed only."""
+    settings = [dict(), dict(temperature=0.9, top_k=5, seed=3), dict(temperature=1.2, top_p=0.8, seed=4),
+                dict(temperature=0.7, top_k=7, top_p=0.9, seed=-5)]
+    prompts = PROMPTS[:4]
+    solo = [sched.submit(request(gemma3_pipeline, p, 10, **s)).result(WAIT_S).token_ids
+            for p, s in zip(prompts, settings)]
+    handles = [sched.submit(request(gemma3_pipeline, p, 10, **s)) for p, s in zip(prompts, settings)]
+    assert [h.result(WAIT_S).token_ids for h in handles] == solo
+    assert solo[0] == alone[0][:10]
+    other_seed = sched.submit(request(gemma3_pipeline, prompts[1], 10, temperature=0.9, top_k=5, seed=30))
+    assert other_seed.result(WAIT_S).token_ids != solo[1]
+
+
+def test_chunked_prefill_keeps_media_blocks_whole_and_cuts_at_prefix_points():
+    bidir = np.zeros(100, bool)
+    bidir[30:46] = True  # a 16-token image block
+    bidir[60:90] = True  # a 30-token one, longer than a chunk of 20
+    assert media_runs(bidir) == [(30, 46), (60, 90)]
+    chunks = plan_chunks(0, 100, bidir, 20)
+    assert chunks == [(0, 20), (20, 30), (30, 50), (50, 60), (60, 90), (90, 100)]
+    assert plan_chunks(46, 100, bidir, 64) == [(46, 100)]
+    assert plan_chunks(40, 100, bidir, 30) == [(40, 60), (60, 90), (90, 100)]
+    assert plan_chunks(5, 5, bidir, 8) == []
+    assert plan_chunks(0, 100, bidir, 64, cuts=(50, 90)) == [(0, 50), (50, 90), (90, 100)]
+    assert prefix_points(0, 100, bidir, 64) == (90,)  # after the last block; 64 falls inside a block
+    assert prefix_points(0, 100, bidir, 48) == (90, 96) and prefix_points(95, 100, bidir, 48) == (96,)
+
+
+def test_cancel_frees_the_slot_at_the_next_step(gemma3_pipeline, sched):
+    """Four long requests fill the slots and a fifth waits; cancelling one lets the fifth run to its end while the
+    other three are still far from theirs."""
+    long = [sched.submit(request(gemma3_pipeline, PROMPTS[i % 3], 200)) for i in range(4)]
+    short = sched.submit(request(gemma3_pipeline, PROMPTS[2], 4))
+    next(long[0].events(timeout=WAIT_S))  # the first long request is decoding
+    long[0].cancel()
+    assert short.result(WAIT_S).finish_reason == "length"
+    assert long[0].result(WAIT_S).finish_reason == "cancelled"
+    assert not any(h.done for h in long[1:])  # still generating: the short one took the freed slot
+    for h in long[1:]:
+        h.cancel()
+    assert [h.result(WAIT_S).finish_reason for h in long[1:]] == ["cancelled"] * 3
+    assert sched.running == 0
+
+
+def test_stop_strings_and_stream_pieces(gemma3_pipeline, sched, alone):
+    """A stop string ends a request early (its slot freed for the next); streamed pieces join to the answer."""
+    full = gemma3_pipeline.processor.decode(alone[2])
+    stop = full[len(full) // 2:len(full) // 2 + 3]
+    assert stop
+    handle = sched.submit(Request(gemma3_pipeline.prepare(PROMPTS[2]), 20, stop=(stop,)))
+    pieces = "".join(e.text for e in handle.events(timeout=WAIT_S))
+    result = handle.result(WAIT_S)
+    assert result.finish_reason == "stop" and stop not in result.text and pieces == result.text
+    assert full.startswith(result.text)
+
+
+def test_prefix_and_media_caches(gemma3_pipeline):
+    """A prompt starting like an earlier one reuses its keys / values and gives the same tokens; the same image is
+    encoded once; a different image behind the same text reuses only the text before it."""
+    pipe = gemma3_pipeline
+    cached = Scheduler(pipe.engine, pipe.processor, slots=2, context=512, chunk=32)
+    plain = Scheduler(pipe.engine, pipe.processor, slots=2, context=512, chunk=32, prefix_cache_mb=0,
+                      media_cache_mb=0)
+    try:
+        head = [LONG_TEXT, image(7), "What is in this picture?"]
+        first = conversation(*head)
+        follow = first + [{"role": "assistant", "content": "A picture."},
+                          {"role": "user", "content": [{"type": "text", "text": "And the colours?"}]}]
+        other = conversation(LONG_TEXT, image(8), "What is in this picture?")  # the same token ids as ``first``
+        again = conversation(LONG_TEXT, image(7), "Which shapes do you see?")
+        runs = {}
+        for name, messages in (("first", first), ("follow", follow), ("repeat", first), ("other", other),
+                               ("again", again)):
+            runs[name] = (cached.submit(request(pipe, messages, 6)).result(WAIT_S),
+                          plain.submit(request(pipe, messages, 6)).result(WAIT_S))
+        for name, (hit, miss) in runs.items():
+            assert hit.token_ids == miss.token_ids, name
+            assert miss.cached_tokens == 0
+        n_first = runs["first"][0].prompt_tokens
+        assert runs["first"][0].cached_tokens == 0
+        assert runs["follow"][0].cached_tokens >= n_first  # the whole first turn (and its answer)
+        assert runs["repeat"][0].cached_tokens == n_first  # the whole prompt, its logits too
+        ids = pipe.prepare(other).token_ids
+        np.testing.assert_array_equal(ids, pipe.prepare(first).token_ids)
+        image_at = np.nonzero(ids == pipe.config.media_token_id("image"))[0]
+        assert runs["other"][0].cached_tokens <= image_at[0]  # nothing past the first token of another image
+        assert runs["again"][0].cached_tokens > image_at[-1]  # the same picture asked another question
+        assert cached.media.store.hits >= 3 and cached.media.store.misses == 2  # two images, each encoded once
+        assert cached.prefix.hits == 3
+    finally:
+        cached.close()
+        plain.close()
+
+
+def test_caches_are_bounded():
+    lru = BytesLRU(100)
+    assert lru.put("a", 1, 60) and lru.put("b", 2, 30)
+    assert lru.get("a") == 1  # a is now the most recent: c evicts b
+    assert lru.put("c", 3, 40) and "b" not in lru and lru.bytes == 100 and lru.evictions == 1
+    assert not lru.put("huge", 4, 101) and "huge" not in lru
+    assert (lru.hits, lru.misses) == (1, 0)
+
+
+def test_key_ids_tell_media_apart():
+    ids = np.array([5, 7, 99, 99, 99, 8, 99, 99])
+    a, b = content_hash(np.zeros((2, 3))), content_hash(np.ones((2, 3)))
+    assert a != b and content_hash({"x": np.zeros((2, 3))}) != content_hash({"x": np.zeros((3, 2))})
+    one = key_ids(ids, {99: [(a, 3), (b, 2)]})
+    two = key_ids(ids, {99: [(a, 3), (a, 2)]})
+    assert list(one[:2]) == [5, 7] and one[5] == 8 and (one[[2, 3, 4, 6, 7]] < 0).all()
+    assert len(set(one[[2, 3, 4, 6, 7]].tolist())) == 5
+    assert list(one[:6]) == list(two[:6]) and list(one[6:]) != list(two[6:])
+    with pytest.raises(ValueError):
+        key_ids(ids, {99: [(a, 2)]})
+
+
+def test_requests_coming_and_going_compile_nothing_new(gemma3_pipeline, sched, alone):
+    """After the engine has run each chunk length and decode row count once, new prompt lengths, slots and settings
+    compile nothing."""
+    before = sched.compilations()
+    prompts = [conversation("Name three colours of the rainbow."), conversation(image(9), "What is this?"),
+               conversation("Why is the sky blue? Tell me briefly please.")]
+    handles = [sched.submit(request(gemma3_pipeline, p, 6, temperature=0.5 * i, seed=i)) for i, p in
+               enumerate(prompts)]
+    assert all(len(h.result(WAIT_S).token_ids) == 6 for h in handles)
+    assert sched.compilations() == before
+
+
+def test_queue_full_is_refused(gemma3_pipeline):
+    """Past ``max_queue`` waiting requests, submit refuses at once; the ones queued still run."""
+    s = Scheduler(gemma3_pipeline.engine, gemma3_pipeline.processor, slots=1, context=512, max_queue=2,
+                  threaded=False)
+    handles = [s.submit(request(gemma3_pipeline, PROMPTS[2], 2)) for _ in range(2)]
+    with pytest.raises(QueueFullError, match="queue is full"):
+        s.submit(request(gemma3_pipeline, PROMPTS[2], 2))
+    s.run(handles)
+    assert [len(h.result().token_ids) for h in handles] == [2, 2]
+
+
+def test_threads_share_the_pipeline(gemma3_pipeline, alone):
+    """Pipeline.generate from four threads at once: each gets its own answer."""
+    out: dict[int, list] = {}
+
+    def ask(i):
+        out[i] = gemma3_pipeline.generate_prepared([gemma3_pipeline.prepare(PROMPTS[i])], max_new_tokens=MAX_NEW[i],
+                                                   ignore_eos=True)[0].token_ids
+
+    threads = [threading.Thread(target=ask, args=(i,)) for i in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(WAIT_S)
+    assert [out[i] for i in range(4)] == alone[:4]
+
+
+MESH_SCRIPT = r"""
+import json, sys
+import jax
+from omnijax.app.pipeline import Pipeline
+from omnijax.common.sharding import make_mesh
+sys.path.insert(0, sys.argv[2])
+from test_serving_engine import MAX_NEW, PROMPTS
+pipe = Pipeline.from_pretrained(sys.argv[1], mesh=make_mesh(2), max_batch=4, max_context=512, chunk=32)
+results = pipe.generate_prepared([pipe.prepare(p) for p in PROMPTS[:4]], max_new_tokens=12, ignore_eos=True)
+print("RESULT" + json.dumps({"tokens": [r.token_ids for r in results], "mesh": dict(pipe.engine.mesh.shape),
+                             "cache_spec": str(pipe.scheduler.slots.cache["k"][0].sharding.spec)}))
+"""
+
+
+def test_four_devices_split_slots_and_weights(tiny_gemma3_dir, sched, gemma3_pipeline):
+    """On a (data 2, model 2) mesh of 4 simulated devices the slots are split over the data axis and the weights
+    over the model axis; the answers equal one device's."""
+    env = dict(os.environ, XLA_FLAGS="--xla_force_host_platform_device_count=4", JAX_PLATFORMS="cpu",
+               PYTHONPATH=os.pathsep.join([str(ROOT)]))
+    proc = subprocess.run([sys.executable, "-c", MESH_SCRIPT, str(tiny_gemma3_dir), str(ROOT / "tests")], env=env,
+                          capture_output=True, text=True, timeout=1200)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    out = json.loads(next(l for l in proc.stdout.splitlines() if l.startswith("RESULT"))[len("RESULT"):])
+    assert out["mesh"] == {"data": 2, "model": 2}
+    assert out["cache_spec"] == "P('data', 'model', None, None)"  # slots over data, kv heads over model
+    one = [sched.submit(request(gemma3_pipeline, p, 12)).result(WAIT_S).token_ids for p in PROMPTS[:4]]
+    assert out["tokens"] == one
+
+
+def test_warm_up_compiles_what_text_requests_need(gemma3_pipeline):
+    """After ``warm_up``, text requests of any length (several chunks included) on any slots compile nothing."""
+    s = Scheduler(gemma3_pipeline.engine, gemma3_pipeline.processor, slots=2, context=512, chunk=64,
+                  prefix_cache_mb=0)
+    try:
+        s.warm_up()
+        before = s.compilations()
+        prompts = [conversation("Hi."), conversation(LONG_TEXT, system="Be brief."), conversation("Why? " * 9)]
+        handles = [s.submit(request(gemma3_pipeline, p, 5, temperature=0.3 * i, seed=i)) for i, p in enumerate(prompts)]
+        assert [len(h.result(WAIT_S).token_ids) for h in handles] == [5, 5, 5]
+        assert s.compilations() == before
+    finally:
+        s.close()
