@@ -293,6 +293,22 @@ class Pipeline:
                                               not isinstance(max_speech_frames, int) or max_speech_frames < 1):
             raise PromptError(f"max_speech_frames must be an integer >= 1, got {max_speech_frames!r}")
 
+    def speak_answer(self, prompt: PreparedPrompt, result: GenerationResult, *, voice: str | None = None,
+                     temperature: float = 0.0, top_k: int = 0, top_p: float = 1.0, seed: int = 0,
+                     max_speech_frames: int | None = None) -> Iterator[AudioChunk]:
+        """The answer ``result`` to ``prompt`` (from ``submit`` / ``generate_prepared``) spoken, chunk by chunk, with
+        the sampling settings the answer was made with; ``attach_audio`` joins the chunks into the result. For a
+        server that streams the text first (a model with a talker; CapabilityError otherwise)."""
+        sampling, _, _ = check_settings(1, temperature, top_k, top_p, seed, None)
+        if self.speech is None:
+            raise CapabilityError(f"{self.name} ({self.family}) has no talker: it cannot answer aloud")
+        self.speech.voice_id(voice)
+        return self._speak(prompt, result, voice, sampling, max_speech_frames)
+
+    def attach_audio(self, result: GenerationResult, chunks: list[AudioChunk]) -> None:
+        """``result`` with the spoken answer's ``chunks`` joined into its audio, sample_rate and audio_codes."""
+        _attach_audio(result, chunks, self.speech)
+
     def _speak(self, prompt: PreparedPrompt, result: GenerationResult, voice, sampling: SamplingParams,
                max_speech_frames) -> Iterator[AudioChunk]:
         """The answer of ``result`` spoken, chunk by chunk."""
