@@ -66,6 +66,11 @@ def add_generate_parser(sub) -> argparse.ArgumentParser:
                      help="continue --prompt as plain text (base models): no chat template, text only")
     gen.add_argument("--stop", action="append", default=None, help="a stop string (repeatable)")
     gen.add_argument("--no-stream", action="store_true", help="print the answer at the end instead of streaming")
+    gen.add_argument("--speak", metavar="FILE.wav", help="also answer aloud (a model with a talker): write the spoken "
+                                                       "answer to this WAV file (the text still goes to stdout)")
+    gen.add_argument("--voice", help="the voice of --speak (one of the checkpoint's speakers; default its first)")
+    gen.add_argument("--max-speech-frames", type=int, default=None,
+                     help="a cap on the codec frames spoken (Qwen3-Omni: 12.5 per second; default 4096)")
     add_sampling_flags(gen)
     return gen
 
@@ -191,6 +196,26 @@ def check_media_paths(args) -> None:
             check_media_file(path, flag)
     if getattr(args, "model", None) is not None and not pathlib.Path(args.model).expanduser().exists():
         raise CheckpointError(f"--model {args.model!r} does not exist")
+    check_speak_path(args)
+
+
+def check_speak_path(args) -> None:
+    """``--speak`` names a file in an existing folder (not a folder), and speech flags come with --speak."""
+    if getattr(args, "speak", None) is None:
+        for flag, value in (("--voice", getattr(args, "voice", None)),
+                            ("--max-speech-frames", getattr(args, "max_speech_frames", None))):
+            if value is not None:
+                raise PromptError(f"{flag} needs --speak FILE.wav")
+        return
+    out = pathlib.Path(args.speak).expanduser()
+    if out.is_dir():
+        raise PromptError(f"--speak {args.speak!r} is a folder; name the WAV file to write")
+    if not out.parent.is_dir():
+        raise PromptError(f"--speak {args.speak!r}: the folder {str(out.parent)!r} does not exist")
+    if getattr(args, "raw", False):
+        raise PromptError("--raw continues plain text; --speak needs a chat prompt")
+    if args.max_speech_frames is not None and args.max_speech_frames < 1:
+        raise PromptError(f"--max-speech-frames must be >= 1, got {args.max_speech_frames}")
 
 
 def run_generate(args) -> int:
@@ -204,6 +229,8 @@ def run_generate(args) -> int:
     model_settings(args)
     pipe = load_pipeline(args, max_batch=1)
     start = time.perf_counter()
+    if args.speak is not None:
+        sampling.update(speak=True, voice=args.voice, max_speech_frames=args.max_speech_frames)
     if args.no_stream:
         result = pipe.generate(messages, **sampling)
         print(result.text)
@@ -211,12 +238,21 @@ def run_generate(args) -> int:
         pieces = pipe.stream(messages, **sampling)
         while True:
             try:
-                print(next(pieces), end="", flush=True)
+                piece = next(pieces)
             except StopIteration as done:
                 result = done.value
                 break
+            text = piece if isinstance(piece, str) else getattr(piece, "text", None)
+            if text is not None:
+                print(text, end="", flush=True)
         print()
     print(f"[omnijax] {timing_line(result, time.perf_counter() - start)}", file=sys.stderr)
+    if args.speak is not None:
+        from omnijax.app.wav import write_wav
+
+        path = write_wav(pathlib.Path(args.speak).expanduser(), result.audio, result.sample_rate)
+        print(f"[omnijax] wrote {path} ({len(result.audio) / result.sample_rate:.2f} s of speech, "
+              f"{len(result.audio_codes)} codec frames)", file=sys.stderr)
     return 0
 
 

@@ -127,11 +127,9 @@ class Engine:
     def _prefill_impl(self, params, tokens_BL, lengths_B, bidir_BL, rope_pos_ABL, rope, media, *, cache_len,
                       all_logits=False):
         dec = self.model(params).decoder
-        deep = self.cfg.deepstack_modality
-        deepstack = tuple(self.cfg.media_token_id(m) for m in media
-                          if deep is not None and self.cfg.encoder_of(m) == self.cfg.encoder_of(deep))
         prompt = Prompt(tokens_BL, lengths_B, rope_pos_ABL, bidir_BL,
-                        {self.cfg.media_token_id(m): Media(*out) for m, out in media.items()}, deepstack)
+                        {self.cfg.media_token_id(m): Media(*out) for m, out in media.items()},
+                        self.cfg.deepstack_ids(media))
         return dec.prefill(prompt, cache_len=cache_len, cache_dtype=self.dtype, all_logits=all_logits, rope=rope,
                            attention=self.attention)
 

@@ -1,5 +1,6 @@
 """The Python API: ``Pipeline.from_pretrained(folder or .gguf file)`` then ``generate`` / ``stream`` on chat messages
-or, for base models, on plain text (raw completion).
+or, for base models, on plain text (raw completion); a model with a talker also answers aloud (``speak=True``: the
+speech path is app/speech.py, entered through ``_speak`` only).
 
 Every request runs on one serving engine (app/scheduler.py): ``generate`` and ``stream`` may be called from several
 threads at once (their requests share the engine's slots), and ``submit`` hands back a ``RequestHandle`` to stream
@@ -13,7 +14,7 @@ import math
 import numbers
 import pathlib
 import time
-from typing import Any, Generator, Sequence
+from typing import Any, Generator, Iterator, Sequence
 
 import jax
 import jax.numpy as jnp
@@ -23,15 +24,16 @@ from omnijax.app.checkpoint import abstract_params, load_params, quantizable_par
 from omnijax.app.checkpoint_source import open_checkpoint
 from omnijax.app.compilation_cache import enable_compilation_cache
 from omnijax.app.config_limits import check_config_limits
-from omnijax.common.errors import CheckpointError, PromptError, SettingError
+from omnijax.common.errors import CapabilityError, CheckpointError, PromptError, SettingError
 from omnijax.common.quantized import check_quantize
 from omnijax.app.families import family_for_config
 from omnijax.app.generation import Engine
 from omnijax.app.model import abstract_model
 from omnijax.app.requests import GenerationResult, Request, RequestHandle
-from omnijax.app.sampling import check_settings
+from omnijax.app.sampling import SamplingParams, check_settings
 from omnijax.app.scheduler import (DEFAULT_MAX_QUEUE, DEFAULT_MEDIA_CACHE_MB, DEFAULT_PREFIX_CACHE_MB, Scheduler)
 from omnijax.app.slots import DEFAULT_CHUNK, DEFAULT_SLOTS
+from omnijax.app.speech_events import AudioChunk, TextPiece
 from omnijax.app.vocabulary import check_vocabulary
 from omnijax.common.sharding import make_mesh
 from omnijax.preprocess.processor import PreparedPrompt
@@ -89,6 +91,21 @@ class Pipeline:
         self.dtype = dtype
         self.quantize = quantize
         self._scorer = None
+        self.speech = None
+        if cfg.speech is not None:
+            from omnijax.app.speech import SpeechEngine
+
+            self.speech = SpeechEngine(engine, cfg.speech)
+
+    @property
+    def has_talker(self) -> bool:
+        """Whether the model can answer aloud (``speak=True``)."""
+        return self.speech is not None
+
+    @property
+    def voices(self) -> tuple[str, ...]:
+        """The voices ``voice=`` takes (the checkpoint's speakers; the first is the default); () without a talker."""
+        return self.speech.voices if self.speech is not None else ()
 
     @property
     def family(self) -> str:
@@ -238,18 +255,66 @@ class Pipeline:
             raise
 
     def generate(self, messages, *, max_new_tokens: int = 64, temperature: float = 0.0, top_k: int = 0,
-                 top_p: float = 1.0, seed: int = 0, stop: Sequence[str] | None = None):
+                 top_p: float = 1.0, seed: int = 0, stop: Sequence[str] | None = None, speak: bool = False,
+                 voice: str | None = None, max_speech_frames: int | None = None):
         """One conversation (or raw prompt string) -> GenerationResult; a list of them -> list of GenerationResult
-        (the requests run side by side on the engine; every one with these settings)."""
-        check_settings(max_new_tokens, temperature, top_k, top_p, seed, stop)
+        (the requests run side by side on the engine; every one with these settings).
+
+        speak: also answer aloud (one conversation, a model with a talker): the result carries ``audio``,
+        ``sample_rate`` and ``audio_codes``. voice: one of ``voices`` (default: the first). max_speech_frames: a
+        cap on the codec frames spoken (default 4096)."""
+        sampling, _, _ = check_settings(max_new_tokens, temperature, top_k, top_p, seed, stop)
         batch = _is_batch(messages)
+        if speak:
+            self._check_speak(messages, voice, max_speech_frames)
         conversations = list(messages) if batch else [messages]
         if len(conversations) > MAX_BATCH:  # before any of them is prepared
             raise SettingError(f"a batch holds at most {MAX_BATCH} conversations, got {len(conversations)}")
         prompts = [self.prepare(c) for c in conversations]
         results = self.generate_prepared(prompts, max_new_tokens=max_new_tokens, temperature=temperature,
                                          top_k=top_k, top_p=top_p, seed=seed, stop=stop)
+        if speak:
+            chunks = list(self._speak(prompts[0], results[0], voice, sampling, max_speech_frames))
+            _attach_audio(results[0], chunks, self.speech)
         return results if batch else results[0]
+
+    def _check_speak(self, messages, voice, max_speech_frames) -> None:
+        """Refuse a request to speak that cannot be served, before any work."""
+        if self.speech is None:
+            raise CapabilityError(f"{self.name} ({self.family}) has no talker: it cannot answer aloud (speak=True); "
+                                  f"it answers in text only")
+        if _is_batch(messages):
+            raise PromptError("speak=True takes one conversation, not a batch")
+        if isinstance(messages, str):
+            raise PromptError("speak=True needs chat messages (the talker speaks the assistant's turn), not a raw "
+                              "prompt")
+        self.speech.voice_id(voice)
+        if max_speech_frames is not None and (isinstance(max_speech_frames, bool) or
+                                              not isinstance(max_speech_frames, int) or max_speech_frames < 1):
+            raise PromptError(f"max_speech_frames must be an integer >= 1, got {max_speech_frames!r}")
+
+    def speak_answer(self, prompt: PreparedPrompt, result: GenerationResult, *, voice: str | None = None,
+                     temperature: float = 0.0, top_k: int = 0, top_p: float = 1.0, seed: int = 0,
+                     max_speech_frames: int | None = None) -> Iterator[AudioChunk]:
+        """The answer ``result`` to ``prompt`` (from ``submit`` / ``generate_prepared``) spoken, chunk by chunk, with
+        the sampling settings the answer was made with; ``attach_audio`` joins the chunks into the result. For a
+        server that streams the text first (a model with a talker; CapabilityError otherwise)."""
+        sampling, _, _ = check_settings(1, temperature, top_k, top_p, seed, None)
+        if self.speech is None:
+            raise CapabilityError(f"{self.name} ({self.family}) has no talker: it cannot answer aloud")
+        self.speech.voice_id(voice)
+        return self._speak(prompt, result, voice, sampling, max_speech_frames)
+
+    def attach_audio(self, result: GenerationResult, chunks: list[AudioChunk]) -> None:
+        """``result`` with the spoken answer's ``chunks`` joined into its audio, sample_rate and audio_codes."""
+        _attach_audio(result, chunks, self.speech)
+
+    def _speak(self, prompt: PreparedPrompt, result: GenerationResult, voice, sampling: SamplingParams,
+               max_speech_frames) -> Iterator[AudioChunk]:
+        """The answer of ``result`` spoken, chunk by chunk."""
+        kwargs = {} if max_speech_frames is None else {"max_frames": max_speech_frames}
+        return self.speech.speak(prompt, spoken_tokens(result, self.processor.decode, self.config.eos_ids),
+                                 voice=voice, sampling=sampling, **kwargs)
 
     def generate_prepared(self, prompts: list[PreparedPrompt], *, max_new_tokens: int = 64, temperature: float = 0.0,
                           top_k: int = 0, top_p: float = 1.0, seed: int = 0, stop: Sequence[str] | None = None,
@@ -273,8 +338,9 @@ class Pipeline:
         return self._wait(handles)
 
     def stream(self, messages, *, max_new_tokens: int = 64, temperature: float = 0.0, top_k: int = 0,
-               top_p: float = 1.0, seed: int = 0,
-               stop: Sequence[str] | None = None) -> Generator[str, None, GenerationResult]:
+               top_p: float = 1.0, seed: int = 0, stop: Sequence[str] | None = None, speak: bool = False,
+               voice: str | None = None,
+               max_speech_frames: int | None = None) -> Generator[Any, None, GenerationResult]:
         """Text pieces of one conversation's answer as they are generated (one piece per token, "" while a token
         adds no visible text yet, so a consumer can stop between any two tokens), then possibly one last piece.
 
@@ -283,18 +349,34 @@ class Pipeline:
         token can change it (an unfinished UTF-8 character or byte run waits), and text that could be the start
         of a stop string waits until it is known not to be one. Closing the generator early (a consumer that
         stops reading) cancels the request and frees its slot.
+
+        speak: the events are ``TextPiece`` (the text pieces) and then ``AudioChunk`` (the spoken answer, chunk by
+        chunk as it is made; app/speech_events.py); the chunks joined are exactly ``result.audio``.
         """
-        check_settings(max_new_tokens, temperature, top_k, top_p, seed, stop)
+        sampling, _, _ = check_settings(max_new_tokens, temperature, top_k, top_p, seed, stop)
         if _is_batch(messages):
             raise PromptError("stream takes one conversation; use generate for a batch")
-        handle = self.submit(messages, max_new_tokens=max_new_tokens, temperature=temperature, top_k=top_k,
+        if speak:
+            self._check_speak(messages, voice, max_speech_frames)
+        start = time.perf_counter()
+        prompt = self.prepare(messages)
+        handle = self.submit(prompt, max_new_tokens=max_new_tokens, temperature=temperature, top_k=top_k,
                              top_p=top_p, seed=seed, stop=stop)
+        wrap = TextPiece if speak else str
         try:
             for event in self._events(handle):
-                yield event.text
-            return handle.result()
+                yield wrap(event.text)
+            result = handle.result()
         finally:
             handle.cancel()  # no-op once it has ended
+        if speak:
+            chunks = []
+            for chunk in self._speak(prompt, result, voice, sampling, max_speech_frames):
+                chunks.append(chunk)
+                yield chunk
+            _attach_audio(result, chunks, self.speech)
+            result.seconds = time.perf_counter() - start
+        return result
 
     def _events(self, handle: RequestHandle):
         if self.scheduler.threaded:
@@ -316,3 +398,23 @@ class Pipeline:
     def close(self) -> None:
         """Stop the engine's thread (requests still running end as cancelled)."""
         self.scheduler.close()
+
+
+def spoken_tokens(result: GenerationResult, decode, eos_ids) -> list[int]:
+    """The answer tokens the talker speaks: without the end token, and without the tokens of a stop string that cut
+    the answer (the shortest run of tokens whose text still covers ``result.text``)."""
+    ids = list(result.token_ids)
+    if ids and ids[-1] in eos_ids:
+        ids = ids[:-1]
+    if result.finish_reason == "stop":
+        while ids and decode(ids[:-1]).startswith(result.text):
+            ids = ids[:-1]
+    return ids
+
+
+def _attach_audio(result: GenerationResult, chunks: list[AudioChunk], speech) -> None:
+    """The spoken answer's chunks joined into ``result`` (an empty waveform when there was nothing to speak)."""
+    groups = speech.cfg.talker.num_code_groups
+    result.audio = np.concatenate([c.samples for c in chunks]) if chunks else np.zeros(0, np.float32)
+    result.audio_codes = np.concatenate([c.codes for c in chunks]) if chunks else np.zeros((0, groups), np.int32)
+    result.sample_rate = speech.sample_rate

@@ -14,6 +14,8 @@ import threading
 import time
 from typing import Iterator
 
+import numpy as np
+
 from omnijax.app.sampling import SamplingParams
 from omnijax.preprocess.processor import PreparedPrompt
 
@@ -25,7 +27,9 @@ class GenerationResult:
     """text: the answer (special tokens removed, cut before a stop string); token_ids: generated ids (an EOS that
     ended the answer included, as transformers' generate returns it); finish_reason: "eos", "stop", "length" or
     "cancelled"; cached_tokens: prompt tokens whose keys / values came from the prefix cache; seconds: from
-    submission to the last token; first_token_seconds: from submission to the first token."""
+    submission to the last token; first_token_seconds: from submission to the first token. A spoken answer
+    (``speak=True``) adds audio (float32 mono samples in [-1, 1]), sample_rate (Hz) and audio_codes (int32 [frames,
+    code groups], the codec codes the audio was made from); None otherwise."""
 
     text: str
     token_ids: list[int]
@@ -34,6 +38,9 @@ class GenerationResult:
     seconds: float = 0.0
     cached_tokens: int = 0
     first_token_seconds: float | None = None
+    audio: np.ndarray | None = None
+    sample_rate: int | None = None
+    audio_codes: np.ndarray | None = None
 
 
 @dataclasses.dataclass(frozen=True)

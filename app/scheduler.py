@@ -349,12 +349,7 @@ class Scheduler:
     def _deepstack_ids(self, live: Live) -> tuple[int, ...]:
         """The placeholder ids of the prompt's media whose extra feature maps are added after the first layers:
         those read by the deepstack modality's encoder (images, and video frames through the same tower)."""
-        cfg = self.engine.cfg
-        deep = cfg.deepstack_modality
-        if deep is None:
-            return ()
-        return tuple(cfg.media_token_id(m) for m in live.request.prompt.media
-                     if cfg.encoder_of(m) == cfg.encoder_of(deep))
+        return self.engine.cfg.deepstack_ids(live.request.prompt.media)
 
     def _insert(self, live: Live, logits) -> None:
         req = live.request

@@ -52,6 +52,10 @@ class SamplingError(OmnijaxError, ValueError):
     """A generation setting (temperature, top_k, top_p, seed, max_new_tokens, stop strings) is out of range."""
 
 
+class CapabilityError(OmnijaxError):
+    """The model cannot do what was asked (e.g. answer aloud without a talker)."""
+
+
 class SettingError(OmnijaxError, ValueError):
     """A setting of the Python API or a command-line flag (dtype, quantization, context budget, batch size, worker
     count, ...) is not one omnijax accepts."""

@@ -158,6 +158,20 @@ def after(x: jax.Array, dep: jax.Array) -> jax.Array:
     return x + jnp.minimum(jnp.abs(dep), 0).astype(x.dtype)
 
 
+def extend_cache(spec: DecoderSpec, cache: dict, cache_len: int) -> dict:
+    """``cache`` (holding fewer positions than any of its rings has slots) moved into a longer cache of
+    ``cache_len``: each ring of a full-attention layer grows to ``cache_len`` slots, local rings keep their size.
+    Position p stays in slot p (no ring has wrapped yet), so the larger ring holds the same positions."""
+    keys, values = [], []
+    for k, v, slots in zip(cache["k"], cache["v"], (s for s in cache_slots(spec, cache_len) if s is not None)):
+        grow = slots - k.shape[-1]
+        if grow < 0:
+            raise ValueError(f"cannot shrink a cache of {k.shape[-1]} slots to {slots}")
+        keys.append(constrain(jnp.pad(k, ((0, 0), (0, 0), (0, 0), (0, grow))), KEY_AXES))
+        values.append(constrain(jnp.pad(v, ((0, 0), (0, 0), (0, grow), (0, 0))), VALUE_AXES))
+    return {"length": cache["length"], "k": tuple(keys), "v": tuple(values)}
+
+
 def write_chunk(cache_k_SKHC: jax.Array, cache_v_SKCH: jax.Array, row: jax.Array, k_1TKH: jax.Array,
                 v_1TKH: jax.Array, start: jax.Array, count: jax.Array) -> tuple[jax.Array, jax.Array]:
     """Every row's cache with the first ``count`` keys/values of a chunk written into row ``row`` at positions

@@ -132,20 +132,37 @@ class DecoderModel(nnx.Module):
     def _layer_inputs(self, tokens_BL: jax.Array, x_BLD: jax.Array):
         return None if self.layer_inputs is None else self.layer_inputs(tokens_BL, x_BLD)  # [B, L, layers, P]
 
+    def _output(self, h_BLD: jax.Array, output: str) -> jax.Array:
+        """The final layer's output as ``output`` asks: "logits" (float32 [.., V]) or "hidden" (final-normed
+        hidden states [.., D], for a model whose head is not the embedder's)."""
+        if output == "hidden":
+            return self.final_norm(h_BLD)
+        if output != "logits":
+            raise ValueError(f"unknown decoder output {output!r}; use 'logits' or 'hidden'")
+        return self.logits(h_BLD)
+
     # ---- forward passes ------------------------------------------------------------------------------------
     def prefill(self, prompt: Prompt, *, cache_len: int, cache_dtype, all_logits: bool = False,
-                rope: dict | None = None, attention: str = "auto") -> tuple[jax.Array, dict]:
-        """Run the prompts; returns (logits, cache).
+                rope: dict | None = None, attention: str = "auto", embeds: jax.Array | None = None,
+                hidden_at: tuple[int, ...] = (), output: str = "logits"):
+        """Run the prompts; returns (logits, cache), or (logits, cache, hidden) with ``hidden_at``.
 
-        logits: [B, V] at each row's last token, or [B, L, V] at every position with ``all_logits``. The cache
-        holds every layer's keys/values of the prompt (``kv_cache``), ``cache_len`` long, each layer's filled as
-        the layer runs. ``rope``: tables for ``prompt.rope_pos`` computed beforehand (``rope_tables``).
-        ``attention``: the attention backend (``attention_op.backend_for``).
+        logits: [B, V] at each row's last token, or [B, L, V] at every position with ``all_logits``
+        (``output="hidden"``: the final-normed hidden states [B, D] / [B, L, D] instead). The cache holds every
+        layer's keys/values of the prompt (``kv_cache``), ``cache_len`` long, each layer's filled as the layer
+        runs. ``rope``: tables for ``prompt.rope_pos`` computed beforehand (``rope_tables``). ``attention``: the
+        attention backend (``attention_op.backend_for``). ``embeds`` [B, L, D]: input embeddings taken instead of
+        the token embeddings of ``prompt.tokens`` and its media (for a decoder fed with another model's states).
+        ``hidden_at``: hidden states to return at every position, numbered as transformers' ``hidden_states``:
+        0 the input embeddings (media merged), i >= 1 the output of layer i - 1, taken before any deepstack
+        addition after that layer; ``hidden`` is {i: [B, L, D]}.
         """
-        x, cache = self._prompt_layers(prompt, cache_len=cache_len, cache_dtype=cache_dtype, all_rows=all_logits,
-                                       rope=rope, attention=attention)
-        logits = self.logits(x)
-        return (logits if all_logits else logits[:, 0]), cache
+        x, cache, hidden = self._prompt_layers(prompt, cache_len=cache_len, cache_dtype=cache_dtype,
+                                               all_rows=all_logits, rope=rope, attention=attention, embeds=embeds,
+                                               hidden_at=hidden_at)
+        out = self._output(x, output)
+        out = out if all_logits else out[:, 0]
+        return (out, cache, hidden) if hidden_at else (out, cache)
 
     def token_logprobs(self, prompt: Prompt, *, cache_len: int, cache_dtype, rope: dict | None = None,
                        attention: str = "auto", rows_per_chunk: int = 32) -> jax.Array:
@@ -153,8 +170,8 @@ class DecoderModel(nnx.Module):
         tokens up to t (the log-softmax of the logits gathered at the next token; the last position of each row
         reads a pad and means nothing). The logits are made ``rows_per_chunk`` positions at a time, so the memory
         of a long prompt stays [B, rows_per_chunk, V]."""
-        x, _ = self._prompt_layers(prompt, cache_len=cache_len, cache_dtype=cache_dtype, all_rows=True, rope=rope,
-                                   attention=attention)
+        x, _, _ = self._prompt_layers(prompt, cache_len=cache_len, cache_dtype=cache_dtype, all_rows=True,
+                                      rope=rope, attention=attention)
         b, l, d = x.shape
         pad = -l % rows_per_chunk
         targets = jnp.pad(prompt.tokens[:, 1:], ((0, 0), (0, 1 + pad)))
@@ -172,19 +189,23 @@ class DecoderModel(nnx.Module):
         return out.transpose(1, 0, 2).reshape(b, l + pad)[:, :l]
 
     def _prompt_layers(self, prompt: Prompt, *, cache_len: int, cache_dtype, all_rows: bool, rope: dict | None,
-                       attention: str) -> tuple[jax.Array, dict]:
+                       attention: str, embeds: jax.Array | None = None,
+                       hidden_at: tuple[int, ...] = ()) -> tuple[jax.Array, dict, dict]:
         """The prompt through every layer -> (the last layer's output [B, L, D], or [B, 1, D] at each row's last
-        token unless ``all_rows``; the cache)."""
+        token unless ``all_rows``; the cache; the hidden states ``hidden_at`` asks for, as ``prefill``)."""
         all_logits = all_rows
         spec = self.spec
-        x = self.embed(prompt.tokens, prompt.media)
+        if any(not 0 <= i < spec.num_layers for i in hidden_at):
+            raise ValueError(f"hidden_at {hidden_at} must name hidden states 0..{spec.num_layers - 1}")
+        x = self.embed(prompt.tokens, prompt.media) if embeds is None else embeds
+        hidden = {0: x} if 0 in hidden_at else {}
         meta = prompt_meta(prompt.lengths, prompt.bidirectional)
         ctx = PromptContext(meta, rope if rope is not None else self.rope_tables(prompt.rope_pos), backend=attention)
         per_layer = self._layer_inputs(prompt.tokens, x)
         deepstack = max((len(prompt.media[t].extras) for t in prompt.deepstack), default=0)
         last_rows = jnp.maximum(prompt.lengths - 1, 0)[:, None]  # [B, 1]
         # from this layer on only each row's last position is needed (later layers compute no keys/values)
-        narrow_from = len(spec.layers) if all_logits else max(spec.last_kv_layer, deepstack)
+        narrow_from = len(spec.layers) if all_logits else max(spec.last_kv_layer, deepstack, *hidden_at)
         slots = cache_slots(spec, cache_len)
         prompt_kv: dict[int, tuple] = {}  # owner layer -> its keys and values [B, L, K, H], for sharing layers
         caches: list[LayerCache] = []
@@ -198,12 +219,14 @@ class DecoderModel(nnx.Module):
             if kv is not None:
                 prompt_kv[i] = kv
                 caches.append(LayerCache(*fill_from_prompt(*kv, prompt.lengths, slots[i], cache_dtype)))
+            if i + 1 in hidden_at:
+                hidden[i + 1] = x
             for token_id in prompt.deepstack:
                 m = prompt.media[token_id]
                 if i < len(m.extras):
                     x = add_at_placeholders(x, prompt.tokens == token_id, m.extras[i], m.valid)
         return x, {"length": prompt.lengths.astype(jnp.int32), "k": tuple(c.k for c in caches),
-                   "v": tuple(c.v for c in caches)}
+                   "v": tuple(c.v for c in caches)}, hidden
 
     def extend(self, chunk: Chunk, cache: dict) -> tuple[jax.Array, dict]:
         """A chunk of one row's prompt continuing that row of the cache -> (logits [1, V] at the chunk's last real
@@ -242,9 +265,12 @@ class DecoderModel(nnx.Module):
         length = cache["length"].at[chunk.row].set(chunk.start + chunk.count)
         return self.logits(last)[:, 0], {"length": length, "k": tuple(keys), "v": tuple(values)}
 
-    def step(self, tokens_B: jax.Array, rope_pos_AB: jax.Array, cache: dict,
-             active_B: jax.Array | None = None) -> tuple[jax.Array, dict]:
+    def step(self, tokens_B: jax.Array, rope_pos_AB: jax.Array, cache: dict, active_B: jax.Array | None = None,
+             *, embeds: jax.Array | None = None, output: str = "logits") -> tuple[jax.Array, dict]:
         """One token per row at position cache["length"] -> (logits [B, V], the cache with it written).
+
+        ``embeds`` [B, D]: the input embedding of each row, taken instead of the embedding of ``tokens_B``;
+        ``output="hidden"``: the final-normed hidden state [B, D] instead of the logits.
 
         The cache may hold more rows than there are tokens: the tokens are rows 0..B-1 of it, the other rows are
         left alone. ``active_B``: the rows that take their token; the others keep their length (their logits mean
@@ -257,7 +283,7 @@ class DecoderModel(nnx.Module):
         b = tokens_B.shape[0]
         pos = cache["length"][:b]
         tokens = tokens_B[:, None]
-        x = self.embed(tokens, {})
+        x = self.embed(tokens, {}) if embeds is None else embeds[:, None]
         per_layer = self._layer_inputs(tokens, x)
         reach = jnp.max(pos if active_B is None else jnp.where(active_B, pos, 0))
         ctx = StepContext(pos, self.rope_tables(rope_pos_AB[:, :, None]),
@@ -273,5 +299,5 @@ class DecoderModel(nnx.Module):
                 caches[j] = LayerCache(*write_pending(caches[j], pos, x))
         grown = pos + (1 if active_B is None else active_B.astype(jnp.int32))
         length = grown if b == cache["length"].shape[0] else cache["length"].at[:b].set(grown)
-        return self.logits(x)[:, 0], {"length": length, "k": tuple(c.k for c in caches),
-                                      "v": tuple(c.v for c in caches)}
+        return self._output(x, output)[:, 0], {"length": length, "k": tuple(c.k for c in caches),
+                                               "v": tuple(c.v for c in caches)}

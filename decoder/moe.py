@@ -111,7 +111,8 @@ def run_experts(x_ND: jax.Array, ids_N: jax.Array, wg_EDI, wu_EDI, wd_EID, act) 
 
 class MoEMLP(nnx.Module):
     """x [batch, seq, embed] -> [batch, seq, embed] through top-k of ``num_experts`` gated experts chosen by the
-    router (``router_cls``, the router type the spec names), plus an optional shared gated MLP."""
+    router (``router_cls``, the router type the spec names), plus an optional shared gated MLP (optionally scaled
+    per token by a sigmoid gate)."""
 
     def __init__(self, spec: FeedForwardSpec, hidden: int, router_cls: type, *, rngs: nnx.Rngs):
         e, i = spec.num_experts, spec.intermediate
@@ -121,6 +122,7 @@ class MoEMLP(nnx.Module):
         self.down_proj = param(rngs, (e, i, hidden), ("expert", "mlp", "embed"), quant_axis=1)
         self.shared = GatedMLP(hidden, spec.shared_intermediate, spec.activation, rngs=rngs) \
             if spec.shared_intermediate else None
+        self.shared_gate = param(rngs, (1, hidden), (None, "embed")) if spec.shared_gate else None
         self.top_k = spec.top_k
         self.act = spec.activation
 
@@ -135,5 +137,8 @@ class MoEMLP(nnx.Module):
         y = run_experts(xs, ids_TK.reshape(-1), wg, wu, wd, activation(self.act)).reshape(b * l, self.top_k, d)
         y = y.sum(axis=1) if self.router.scales_input else (y * weights_TK[..., None]).sum(axis=1)
         if self.shared is not None:
-            y = y + self.shared(x[None])[0]
+            shared = self.shared(x[None])[0]
+            if self.shared_gate is not None:
+                shared = jax.nn.sigmoid(matmul_oi(x, self.shared_gate[...])) * shared
+            y = y + shared
         return y.reshape(b, l, d)

@@ -167,7 +167,8 @@ class AttentionSpec:
 class FeedForwardSpec:
     """kind: "dense" (gated MLP of width ``intermediate``) or "moe" (``num_experts`` gated experts of width
     ``intermediate``, ``top_k`` per token chosen by the named ``router``, plus a shared gated MLP of width
-    ``shared_intermediate`` when > 0)."""
+    ``shared_intermediate`` when > 0; with ``shared_gate`` the shared MLP's output is scaled per token by
+    sigmoid(x . w) of a learned [1, embed] gate)."""
 
     kind: str = "dense"
     intermediate: int = 0
@@ -177,6 +178,7 @@ class FeedForwardSpec:
     router: str = "softmax"
     renormalize: bool = True
     shared_intermediate: int = 0
+    shared_gate: bool = False
 
     def __post_init__(self):
         if self.kind not in ("dense", "moe"):
@@ -185,6 +187,8 @@ class FeedForwardSpec:
             raise ValueError(f"feed-forward width must be >= 1, got {self.intermediate}")
         if self.kind == "moe" and not (1 <= self.top_k <= self.num_experts):
             raise ValueError(f"MoE needs 1 <= top_k <= num_experts, got {self.top_k} of {self.num_experts}")
+        if self.shared_gate and not self.shared_intermediate:
+            raise ValueError("a shared-expert gate needs a shared expert (shared_intermediate > 0)")
 
 
 def check_options(options: Any, owner: str) -> None:

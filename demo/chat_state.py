@@ -8,10 +8,14 @@ or ``{"type": "file", "file": {"path": ..., "mime_type": ...}}``. The pipeline t
 
 from __future__ import annotations
 
+import base64
 import dataclasses
+import json
 import os
 import pathlib
 from typing import Any, Iterable, Sequence
+
+import numpy as np
 
 from omnijax.common.errors import MediaError, PromptError
 from omnijax.preprocess.video_source import VIDEO_EXTENSIONS
@@ -229,6 +233,8 @@ class AnswerStats:
     generated_tokens: int | None
     first_token_s: float | None
     total_s: float
+    first_audio_s: float | None = None  # a spoken answer: seconds from the request to its first audio chunk
+    audio_s: float | None = None  # ... and its length in seconds
 
     @property
     def tokens_per_s(self) -> float | None:
@@ -239,7 +245,8 @@ class AnswerStats:
 
 
 def format_stats(stats: AnswerStats) -> str:
-    """One line: ``prompt 51 tokens · generated 32 tokens · first token 0.84 s · 10.2 tokens/s``."""
+    """One line: ``prompt 51 tokens · generated 32 tokens · first token 0.84 s · 10.2 tokens/s`` (and for a spoken
+    answer `` · spoken 2.40 s (first audio 1.10 s)``)."""
 
     def num(n: int | None) -> str:
         return "n/a" if n is None else str(n)
@@ -247,7 +254,25 @@ def format_stats(stats: AnswerStats) -> str:
     parts = [f"prompt {num(stats.prompt_tokens)} tokens", f"generated {num(stats.generated_tokens)} tokens",
              "first token " + ("n/a" if stats.first_token_s is None else f"{stats.first_token_s:.2f} s"),
              ("n/a" if stats.tokens_per_s is None else f"{stats.tokens_per_s:.1f}") + " tokens/s"]
+    if stats.audio_s is not None:
+        parts.append(f"spoken {stats.audio_s:.2f} s" + ("" if stats.first_audio_s is None else
+                                                        f" (first audio {stats.first_audio_s:.2f} s)"))
     return " · ".join(parts)
+
+
+SPEECH_WINDOW = 3  # chunks each player update repeats, so a browser that coalesces updates misses none
+
+
+def speech_update(answer: int, chunks: Sequence[np.ndarray], sample_rate: int) -> str:
+    """The speech player's value after the chunks so far of answer number ``answer``: JSON
+    ``{"answer", "rate", "chunks": [{"seq", "pcm"}]}`` with the last SPEECH_WINDOW chunks as base64 16-bit
+    little-endian PCM; the page plays each ``seq`` once, in order."""
+    from omnijax.app.wav import pcm16_bytes
+
+    first = max(0, len(chunks) - SPEECH_WINDOW)
+    return json.dumps({"answer": answer, "rate": int(sample_rate),
+                       "chunks": [{"seq": i, "pcm": base64.b64encode(pcm16_bytes(chunks[i])).decode()}
+                                  for i in range(first, len(chunks))]})
 
 
 def model_header(name: str, family: str, modalities: Sequence[str], notice: str | None = None) -> str:

@@ -37,6 +37,9 @@ def add_serve_parser(subparsers) -> argparse.ArgumentParser:
                    help="requests waiting for a slot beyond which new ones get 503 (default 256)")
     p.add_argument("--warm-up", action="store_true",
                    help="compile the prompt chunk and decode programs before listening")
+    p.add_argument("--max-speech-frames", type=int, default=None,
+                   help="a model with a talker: the most codec frames (12.5 a second) one spoken answer may take "
+                        "(default 4096)")
     p.add_argument("--ui", action="store_true", help="also serve the web demo, at /ui, on the same engine")
     p.add_argument("--max-upload-mb", type=_megabytes, default=DEFAULT_MAX_UPLOAD_MB,
                    help=f"with --ui: largest image / audio upload in MB (default {DEFAULT_MAX_UPLOAD_MB:g})")
@@ -50,6 +53,8 @@ def run_serve(args) -> int:
 
     if args.max_queue < 1:
         raise OmnijaxError(f"--max-queue must be >= 1, got {args.max_queue}")
+    if args.max_speech_frames is not None and args.max_speech_frames < 1:
+        raise OmnijaxError(f"--max-speech-frames must be >= 1, got {args.max_speech_frames}")
     check_listen(args.host, args.port)
     if not is_loopback(args.host):
         print(f"[omnijax] serving on {args.host}: anyone who can reach this address can use the model"
@@ -65,12 +70,13 @@ def run_serve(args) -> int:
         pipe.scheduler.warm_up()
     ui = None
     with serving(pipe, model=args.served_model_name, allow_remote_media=args.allow_remote_media,
+                 max_speech_frames=args.max_speech_frames,
                  fetch=fetcher(int(args.max_body_mb * 2**20)) if args.allow_remote_media else None) as server:
         if args.ui:
             from omnijax.demo.web import build_demo
 
             os.environ["GRADIO_TEMP_DIR"] = str(server.upload_root / "ui")  # removed with the server's uploads
-            ui = build_demo(pipe, max_upload_mb=args.max_upload_mb)
+            ui = build_demo(pipe, max_upload_mb=args.max_upload_mb, max_speech_frames=args.max_speech_frames)
             ui.queue(default_concurrency_limit=None, max_size=64)
         app = build_app(server, names=allowed_names(args.host, args.allow_host),
                         max_body_mb=args.max_body_mb, api_key=args.api_key or os.environ.get(API_KEY_ENV) or None,

@@ -2,7 +2,8 @@
 
     GET  /health                 {"status": "ok"}
     GET  /v1/models              the served model
-    POST /v1/chat/completions    chat (text, image_url / video_url data: URLs, input_audio), stream or not
+    POST /v1/chat/completions    chat (text, image_url / video_url data: URLs, input_audio), stream or not; a model
+                                 with a talker answers aloud with "modalities": ["text", "audio"]
     POST /v1/completions         raw prompts (base models)
     GET  /metrics                Prometheus text (demo/metrics.py)
 
@@ -35,6 +36,7 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from omnijax.app.scheduler import QueueFullError
 from omnijax.common.errors import OmnijaxError
+from omnijax.demo import openai_audio
 from omnijax.demo import openai_protocol as api
 from omnijax.demo.api_key import ApiKeyCheck
 from omnijax.demo.body_limit import BodyLimit
@@ -66,9 +68,11 @@ class Server:
     """The API over ``pipe`` (a Pipeline), served as ``model`` (its name unless given)."""
 
     def __init__(self, pipe, *, model: str | None = None, allow_remote_media: bool = False, fetch=None,
-                 upload_dir: str | None = None):
-        """fetch: MediaRef -> bytes for remote URLs (demo/remote_media.py), with ``allow_remote_media``."""
+                 upload_dir: str | None = None, max_speech_frames: int | None = None):
+        """fetch: MediaRef -> bytes for remote URLs (demo/remote_media.py), with ``allow_remote_media``;
+        max_speech_frames: the cap on one spoken answer's codec frames (a model with a talker; default 4096)."""
         self.pipe = pipe
+        self.max_speech_frames = max_speech_frames
         self.model = model or pipe.name
         self.allow_remote_media = allow_remote_media and fetch is not None
         self.fetch = fetch
@@ -82,17 +86,21 @@ class Server:
             raise api.RequestError(f"the model {str(name)[:200]!r} does not exist; this server serves "
                                    f"{self.model!r}", param="model", status=404, code="model_not_found")
 
-    def _submit(self, prompt, settings: api.Settings, listener):
-        """The request on the engine: without max_tokens as much as fits up to DEFAULT_MAX_TOKENS; without a seed
-        a random one (as OpenAI samples)."""
+    def _submit(self, prompt, settings: api.Settings, seed: int, listener):
+        """The request on the engine: without max_tokens as much as fits up to DEFAULT_MAX_TOKENS."""
         limit = settings.max_new_tokens
         if limit is None:  # as much as fits, up to the default
             limit = max(1, min(DEFAULT_MAX_TOKENS, self.pipe.scheduler.context - len(prompt.token_ids)))
         return self.pipe.submit(prompt, max_new_tokens=limit, temperature=settings.temperature,
-                                top_k=settings.top_k, top_p=settings.top_p,
-                                seed=secrets.randbelow(2**63) if settings.seed is None else settings.seed,
+                                top_k=settings.top_k, top_p=settings.top_p, seed=seed,
                                 stop=settings.stop or None,
                                 ignore_eos=settings.ignore_eos, listener=listener)
+
+    def _speech(self, prompt, result, settings: api.Settings, seed: int, spoken: dict):
+        """The spoken answer's chunks, made one at a time by the caller (a blocking iterator)."""
+        return self.pipe.speak_answer(prompt, result, voice=spoken["voice"], temperature=settings.temperature,
+                                      top_k=settings.top_k, top_p=settings.top_p, seed=seed,
+                                      max_speech_frames=self.max_speech_frames)
 
     def _prepare_chat(self, body: dict, folder: pathlib.Path):
         messages = api.chat_messages(body, allow_remote=self.allow_remote_media)
@@ -113,8 +121,13 @@ class Server:
             body = await _json_body(request)
             settings = api.settings_of(body, chat=chat)
             self._check_model(body)
+            spoken = openai_audio.audio_request(body, self.pipe.voices)
+            if spoken is not None and not chat:
+                raise api.RequestError("/v1/completions answers in text only; ask /v1/chat/completions for audio",
+                                       param="modalities")
         except OmnijaxError as e:
             return _refusal(e)
+        seed = secrets.randbelow(2**63) if settings.seed is None else settings.seed  # unseeded: as OpenAI samples
         folder = pathlib.Path(tempfile.mkdtemp(prefix="request-", dir=self.upload_root))
         loop = asyncio.get_running_loop()
         wake = asyncio.Event()
@@ -123,7 +136,7 @@ class Server:
                 prompt = await run_in_threadpool(self._prepare_chat, body, folder)
             else:
                 prompt = await run_in_threadpool(self.pipe.prepare_raw, api.completion_prompt(body))
-            handle = self._submit(prompt, settings, lambda: loop.call_soon_threadsafe(wake.set))
+            handle = self._submit(prompt, settings, seed, lambda: loop.call_soon_threadsafe(wake.set))
         except OmnijaxError as e:
             shutil.rmtree(folder, ignore_errors=True)
             return _refusal(e)
@@ -132,8 +145,9 @@ class Server:
             raise
         shutil.rmtree(folder, ignore_errors=True)  # prepared: the media files are no longer needed
         request_id = api.new_id("chatcmpl" if chat else "cmpl")
+        speech = None if spoken is None else (prompt, settings, seed, spoken)
         if settings.stream:
-            return StreamingResponse(self._stream(handle, wake, request_id, chat, settings.include_usage),
+            return StreamingResponse(self._stream(handle, wake, request_id, chat, settings.include_usage, speech),
                                      media_type="text/event-stream",
                                      headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
         watcher = asyncio.create_task(_cancel_on_disconnect(request, handle))
@@ -141,6 +155,9 @@ class Server:
             async for _ in _events(handle, wake):
                 pass
             result = handle.result()
+            if speech is not None and result.finish_reason != "cancelled":
+                chunks = await run_in_threadpool(lambda: list(self._speech(prompt, result, settings, seed, spoken)))
+                self.pipe.attach_audio(result, chunks)
         except OmnijaxError as e:
             return _refusal(e)
         finally:
@@ -148,23 +165,41 @@ class Server:
             handle.cancel()
         use = api.usage(result.prompt_tokens, len(result.token_ids), result.cached_tokens)
         if chat:
-            return JSONResponse(api.chat_completion(request_id, self.model, result.text, result.finish_reason, use))
+            out = api.chat_completion(request_id, self.model, result.text, result.finish_reason, use)
+            if result.audio is not None:
+                out["choices"][0]["message"] = openai_audio.audio_message(result, spoken["format"])
+            return JSONResponse(out)
         return JSONResponse(api.completion(request_id, self.model, result.text, result.finish_reason, use))
 
-    async def _stream(self, handle, wake: asyncio.Event, request_id: str, chat: bool, include_usage: bool):
+    async def _stream(self, handle, wake: asyncio.Event, request_id: str, chat: bool, include_usage: bool,
+                      speech: tuple | None = None):
+        """Server-sent events of the answer; with ``speech`` (prompt, settings, seed, spoken settings) the text
+        goes as ``delta.audio.transcript`` pieces, then the audio as ``delta.audio.data`` pieces
+        (demo/openai_audio.py)."""
         created = int(time.time())
+        deltas = None if speech is None else openai_audio.AudioDeltas(speech[3]["format"], self.pipe.speech.sample_rate)
         try:
             if chat:
-                yield api.sse(api.chat_chunk(request_id, self.model, created, {"role": "assistant", "content": ""}))
+                first = {"role": "assistant", "content": ""} if deltas is None else \
+                    {"role": "assistant", "content": None, **deltas.start()}
+                yield api.sse(api.chat_chunk(request_id, self.model, created, first))
             async for event in _events(handle, wake):
                 if not event.text:
                     continue
-                if chat:
+                if deltas is not None:
+                    yield api.sse(api.chat_chunk(request_id, self.model, created, deltas.transcript(event.text)))
+                elif chat:
                     yield api.sse(api.chat_chunk(request_id, self.model, created, {"content": event.text}))
                 else:
                     yield api.sse(api.completion(request_id, self.model, event.text, None, None, created,
                                                  chunk=True))
             result = handle.result()
+            if deltas is not None and result.finish_reason != "cancelled":
+                prompt, settings, seed, spoken = speech
+                chunks = iter(await run_in_threadpool(self._speech, prompt, result, settings, seed, spoken))
+                while (chunk := await run_in_threadpool(next, chunks, None)) is not None:
+                    yield api.sse(api.chat_chunk(request_id, self.model, created, deltas.data(chunk)))
+                yield api.sse(api.chat_chunk(request_id, self.model, created, deltas.end()))
             use = api.usage(result.prompt_tokens, len(result.token_ids), result.cached_tokens)
             if chat:
                 yield api.sse(api.chat_chunk(request_id, self.model, created, {}, result.finish_reason))

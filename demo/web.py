@@ -7,7 +7,9 @@ browser tab's request goes to the pipeline's serving engine, so several tabs gen
 engine's slots decode them together; a request beyond its slots waits for one). A bad file or a failed
 generation becomes an error message in the chat; the server keeps serving. The page names the inputs the model
 takes and offers attachments only for those (none for a text-only model); a model without a chat template (a base
-model) continues each message as plain text.
+model) continues each message as plain text. A model with a talker gets a "Speak the answer" switch and a voice
+choice: the spoken answer plays on the page as its chunks arrive (a small Web Audio player fed through
+``speech_update`` values, which needs no ffmpeg on the server), then stays under the chat as a replayable file.
 """
 
 from __future__ import annotations
@@ -15,6 +17,7 @@ from __future__ import annotations
 import atexit
 import contextlib
 import io
+import itertools
 import json
 import logging
 import os
@@ -27,7 +30,9 @@ import time
 from typing import Any, Callable, Iterator
 
 import gradio as gr
+import numpy as np
 
+from omnijax.app.speech_events import AudioChunk
 from omnijax.common.errors import OmnijaxError, PromptError
 from omnijax.demo.body_limit import BodyLimit
 from omnijax.demo.host_check import HostCheck, allowed_names
@@ -46,6 +51,7 @@ from omnijax.demo.chat_state import (
     format_stats,
     model_header,
     sampling_options,
+    speech_update,
     validate_upload,
 )
 
@@ -65,6 +71,46 @@ COMPLETION_NOTICE = ("This checkpoint has no chat template (a base model): each 
                      "text, without the earlier turns.")
 
 
+# The speech player: a Web Audio queue fed by the values of ``speech_update`` (each chunk played once, in order,
+# right after the one before); a new answer number starts a new queue.
+SPEECH_PLAYER_JS = """
+const state = {context: null, next: 0, answer: null, last: -1, played: 0};
+const label = element.querySelector('.speech-state');
+watch('value', () => {
+  let update;
+  try { update = JSON.parse(props.value || 'null'); } catch (error) { return; }
+  if (!update || !update.chunks) return;
+  if (update.answer !== state.answer) {
+    if (state.context) state.context.close();
+    Object.assign(state, {context: null, next: 0, answer: update.answer, last: -1, played: 0});
+  }
+  for (const chunk of update.chunks) {
+    if (chunk.seq <= state.last) continue;
+    state.last = chunk.seq;
+    if (!state.context) {
+      state.context = new AudioContext({sampleRate: update.rate});
+      state.next = state.context.currentTime + 0.05;
+    }
+    const bytes = Uint8Array.from(atob(chunk.pcm), c => c.charCodeAt(0));
+    const pcm = new Int16Array(bytes.buffer, 0, bytes.length >> 1);
+    const buffer = state.context.createBuffer(1, Math.max(pcm.length, 1), update.rate);
+    const channel = buffer.getChannelData(0);
+    for (let i = 0; i < pcm.length; i++) channel[i] = pcm[i] / 32768;
+    const source = state.context.createBufferSource();
+    source.buffer = buffer;
+    source.connect(state.context.destination);
+    const at = Math.max(state.next, state.context.currentTime);
+    source.start(at);
+    state.next = at + buffer.duration;
+    state.played += pcm.length;
+  }
+  element.dataset.chunks = String(state.last + 1);
+  element.dataset.samples = String(state.played);
+  label.textContent = 'speaking';
+});
+"""
+
+
 def accepted_media(pipe) -> tuple[str, ...]:
     """The media kinds ("image", "audio", "video") the pipeline's model takes, from ``pipe.config.modalities``."""
     return tuple(kind for kind in MEDIA_KINDS if kind in pipe.config.modalities)
@@ -75,9 +121,14 @@ def completion_mode(pipe) -> bool:
     return not getattr(pipe, "has_chat_template", True)
 
 
-def _stream_into(pipe, messages: list[dict] | str, options: dict, sink: dict) -> Iterator[str]:
-    """``pipe.stream``'s text pieces; its return value (a GenerationResult, when the pipeline gives one) lands in
-    ``sink["result"]``."""
+def speaks(pipe) -> bool:
+    """Whether the pipeline's model can answer aloud."""
+    return bool(getattr(pipe, "has_talker", False))
+
+
+def _stream_into(pipe, messages: list[dict] | str, options: dict, sink: dict) -> Iterator[Any]:
+    """``pipe.stream``'s events (text pieces, and audio chunks of a spoken answer); its return value (a
+    GenerationResult, when the pipeline gives one) lands in ``sink["result"]``."""
     sink["result"] = yield from pipe.stream(messages, **options)
 
 
@@ -98,20 +149,35 @@ def _report(error: Exception, paths: list[str]) -> dict:
     return error_message(f"request failed: {type(error).__name__}: {error}", paths)
 
 
-def make_responder(pipe, *, max_upload_mb: float = DEFAULT_MAX_UPLOAD_MB) -> Callable[..., Iterator[tuple]]:
-    """The chat function: ``respond(message, history, max_new_tokens, temperature, top_p, top_k, seed)``.
+def make_responder(pipe, *, max_upload_mb: float = DEFAULT_MAX_UPLOAD_MB,
+                   max_speech_frames: int | None = None) -> Callable[..., Iterator[tuple]]:
+    """The chat function: ``respond(message, history, max_new_tokens, temperature, top_p, top_k, seed)``, plus
+    ``speak, voice`` for a model with a talker.
 
     message: the MultimodalTextbox value ``{"text": str, "files": [path, ...]}``; history: the Chatbot's messages
     (left out for a model without a chat template: its message text is continued as a raw prompt). Yields
     ``(assistant message, stats markdown)`` pairs: the answer so far while streaming (stats left as they are),
-    then the whole answer with its stats line; or one error message.
+    then the whole answer with its stats line; or one error message. For a model with a talker each output also
+    holds the speech player's value (``speech_update``, per audio chunk) and the whole spoken answer
+    ((sample rate, int16 samples), at the end; None when not spoken). max_speech_frames: a cap on the codec frames
+    of a spoken answer (default the pipeline's).
     """
     media_kinds = accepted_media(pipe)
     raw = completion_mode(pipe)
+    talker = speaks(pipe)
     max_bytes = int(max_upload_mb * 2**20)
     text_limit = getattr(getattr(getattr(pipe, "processor", None), "budget", None), "max_text_bytes", MAX_TEXT_BYTES)
+    answers = itertools.count(1)  # the speech player's answer numbers
 
-    def respond(message, history, max_new_tokens, temperature, top_p, top_k, seed):
+    keep = object()  # an output left as it is
+
+    def out(message, stats, player=keep, audio=keep):
+        """One output tuple (with the speech player and the spoken answer for a model with a talker)."""
+        if not talker:
+            return message, stats
+        return message, stats, gr.skip() if player is keep else player, gr.skip() if audio is keep else audio
+
+    def respond(message, history, max_new_tokens, temperature, top_p, top_k, seed, speak=False, voice=None):
         message = message or {}
         paths = [_file_path(f) for f in message.get("files") or []]
         try:
@@ -124,55 +190,76 @@ def make_responder(pipe, *, max_upload_mb: float = DEFAULT_MAX_UPLOAD_MB) -> Cal
             else:
                 messages = build_messages(history or [], message.get("text") or "", media)
             options = sampling_options(max_new_tokens, temperature, top_p, top_k, seed)
+            if talker and speak:
+                options.update(speak=True, voice=voice or None, max_speech_frames=max_speech_frames)
         except Exception as e:  # noqa: BLE001 - a bad request must not stop the server
-            yield _report(e, paths), ""
+            yield out(_report(e, paths), "")
             return
-        answer, sink, first = "", {}, None
+        answer, sink, first, first_audio, chunks = "", {}, None, None, []
+        number = next(answers)
         try:
             start = time.perf_counter()
             # closed when the generator finishes or is closed (Stop closes it): the request is cancelled
             with contextlib.closing(_stream_into(pipe, messages, options, sink)) as pieces:
                 for piece in pieces:
-                    answer += piece
+                    if isinstance(piece, AudioChunk):
+                        chunks.append(piece.samples)
+                        first_audio = first_audio or time.perf_counter() - start
+                        yield out(answer_message(answer), gr.skip(),
+                                  speech_update(number, chunks, piece.sample_rate))
+                        continue
+                    answer += getattr(piece, "text", piece)
                     if first is None:
                         first = time.perf_counter() - start
-                        yield answer_message(answer), ""  # clears the previous answer's stats
+                        # clears the previous answer's stats and spoken answer
+                        yield out(answer_message(answer), "", audio=None)
                     else:
-                        yield answer_message(answer), gr.skip()
+                        yield out(answer_message(answer), gr.skip())
             total = time.perf_counter() - start
         except Exception as e:  # noqa: BLE001 - a failed generation must not stop the server
             report = _report(e, [] if raw else _media_paths(messages))
-            yield ([answer_message(answer), report] if answer else report), ""
+            yield out([answer_message(answer), report] if answer else report, "")
             return
         result = sink.get("result")
         if result is not None:  # the final text can differ from the pieces: later bytes can change how a run decodes
             answer = result.text
+        spoken = getattr(result, "audio", None)
         stats = AnswerStats(prompt_tokens=getattr(result, "prompt_tokens", None),
                             generated_tokens=len(result.token_ids) if result is not None else None,
-                            first_token_s=first, total_s=total)
-        yield answer_message(answer), format_stats(stats)
+                            first_token_s=first, total_s=total, first_audio_s=first_audio,
+                            audio_s=None if spoken is None else len(spoken) / result.sample_rate)
+        whole = None if spoken is None or not len(spoken) else \
+            (result.sample_rate, np.round(np.clip(spoken, -1, 1) * 32767).astype(np.int16))
+        yield out(answer_message(answer), format_stats(stats), audio=whole)
 
     return respond
 
 
 def _settings(pipe) -> list[gr.components.Component]:
-    """Max new tokens, temperature, top-p, top-k and seed controls (rendered where they are created)."""
+    """Max new tokens, temperature, top-p, top-k and seed controls, and for a model with a talker the speak switch
+    and the voice (rendered where they are created)."""
     most = max(1, min(int(pipe.config.max_context), 8192))
-    return [
+    controls = [
         gr.Slider(1, most, value=min(DEFAULT_MAX_NEW_TOKENS, most), step=1, label="Max new tokens"),
         gr.Slider(0.0, 2.0, value=0.0, step=0.05, label="Temperature", info="0 = greedy"),
         gr.Slider(0.01, 1.0, value=1.0, step=0.01, label="Top-p", info="1 = off"),
         gr.Slider(0, 200, value=0, step=1, label="Top-k", info="0 = off"),
         gr.Number(value=0, precision=0, minimum=0, label="Seed"),
     ]
+    if speaks(pipe):
+        controls += [gr.Checkbox(value=False, label="Speak the answer", elem_id="speak",
+                                 info="the talker reads the answer aloud once it is written"),
+                     gr.Dropdown(list(pipe.voices), value=pipe.voices[0], label="Voice", elem_id="voice")]
+    return controls
 
 
 def build_demo(pipe, *, max_upload_mb: float = DEFAULT_MAX_UPLOAD_MB, notice: str | None = None,
-               examples: list[dict] | None = None) -> gr.Blocks:
+               examples: list[dict] | None = None, max_speech_frames: int | None = None) -> gr.Blocks:
     """The demo page for ``pipe``: model header, chat, the last answer's stats, generation settings (sidebar).
 
     examples: example messages ``{"text": prompt, "files": [image path, ...]}`` shown under the chat (a click puts
-    one in the message box, with the default settings). Launch it with ``launch`` (which sets up the queue and the upload
+    one in the message box, with the default settings). max_speech_frames: a cap on a spoken answer's codec frames
+    (default the pipeline's). Launch it with ``launch`` (which sets up the queue and the upload
     size cap).
     """
     kinds = accepted_media(pipe)
@@ -198,13 +285,20 @@ def build_demo(pipe, *, max_upload_mb: float = DEFAULT_MAX_UPLOAD_MB, notice: st
         gr.Markdown(f"## omnijax chat\n{model_header(pipe.name, pipe.family, kinds, notice)}",
                     elem_id="model-info")
         stats = gr.Markdown("", elem_id="answer-stats", render=False)
+        outputs = [stats]
+        if speaks(pipe):
+            outputs += [gr.HTML("", html_template="<div class='speech-player'><span class='speech-state'></span></div>",
+                                js_on_load=SPEECH_PLAYER_JS, elem_id="speech-player", render=False),
+                        gr.Audio(label="Spoken answer", type="numpy", format="wav", interactive=False,
+                                 elem_id="spoken-answer", render=False)]
         gr.ChatInterface(
-            make_responder(pipe, max_upload_mb=max_upload_mb),
+            make_responder(pipe, max_upload_mb=max_upload_mb, max_speech_frames=max_speech_frames),
             multimodal=True, chatbot=chatbot, textbox=textbox, additional_inputs=settings,
-            additional_outputs=[stats], concurrency_limit=None, api_name="chat", analytics_enabled=False,
+            additional_outputs=outputs, concurrency_limit=None, api_name="chat", analytics_enabled=False,
             fill_height=True,
         )
-        stats.render()  # right under the message box, above the examples: in view with the chat
+        for output in outputs:
+            output.render()  # right under the message box, above the examples: in view with the chat
         if examples:
             gr.Examples([[example, *defaults] for example in examples], inputs=[textbox, *settings],
                         label="Examples", cache_examples=False, elem_id="examples")

@@ -5,10 +5,11 @@ This folder is the root of the installed ``omnijax`` package; its sub-packages a
 ``omnijax.app`` and ``omnijax.demo``.
 """
 
-from omnijax.common.errors import CheckpointError, MediaError, OmnijaxError, PromptError, SamplingError
+from omnijax.common.errors import (CapabilityError, CheckpointError, MediaError, OmnijaxError, PromptError,
+                                   SamplingError)
 
 __all__ = ["Pipeline", "GenerationResult", "OmnijaxError", "CheckpointError", "MediaError", "PromptError",
-           "SamplingError"]
+           "SamplingError", "CapabilityError"]
 
 
 def __getattr__(name):

@@ -184,6 +184,23 @@ def qwen_pipeline(tiny_qwen_dir):
     return Pipeline.from_pretrained(tiny_qwen_dir)
 
 
+@pytest.fixture(scope="session")
+def qwen_speech_pipeline(tiny_qwen_full_dir):
+    """``tiny_qwen_full_dir`` loaded with its talker and code2wav: it can answer aloud."""
+    from omnijax.app.pipeline import Pipeline
+
+    return Pipeline.from_pretrained(tiny_qwen_full_dir)
+
+
+@pytest.fixture(scope="session")
+def hf_qwen_full(tiny_qwen_full_dir):
+    """transformers' full model (thinker, talker, code2wav) from ``tiny_qwen_full_dir``: float32, eager, eval, with
+    float32 matrix products at "highest" precision."""
+    from fixtures.qwen3_omni_speech_reference import load_full_model
+
+    return load_full_model(tiny_qwen_full_dir)
+
+
 # ---------------------------------------------------------------------------------------------------------------
 # Gemma 4: tiny folders built by tests/fixtures/gemma4_checkpoint.py (imported inside the fixtures, so sessions without
 # Gemma 4 tests do not import it).

@@ -84,3 +84,70 @@ def test_prompt_logits_equal_cached_continuation(model):
                 np.testing.assert_allclose(np.asarray(out)[r], full[r, start[r] + i], atol=2e-5, rtol=1e-5,
                                            err_msg=f"row {r} position {start[r] + i}")
     assert np.asarray(cache["length"]).tolist() == [s + max(lengths) - min(start) for s in start]
+
+
+def test_prefill_returns_hidden_states_and_takes_embeddings(model):
+    """hidden_at gives transformers' hidden_states (0: the input embeddings, i: layer i-1's output) without changing
+    the logits; embeddings given as input give the logits of the tokens; output="hidden" is the final-normed state
+    the logits are made from; a decode step takes embeddings too."""
+    graphdef, state = model
+    tokens = jnp.asarray(np.random.default_rng(2).integers(8, VOCAB, (1, 12)).astype(np.int32))
+    prompt = Prompt(tokens, jnp.asarray([12]), jnp.broadcast_to(jnp.arange(12), (1, 1, 12)),
+                    jnp.zeros((1, 12), bool), {})
+
+    @jax.jit
+    def run(state):
+        m = nnx.merge(graphdef, state)
+        plain = m.prefill(prompt, cache_len=16, cache_dtype=jnp.float32)
+        logits, cache, hidden = m.prefill(prompt, cache_len=16, cache_dtype=jnp.float32, hidden_at=(0, 2),
+                                          all_logits=True)
+        via_embeds, _ = m.prefill(prompt, cache_len=16, cache_dtype=jnp.float32, embeds=hidden[0])
+        normed, _ = m.prefill(prompt, cache_len=16, cache_dtype=jnp.float32, output="hidden")
+        capped = jnp.tanh(m.embedder.logits(normed[:, None])[:, 0] / 8.0) * 8.0
+        nxt = jnp.asarray([9])
+        by_token, _ = m.step(nxt, plain[1]["length"][None], plain[1])
+        by_embed, _ = m.step(nxt * 0, plain[1]["length"][None], plain[1], embeds=m.embed(nxt[:, None], {})[:, 0])
+        return len(plain), plain[0], logits[:, -1], hidden, m.embed(tokens, {}), via_embeds, capped, by_token, by_embed
+
+    n, plain, last, hidden, embedded, via_embeds, capped, by_token, by_embed = run(state)
+    assert n == 2  # the default result is unchanged
+    np.testing.assert_allclose(np.asarray(last), np.asarray(plain), rtol=1e-5, atol=1e-5)
+    assert set(hidden) == {0, 2} and hidden[2].shape == (1, 12, HIDDEN)
+    np.testing.assert_allclose(np.asarray(hidden[0]), np.asarray(embedded), rtol=1e-6)
+    np.testing.assert_allclose(np.asarray(via_embeds), np.asarray(plain), rtol=1e-5, atol=1e-5)
+    np.testing.assert_allclose(np.asarray(capped), np.asarray(plain), rtol=1e-5, atol=1e-5)
+    np.testing.assert_allclose(np.asarray(by_embed), np.asarray(by_token), rtol=1e-5, atol=1e-5)
+    # hidden state 2 is the output of layer 1: the first two layers alone, final-normed, give it final-normed
+    two = DecoderModel(DecoderSpec(VOCAB, HIDDEN, SPEC.layers[:2], norm_plus_one=True, embed_scale=2.0),
+                       rngs=nnx.Rngs(0))
+    weights = dict(nnx.to_flat_state(state))
+    nnx.update(two, nnx.from_flat_state([(path, weights[path]) for path, _ in nnx.to_flat_state(nnx.state(two))]))
+    alone, _ = jax.jit(lambda: two.prefill(prompt, cache_len=16, cache_dtype=jnp.float32, output="hidden",
+                                           all_logits=True))()
+    np.testing.assert_allclose(np.asarray(two.final_norm(hidden[2])), np.asarray(alone), rtol=1e-5, atol=1e-5)
+    with pytest.raises(ValueError, match="hidden_at"):
+        nnx.merge(graphdef, state).prefill(prompt, cache_len=16, cache_dtype=jnp.float32,
+                                           hidden_at=(len(SPEC.layers),))
+
+
+def test_a_grown_cache_continues_as_a_longer_one(model):
+    from omnijax.decoder.kv_cache import extend_cache
+
+    graphdef, state = model
+    tokens = np.random.default_rng(3).integers(8, VOCAB, (1, 10)).astype(np.int32)
+    prefill = jax.jit(lambda s, t, *, n: _prefill(graphdef, s, t, [10], n, False)[1], static_argnames="n")
+    short, long = prefill(state, tokens, n=16), prefill(state, tokens, n=48)
+    grown = extend_cache(SPEC, short, 48)
+    assert [k.shape for k in grown["k"]] == [k.shape for k in long["k"]]
+    step = jax.jit(lambda s, t, c: nnx.merge(graphdef, s).step(t, c["length"][None], c))
+    for token in range(11, 21):
+        a, grown = step(state, jnp.asarray([token]), grown)
+        b, long = step(state, jnp.asarray([token]), long)
+        np.testing.assert_allclose(np.asarray(a), np.asarray(b), rtol=1e-5, atol=1e-6)
+    with pytest.raises(ValueError, match="shrink"):
+        extend_cache(SPEC, long, 16)
+
+
+def test_a_shared_expert_gate_needs_a_shared_expert():
+    with pytest.raises(ValueError, match="shared expert"):
+        FeedForwardSpec("moe", 16, "silu", num_experts=4, top_k=2, shared_gate=True)

@@ -1,8 +1,6 @@
 """Qwen3-Omni thinker end to end against transformers (float32): processor outputs, MRoPE positions, logits,
 greedy tokens, batching, full-model checkpoints and bad input."""
 
-import logging
-
 import numpy as np
 import pytest
 import torch
@@ -120,12 +118,13 @@ def test_mixed_batch_equals_each_alone(qwen_pipeline):
     assert [r.token_ids for r in batch] == [r.token_ids for r in alone]
 
 
-def test_full_checkpoint_loads_the_thinker_and_skips_speech_output(tiny_qwen_full_dir, qwen_pipeline, caplog):
-    with caplog.at_level(logging.INFO, logger="omnijax.app.checkpoint"):
-        full = Pipeline.from_pretrained(tiny_qwen_full_dir)
-    assert any("skipping" in r.getMessage() and "talker" in r.getMessage() for r in caplog.records)
+def test_full_checkpoint_loads_thinker_talker_and_code2wav(qwen_speech_pipeline, qwen_pipeline):
+    """A full checkpoint with audio output loads every tensor (none skipped) and its thinker answers as the
+    thinker-only folder's (its speech: test_qwen3_omni_speech.py; with audio output off: the talker is skipped)."""
+    assert qwen_speech_pipeline.has_talker
     msg = CASES["image_audio"]
-    assert full.generate(msg, max_new_tokens=8).token_ids == qwen_pipeline.generate(msg, max_new_tokens=8).token_ids
+    assert qwen_speech_pipeline.generate(msg, max_new_tokens=8).token_ids == \
+        qwen_pipeline.generate(msg, max_new_tokens=8).token_ids
 
 
 def test_bad_audio_inputs(qwen_pipeline, tmp_path):

@@ -1,6 +1,7 @@
 """The web demo's page in headless Chromium.
 
-These tests start the demo on a free 127.0.0.1 port (the tiny Gemma 3 checkpoint, or the embedded default model)
+These tests start the demo on a free 127.0.0.1 port (the tiny Gemma 3 checkpoint, the embedded default model, or
+the tiny full Qwen3-Omni checkpoint that answers aloud)
 and drive Debian's ``chromium`` through Playwright (scripts/test.sh installs both); every request the page makes
 to anything but the loopback address is blocked and reported.
 """
@@ -248,3 +249,41 @@ def test_browser_default_model_demo_offers_examples(browser):
         page.close()
     finally:
         stop(demo)
+
+
+def test_browser_plays_the_spoken_answer_as_it_comes(browser, qwen_speech_pipeline):
+    """A model with a talker: with "Speak the answer" on, the page's player queues every audio chunk as it arrives
+    (all the answer's samples, in order), and the whole spoken answer is left under the chat."""
+    import io
+    import wave
+
+    import httpx
+
+    from omnijax.app.wav import pcm16_bytes
+    from omnijax.demo.web import build_demo, launch
+
+    frames = 40  # a first chunk of 8 frames, then 25, then 7
+    expected = qwen_speech_pipeline.generate([_user(_text("Hello there"))], max_new_tokens=MAX_NEW, speak=True,
+                                             voice="ethan", max_speech_frames=frames)
+    demo = build_demo(qwen_speech_pipeline, max_speech_frames=frames)
+    port = _free_port()
+    launch(demo, host="127.0.0.1", port=port, block=False, quiet=True)
+    try:
+        page = _open(browser, f"http://127.0.0.1:{port}/")
+        page.locator("#speak input[type=checkbox]").check()
+        page.locator("#voice input").fill("ethan")
+        page.locator("#voice input").press("Enter")
+        _send(page, "Hello there")
+        page.wait_for_function("Number(document.querySelector('[data-chunks]')?.dataset.chunks || 0) >= 3")
+        samples = page.evaluate("Number(document.querySelector('[data-samples]').dataset.samples)")
+        assert samples == len(expected.audio)
+        answer, stats = _wait_for_answer(page, 1)
+        assert answer == expected.text and "spoken" in stats
+        link = page.locator("#spoken-answer a[download]")
+        link.wait_for(state="attached")
+        wav = httpx.get(link.get_attribute("href"), timeout=30).content  # the whole spoken answer, to replay
+        with wave.open(io.BytesIO(wav)) as f:
+            assert f.getframerate() == 24000 and f.readframes(f.getnframes()) == pcm16_bytes(expected.audio)
+        page.close()
+    finally:
+        demo.close()

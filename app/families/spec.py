@@ -29,6 +29,7 @@ class ModelConfig:
         (and those of every modality read by the same encoder).
     shared_encoders: (modality, encoder modality) pairs: a modality read by another modality's encoder (video
         frames by the image encoder).
+    speech: the family's speech-output config (a model that can answer aloud), or None.
     """
 
     decoder: DecoderSpec
@@ -38,6 +39,7 @@ class ModelConfig:
     pad_id: int
     max_context: int
     deepstack_modality: str | None = None
+    speech: Any = None
     shared_encoders: tuple[tuple[str, str], ...] = ()
 
     @property
@@ -53,6 +55,15 @@ class ModelConfig:
 
     def media_token_id(self, modality: str) -> int:
         return dict(self.media_token_ids)[modality]
+
+    def deepstack_ids(self, modalities) -> tuple[int, ...]:
+        """The placeholder ids, among ``modalities``, whose encoder's extra feature maps are added after the first
+        decoder layers: those read by the deepstack modality's encoder (images, and video frames by the same
+        tower)."""
+        deep = self.deepstack_modality
+        if deep is None:
+            return ()
+        return tuple(self.media_token_id(m) for m in modalities if self.encoder_of(m) == self.encoder_of(deep))
 
 
 @dataclasses.dataclass(frozen=True)
@@ -75,6 +86,8 @@ class FamilySpec:
         or None.
     blocks, routers, layer_inputs: decoder types this family adds to the decoder's own (decoder/parts.py), by the
         names its specs use.
+    build_speech: (ModelConfig, rngs) -> the speech-output module of a model whose config has ``speech`` (the
+        speech loop, app/speech.py, runs it), or None for a family that only writes text.
     """
 
     name: str
@@ -89,6 +102,7 @@ class FamilySpec:
     blocks: Mapping[str, type] = dataclasses.field(default_factory=dict)
     routers: Mapping[str, type] = dataclasses.field(default_factory=dict)
     layer_inputs: Mapping[str, type] = dataclasses.field(default_factory=dict)
+    build_speech: Callable[..., Any] | None = None
 
     def decoder_parts(self) -> DecoderParts:
         """The decoder's own blocks, routers and per-layer inputs plus this family's."""

@@ -1,7 +1,9 @@
-"""Qwen3-Omni thinker (Qwen3OmniMoeForConditionalGeneration / ...ThinkerForConditionalGeneration).
+"""Qwen3-Omni (Qwen3OmniMoeForConditionalGeneration / ...ThinkerForConditionalGeneration).
 
-Vision tower with deepstack features, audio tower, and an MoE text decoder with interleaved 3-D MRoPE. A full
-checkpoint (thinker + talker + code2wav) loads its thinker; the speech-output weights are skipped.
+Vision tower with deepstack features, audio tower, and an MoE text decoder with interleaved 3-D MRoPE (the
+thinker). A full checkpoint with audio output enabled also loads its talker, code predictor and code2wav (the
+speech output: app/families/qwen3_omni/speech.py); without it (or a thinker-only folder) the speech-output weights
+are skipped and the model answers in text only.
 """
 
 from __future__ import annotations
@@ -13,8 +15,10 @@ from flax import nnx
 from omnijax.app.checkpoint import read_json
 from omnijax.common.errors import CheckpointError
 from omnijax.app.families.weight_maps import LLAMA_NORMS, decoder_weight_map
+from omnijax.app.families.qwen3_omni.speech import speech_config, speech_weight_map
 from omnijax.app.families.spec import FamilySpec, ModelConfig
 from omnijax.common.weights import prefixed
+from omnijax.decoder.qwen3_omni.speech_output import SpeechOutput
 from omnijax.decoder.spec import AttentionSpec, DecoderSpec, FeedForwardSpec, LayerSpec, RopeSpec
 from omnijax.encoders.qwen3_omni.audio import QwenAudioConfig, qwen_audio_weight_map
 from omnijax.encoders.qwen3_omni.audio_encoder import QwenAudioEncoder
@@ -69,9 +73,10 @@ def parse_config(hf: dict) -> ModelConfig:
         vision = QwenVisionConfig.from_hf(th.get("vision_config") or {})
         audio = QwenAudioConfig.from_hf(th.get("audio_config") or {})
         eos = tc.get("eos_token_id") or hf.get("eos_token_id") or th.get("eos_token_id") or ()
+        decoder = decoder_config(tc, len(vision.deepstack_visual_indexes),
+                                 tie=bool(th.get("tie_word_embeddings", tc.get("tie_word_embeddings", False))))
         return ModelConfig(
-            decoder=decoder_config(tc, len(vision.deepstack_visual_indexes),
-                                   tie=bool(th.get("tie_word_embeddings", tc.get("tie_word_embeddings", False)))),
+            decoder=decoder,
             encoders=(("image", vision), ("audio", audio)),
             media_token_ids=(("image", int(th["image_token_id"])), ("audio", int(th["audio_token_id"])),
                              ("video", int(th["video_token_id"]))),
@@ -80,9 +85,16 @@ def parse_config(hf: dict) -> ModelConfig:
             pad_id=int(tc.get("pad_token_id") or 0),
             max_context=int(tc.get("max_position_embeddings", 32768)),
             deepstack_modality="image",
+            speech=speech_config(hf, decoder.num_layers),
         )
+    except CheckpointError:
+        raise
     except (KeyError, TypeError, ValueError) as e:
         raise CheckpointError(f"config.json is not a valid Qwen3-Omni config: {e!r}") from e
+
+
+def build_speech(cfg: ModelConfig, *, rngs: nnx.Rngs) -> SpeechOutput:
+    return SpeechOutput(cfg.speech.talker, cfg.speech.code2wav, rngs=rngs)
 
 
 def build_encoders(cfg: ModelConfig, *, rngs: nnx.Rngs) -> dict:
@@ -107,11 +119,13 @@ def weight_map(cfg: ModelConfig) -> dict:
                        ("encoders", "image", "tower")))
     wm.update(prefixed(qwen_audio_weight_map(cfg.encoder_config("audio"), key_prefix="audio_tower."),
                        ("encoders", "audio", "tower")))
+    if cfg.speech is not None:
+        wm.update(prefixed(speech_weight_map(cfg.speech), ("speech",)))
     return wm
 
 
 def unused_keys(cfg: ModelConfig, hf: dict) -> list[str]:
-    patterns = list(SPEECH_OUTPUT_KEYS)
+    patterns = list(SPEECH_OUTPUT_KEYS) if cfg.speech is None else []
     if cfg.decoder.tie_embeddings:
         patterns.append(r"lm_head\.weight")
     return patterns
@@ -131,5 +145,5 @@ def make_processor(folder: pathlib.Path, cfg: ModelConfig, *, max_audio_seconds:
 SPEC = FamilySpec(
     name="qwen3_omni", model_types=("qwen3_omni_moe", "qwen3_omni_moe_thinker"), parse_config=parse_config,
     build_encoders=build_encoders, weight_map=weight_map, unused_keys=unused_keys, key_aliases=KEY_ALIASES,
-    make_processor=make_processor,
+    make_processor=make_processor, build_speech=build_speech,
 )
