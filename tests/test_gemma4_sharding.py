@@ -27,7 +27,7 @@ for kind, folder, meshes in [("small", sys.argv[1], [("one", 1), ("data2_model2"
              [{"role": "user", "content": "Tell me a story about a fox."}]]
     for name, model_axis in meshes:
         mesh = make_mesh(1, jax.devices()[:1]) if model_axis == 1 else make_mesh(model_axis)
-        pipe = Pipeline.from_pretrained(folder, mesh=mesh)
+        pipe = Pipeline.from_pretrained(folder, mesh=mesh, max_batch=2, max_context=1024)
         pipe.engine.buckets = (192, pipe.engine.max_context)
         layer = pipe.engine.params["decoder"]["layers"][0]
         leaf = layer["moe"]["gate_proj"] if kind == "moe" else layer["mlp"]["gate_up_proj"]

@@ -24,7 +24,7 @@ convs = [[{"role": "user", "content": [{"type": "image", "image": large}, {"type
                                       "climbs into the pine forest. Tell me more about it."}]]
 out = {}
 for name, mesh in [("one", make_mesh(1, jax.devices()[:1])), ("model4", make_mesh(4)), ("data2_model2", make_mesh(2))]:
-    pipe = Pipeline.from_pretrained(folder, mesh=mesh)
+    pipe = Pipeline.from_pretrained(folder, mesh=mesh, max_batch=2, max_context=1024)
     moe = next(l["mlp"] for l in pipe.engine.params["decoder"]["layers"].values() if "router" in l["mlp"])
     scores = pipe.engine.score([pipe.prepare(c) for c in convs])
     out[name] = {"tokens": [r.token_ids for r in pipe.generate(convs, max_new_tokens=12)],

@@ -18,7 +18,7 @@ assert len(jax.devices()) == 4, jax.devices()
 messages = [{"role": "user", "content": [{"type": "text", "text": "Tell me about the sea."}]}]
 out = {}
 for name, mesh in (("one", make_mesh(1, jax.devices()[:1])), ("data2_model2", make_mesh(2))):
-    pipe = Pipeline.from_pretrained(sys.argv[1], mesh=mesh)
+    pipe = Pipeline.from_pretrained(sys.argv[1], mesh=mesh, max_batch=2, max_context=1024)
     r = pipe.generate(messages, max_new_tokens=8, speak=True, voice="aiden", max_speech_frames=12)
     experts = pipe.engine.params["speech"]["talker"]["decoder"]["layers"][0]["mlp"]["gate_proj"]
     out[name] = {"codes": r.audio_codes.tolist(), "audio": r.audio.tolist(), "tokens": r.token_ids,
