@@ -43,7 +43,7 @@ def chat(pipe, content: str) -> list[dict] | str:
 def workload(pipe, n: int, seed: int = 0) -> list[tuple]:
     """n (prepared prompt, new tokens) pairs of mixed lengths."""
     rng = np.random.default_rng(seed)
-    return [(pipe.prepare(chat(pipe, text(rng, int(rng.integers(20, 450))))), int(rng.integers(16, 129)))
+    return [(pipe.prepare(chat(pipe, text(rng, int(rng.integers(10, 205))))), int(rng.integers(16, 129)))
             for _ in range(n)]
 
 
@@ -138,7 +138,7 @@ def run(name: str, n: int, checkpoints: pathlib.Path) -> dict:
     from omnijax.app.pipeline import Pipeline
 
     folder = model_folder(name, checkpoints)
-    pipe = Pipeline.from_pretrained(folder, max_batch=n, max_context=1024, prefix_cache_mb=0, media_cache_mb=0)
+    pipe = Pipeline.from_pretrained(folder, max_batch=n, max_context=2048, prefix_cache_mb=0, media_cache_mb=0)
     pipe.scheduler.warm_up()
     work = workload(pipe, n)
     continuous(pipe, work)  # compiles what the warm-up did not (media-free, so little)
@@ -146,7 +146,7 @@ def run(name: str, n: int, checkpoints: pathlib.Path) -> dict:
                "lockstep": lockstep(pipe, work, n)}
     figures["short_among_long"] = short_among_long(pipe)
     pipe.close()
-    cached = Pipeline.from_pretrained(folder, max_batch=n, max_context=1024)
+    cached = Pipeline.from_pretrained(folder, max_batch=n, max_context=2048)
     chat_turns(cached, seed=3)  # compiles
     figures["chat"] = chat_turns(cached)
     cached.close()
