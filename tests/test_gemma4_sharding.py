@@ -1,13 +1,7 @@
 """Gemma 4 on 4 simulated CPU devices gives what one device gives: the small layout (per-layer embeddings, KV
 sharing, image + audio) on a 2 x 2 (data x model) mesh, the mixture-of-experts layout with the experts split 4 ways."""
 
-import json
-import os
-import pathlib
-import subprocess
-import sys
-
-ROOT = pathlib.Path(__file__).resolve().parents[1]
+from fixtures.four_devices import run_on_four_devices
 
 SCRIPT = r"""
 import json, sys
@@ -39,12 +33,7 @@ print("RESULT" + json.dumps(out))
 
 
 def test_four_device_runs_equal_one_device(tiny_gemma4_small_dir, tiny_gemma4_moe_dir):
-    env = dict(os.environ, XLA_FLAGS="--xla_force_host_platform_device_count=4", JAX_PLATFORMS="cpu",
-               PYTHONPATH=str(ROOT))
-    proc = subprocess.run([sys.executable, "-c", SCRIPT, str(tiny_gemma4_small_dir), str(tiny_gemma4_moe_dir)],
-                          env=env, capture_output=True, text=True, timeout=900)
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    out = json.loads(next(l for l in proc.stdout.splitlines() if l.startswith("RESULT"))[len("RESULT"):])
+    out = run_on_four_devices(SCRIPT, tiny_gemma4_small_dir, tiny_gemma4_moe_dir, timeout=900)
     for kind, split in (("small", "data2_model2"), ("moe", "model4")):
         one, four = out[f"{kind}/one"], out[f"{kind}/{split}"]
         assert four["tokens"] == one["tokens"] and all(len(t) > 0 for t in one["tokens"])

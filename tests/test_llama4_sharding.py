@@ -1,15 +1,9 @@
 """Llama 4 on 4 simulated CPU devices (a subprocess): a data x model mesh and a model-only mesh, experts split over
 the model axis, give the one-device tokens and logits."""
 
-import json
-import os
-import pathlib
-import subprocess
-import sys
-
 import numpy as np
 
-ROOT = pathlib.Path(__file__).resolve().parents[1]
+from fixtures.four_devices import run_on_four_devices
 
 SCRIPT = r"""
 import json, sys
@@ -36,12 +30,8 @@ print("RESULT" + json.dumps(out))
 
 
 def test_four_device_meshes_equal_one_device(tiny_llama4_dir, llama4_image_paths):
-    env = dict(os.environ, XLA_FLAGS="--xla_force_host_platform_device_count=4", JAX_PLATFORMS="cpu",
-               PYTHONPATH=str(ROOT))
-    proc = subprocess.run([sys.executable, "-c", SCRIPT, str(tiny_llama4_dir), str(llama4_image_paths["large"]),
-                           str(llama4_image_paths["wide"])], env=env, capture_output=True, text=True, timeout=900)
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    out = json.loads(next(l for l in proc.stdout.splitlines() if l.startswith("RESULT"))[len("RESULT"):])
+    out = run_on_four_devices(SCRIPT, tiny_llama4_dir, llama4_image_paths["large"], llama4_image_paths["wide"],
+                              timeout=900)
     one = out["one"]
     assert len(one["tokens"][0]) == 12
     assert out["model4"]["mesh"] == {"data": 1, "model": 4} and out["data2_model2"]["mesh"] == {"data": 2, "model": 2}

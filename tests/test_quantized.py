@@ -7,8 +7,6 @@ from __future__ import annotations
 import json
 import os
 import pathlib
-import subprocess
-import sys
 
 import jax
 import jax.numpy as jnp
@@ -19,6 +17,7 @@ from omnijax.common.errors import SettingError
 from omnijax.common.matmul_policy import fast_bf16_products, matmul_oi
 from omnijax.common.quantized import (QuantizedArray, check_quantize, dequantize_numpy, quantize, quantize_int4,
                                       quantize_int8)
+from fixtures.four_devices import run_on_four_devices
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 
@@ -171,12 +170,7 @@ print("RESULT" + json.dumps(out))
 
 
 def test_quantized_weights_shard_like_their_float_weights(tiny_gemma3_dir):
-    env = dict(os.environ, XLA_FLAGS="--xla_force_host_platform_device_count=4", JAX_PLATFORMS="cpu",
-               PYTHONPATH=str(ROOT))
-    proc = subprocess.run([sys.executable, "-c", SHARD_SCRIPT, str(tiny_gemma3_dir)], env=env, capture_output=True,
-                          text=True, timeout=600)
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    out = json.loads(next(l for l in proc.stdout.splitlines() if l.startswith("RESULT"))[len("RESULT"):])
+    out = run_on_four_devices(SHARD_SCRIPT, tiny_gemma3_dir)
     assert out["one"]["tokens"] == out["model4"]["tokens"]
     np.testing.assert_allclose(out["model4"]["logits"], out["one"]["logits"], rtol=1e-4, atol=1e-4)
     # gate_up_proj [mlp, 2, embed]: values, scales and offsets are all split along "mlp" over the model axis

@@ -1,13 +1,7 @@
 """Qwen3-Omni answering aloud on 4 simulated CPU devices (a 2 x 2 data x model mesh: the talker's experts and
 projections split over the model axis) speaks what one device speaks."""
 
-import json
-import os
-import pathlib
-import subprocess
-import sys
-
-ROOT = pathlib.Path(__file__).resolve().parents[1]
+from fixtures.four_devices import run_on_four_devices
 
 SCRIPT = r"""
 import json, sys
@@ -28,12 +22,7 @@ print("RESULT" + json.dumps(out))
 
 
 def test_four_device_speech_equals_one_device(tiny_qwen_full_dir):
-    env = dict(os.environ, XLA_FLAGS="--xla_force_host_platform_device_count=4", JAX_PLATFORMS="cpu",
-               PYTHONPATH=str(ROOT))
-    proc = subprocess.run([sys.executable, "-c", SCRIPT, str(tiny_qwen_full_dir)], env=env, capture_output=True,
-                          text=True, timeout=900)
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    out = json.loads(next(l for l in proc.stdout.splitlines() if l.startswith("RESULT"))[len("RESULT"):])
+    out = run_on_four_devices(SCRIPT, tiny_qwen_full_dir, timeout=900)
     one, four = out["one"], out["data2_model2"]
     assert four["tokens"] == one["tokens"] and four["codes"] == one["codes"] and len(one["codes"]) == 12
     peak = max(abs(x) for x in one["audio"])

@@ -8,11 +8,7 @@ Every "alone" answer is the same request run when nothing else is inside the eng
 
 from __future__ import annotations
 
-import json
-import os
 import pathlib
-import subprocess
-import sys
 import threading
 
 import numpy as np
@@ -26,6 +22,7 @@ from omnijax.app.sampling import SamplingParams
 from omnijax.app.scheduler import QueueFullError, Scheduler
 from omnijax.common.lru import BytesLRU
 from test_gemma3_parity import LONG_TEXT, conversation, image
+from fixtures.four_devices import run_on_four_devices
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 WAIT_S = 600  # a bound on waiting for one request, far above its real time: a hang fails instead of blocking CI
@@ -247,12 +244,7 @@ print("RESULT" + json.dumps({"tokens": [r.token_ids for r in results], "mesh": d
 def test_four_devices_split_slots_and_weights(tiny_gemma3_dir, sched, gemma3_pipeline):
     """On a (data 2, model 2) mesh of 4 simulated devices the slots are split over the data axis and the weights
     over the model axis; the answers equal one device's."""
-    env = dict(os.environ, XLA_FLAGS="--xla_force_host_platform_device_count=4", JAX_PLATFORMS="cpu",
-               PYTHONPATH=os.pathsep.join([str(ROOT)]))
-    proc = subprocess.run([sys.executable, "-c", MESH_SCRIPT, str(tiny_gemma3_dir), str(ROOT / "tests")], env=env,
-                          capture_output=True, text=True, timeout=1200)
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    out = json.loads(next(l for l in proc.stdout.splitlines() if l.startswith("RESULT"))[len("RESULT"):])
+    out = run_on_four_devices(MESH_SCRIPT, tiny_gemma3_dir, ROOT / "tests", timeout=1200)
     assert out["mesh"] == {"data": 2, "model": 2}
     assert out["cache_spec"] == "P('data', 'model', None, None)"  # slots over data, kv heads over model
     one = [sched.submit(request(gemma3_pipeline, p, 12)).result(WAIT_S).token_ids for p in PROMPTS[:4]]

@@ -7,6 +7,7 @@ import subprocess
 import sys
 
 from jax.sharding import PartitionSpec
+from fixtures.four_devices import run_on_four_devices
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 
@@ -32,13 +33,7 @@ print("RESULT" + json.dumps(out))
 
 
 def test_four_device_runs_equal_one_device(tiny_gemma3_dir):
-    env = dict(os.environ, XLA_FLAGS="--xla_force_host_platform_device_count=4", JAX_PLATFORMS="cpu",
-               PYTHONPATH=str(ROOT))
-    proc = subprocess.run([sys.executable, "-c", SCRIPT, str(tiny_gemma3_dir)], env=env, capture_output=True,
-                          text=True, timeout=600)
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    line = next(l for l in proc.stdout.splitlines() if l.startswith("RESULT"))
-    out = json.loads(line[len("RESULT"):])
+    out = run_on_four_devices(SCRIPT, tiny_gemma3_dir)
     assert out["one"]["tokens"] == out["model4"]["tokens"] == out["data2_model2"]["tokens"]
     assert len(out["one"]["tokens"][0]) > 0
     assert out["model4"]["shards"] == 4 and "model" in out["model4"]["spec"]  # weights really are split
@@ -84,12 +79,7 @@ print("RESULT" + json.dumps(out))
 
 
 def test_expert_parallel_runs_equal_one_device(tiny_qwen_dir):
-    env = dict(os.environ, XLA_FLAGS="--xla_force_host_platform_device_count=4", JAX_PLATFORMS="cpu",
-               PYTHONPATH=str(ROOT))
-    proc = subprocess.run([sys.executable, "-c", QWEN_SCRIPT, str(tiny_qwen_dir)], env=env, capture_output=True,
-                          text=True, timeout=600)
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    out = json.loads(next(l for l in proc.stdout.splitlines() if l.startswith("RESULT"))[len("RESULT"):])
+    out = run_on_four_devices(QWEN_SCRIPT, tiny_qwen_dir)
     assert out["one"]["tokens"] == out["model4"]["tokens"] == out["data2_model2"]["tokens"]
     assert out["model4"]["expert_spec"] == "P('model', None, None)"  # experts split over the model axis
 
@@ -127,12 +117,7 @@ def test_decode_step_collectives_are_bounded(tiny_gemma3_dir):
     axis exceeds them, and cache writes stay shard-local. Beside them, the slots' per-row state (the sampled tokens,
     lengths and flags of the rows each data shard decodes, a few int32 / bool values each) is gathered a bounded
     number of times per step, whatever the depth."""
-    env = dict(os.environ, XLA_FLAGS="--xla_force_host_platform_device_count=4", JAX_PLATFORMS="cpu",
-               PYTHONPATH=str(ROOT))
-    proc = subprocess.run([sys.executable, "-c", COLLECTIVES_SCRIPT, str(tiny_gemma3_dir)], env=env,
-                          capture_output=True, text=True, timeout=600)
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    out = json.loads(next(l for l in proc.stdout.splitlines() if l.startswith("RESULT"))[len("RESULT"):])
+    out = run_on_four_devices(COLLECTIVES_SCRIPT, tiny_gemma3_dir)
     for name, got in out.items():
         total = sum(got["collectives"].values())
         assert total <= 2 * got["layers"] + 2, (name, got["collectives"])
