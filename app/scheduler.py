@@ -48,7 +48,6 @@ DEFAULT_PREFIX_CACHE_MB = 256
 DEFAULT_MEDIA_CACHE_MB = 256
 MIN_PREFIX_TOKENS = 16  # shorter prompts are not worth an entry
 PREFIX_EVERY = 256  # a long prompt also keeps its keys / values at the last multiple of this many tokens
-ENGINE_THREAD_STACK = 64 << 20  # bytes of stack for the engine thread, where XLA compiles and loads programs
 
 
 class QueueFullError(OmnijaxError):
@@ -207,13 +206,8 @@ class Scheduler:
             if self._thread is None or not self._thread.is_alive():
                 if self._thread is None:  # stopped before the interpreter goes: a thread killed inside XLA aborts
                     atexit.register(self.close)
-                # more than the platform default (8 MiB on Linux): XLA recurses deeply compiling and loading programs
-                previous = threading.stack_size(ENGINE_THREAD_STACK)
-                try:
-                    self._thread = threading.Thread(target=self._serve, name="omnijax-engine", daemon=True)
-                    self._thread.start()
-                finally:
-                    threading.stack_size(previous)
+                self._thread = threading.Thread(target=self._serve, name="omnijax-engine", daemon=True)
+                self._thread.start()
 
     def _serve(self) -> None:
         while True:
