@@ -109,7 +109,8 @@ class Scheduler:
     engine: app/generation.py's Engine; processor: the family processor (decoding tokens to text).
     context: the longest prompt plus answer one slot holds (default: the engine's context budget). chunk: the
     longest prompt chunk run between two decode steps. prefix_cache_mb / media_cache_mb: their budgets (0: off).
-    max_queue: waiting requests beyond which ``submit`` raises QueueFullError. threaded: run the loop in a
+    max_queue: requests waiting for a slot (beyond those a free slot takes at the next step) above which ``submit``
+    raises QueueFullError. threaded: run the loop in a
     thread of its own (False: the caller drives it with ``run``; what several JAX processes need)."""
 
     def __init__(self, engine, processor, *, slots: int = DEFAULT_SLOTS, context: int | None = None,
@@ -157,11 +158,12 @@ class Scheduler:
 
     def submit(self, request: Request, listener=None) -> RequestHandle:
         """Queue ``request``; its handle streams the tokens (``listener``: see RequestHandle). PromptError when it
-        cannot fit, QueueFullError when ``max_queue`` requests are waiting already."""
+        cannot fit, QueueFullError when ``max_queue`` requests wait already with no free slot for them (requests
+        that arrive together while slots are free are not refused: the next step takes them)."""
         self.check_fits(len(request.prompt.token_ids), request.max_new_tokens)
         handle = RequestHandle(request, self._cancel, listener)
         with self._wake:
-            if len(self._inbox) + len(self._waiting) >= self.max_queue:
+            if len(self._inbox) + len(self._waiting) >= self.max_queue + self._slot_of.count(None):
                 raise QueueFullError(f"the engine's queue is full ({self.max_queue} requests are waiting)")
             self._inbox.append(handle)
             self._wake.notify()

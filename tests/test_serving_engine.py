@@ -201,14 +201,18 @@ def test_requests_coming_and_going_compile_nothing_new(gemma3_pipeline, sched, a
 
 
 def test_queue_full_is_refused(gemma3_pipeline):
-    """Past ``max_queue`` waiting requests, submit refuses at once; the ones queued still run."""
+    """Past ``max_queue`` requests waiting with no free slot, submit refuses at once; the ones queued still run.
+    Requests that arrive while a slot is free are not counted against the queue (the next step takes them)."""
     s = Scheduler(gemma3_pipeline.engine, gemma3_pipeline.processor, slots=1, context=512, max_queue=2,
                   threaded=False)
-    handles = [s.submit(request(gemma3_pipeline, PROMPTS[2], 2)) for _ in range(2)]
+    handles = [s.submit(request(gemma3_pipeline, PROMPTS[2], 2)) for _ in range(3)]  # one for the free slot
+    with pytest.raises(QueueFullError, match="queue is full"):
+        s.submit(request(gemma3_pipeline, PROMPTS[2], 2))
+    s.step()  # the first takes the slot: two wait, the queue is still full
     with pytest.raises(QueueFullError, match="queue is full"):
         s.submit(request(gemma3_pipeline, PROMPTS[2], 2))
     s.run(handles)
-    assert [len(h.result().token_ids) for h in handles] == [2, 2]
+    assert [len(h.result().token_ids) for h in handles] == [2, 2, 2]
 
 
 def test_threads_share_the_pipeline(gemma3_pipeline, alone):
