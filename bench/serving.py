@@ -11,7 +11,11 @@ the chat figure):
   batching, one request at a time, and lockstep batches of the same size;
 - a short request arriving while 8 long ones decode: its whole time against theirs;
 - a chat's second turn (the first turn's prompt and answer plus a new question) with the prefix cache: its time to
-  first token against the first turn's.
+  first token against the first turn's;
+- what bounds the throughput ratio: the same prompts processed alone (one new token each; no batching shortens
+  this work), so one-at-a-time seconds / these seconds is the most any batching could give on this workload, and
+  the machine's float32 product rate at 1, 16 and 512 rows (what a decode step of 1 or 16 rows and a prompt chunk
+  multiply at).
 Targets (2-core CPU): throughput >= 3x one at a time; the short request under a quarter of the long ones' time;
 the second turn's time to first token <= 0.3x the first's.
 """
@@ -88,6 +92,33 @@ def lockstep(pipe, work, batch: int) -> dict:
     return _figures(t0, handles, time.perf_counter())
 
 
+def prompts_alone(pipe, work) -> dict:
+    """Each prompt of ``work`` alone with one new token: the prompt processing every mode has to do."""
+    t0 = time.perf_counter()
+    for p, _ in work:
+        _submit(pipe, p, 1).result()
+    return {"prompt_tokens": sum(len(p.token_ids) for p, _ in work), "seconds": time.perf_counter() - t0}
+
+
+def product_rates(d: int = 768, f: int = 3072, rounds: int = 20) -> dict:
+    """GFLOP/s of a float32 [rows, d] x [d, f] product under XLA at 1, 16 and 512 rows."""
+    import jax
+    import jax.numpy as jnp
+
+    w = jnp.asarray(np.random.default_rng(0).standard_normal((f, d), np.float32))
+    product = jax.jit(lambda x, w: jax.lax.dot_general(x, w, (((1,), (1,)), ((), ()))))
+    out = {}
+    for rows in (1, 16, 512):
+        x = jnp.ones((rows, d), jnp.float32)
+        product(x, w).block_until_ready()
+        start = time.perf_counter()
+        for _ in range(rounds):
+            y = product(x, w)
+        y.block_until_ready()
+        out[rows] = 2 * rows * d * f * rounds / (time.perf_counter() - start) / 1e9
+    return out
+
+
 def short_among_long(pipe, seed: int = 1) -> dict:
     """8 long requests (256 tokens) decoding; a short one (8 tokens) arrives once all of them have started."""
     rng = np.random.default_rng(seed)
@@ -154,16 +185,20 @@ def run(name: str, n: int, checkpoints: pathlib.Path) -> dict:
     work = workload(pipe, n)
     continuous(pipe, work)  # compiles what the warm-up did not (media-free, so little)
     figures = {"continuous": continuous(pipe, work), "one_at_a_time": one_at_a_time(pipe, work),
-               "lockstep": lockstep(pipe, work, n)}
+               "lockstep": lockstep(pipe, work, n), "prompts_alone": prompts_alone(pipe, work)}
     figures["short_among_long"] = short_among_long(pipe)
     pipe.close()
     cached = Pipeline.from_pretrained(folder, max_batch=n, max_context=2048)
     chat_turns(cached, seed=3)  # compiles
     figures["chat"] = chat_turns(cached)
     cached.close()
+    figures["product_gflops"] = product_rates()
+    one, prompts = figures["one_at_a_time"]["seconds"], figures["prompts_alone"]["seconds"]
     return {"model": name, "checkpoint": str(folder), "requests": n,
             "throughput_vs_one_at_a_time": figures["continuous"]["tok_s"] / figures["one_at_a_time"]["tok_s"],
             "throughput_vs_lockstep": figures["continuous"]["tok_s"] / figures["lockstep"]["tok_s"],
+            "throughput_ceiling": one / prompts,
+            "decode_phase_vs_one_at_a_time": (one - prompts) / max(figures["continuous"]["seconds"] - prompts, 1e-9),
             "short_request_ratio": figures["short_among_long"]["ratio"],
             "second_turn_ttft_ratio": figures["chat"]["ratio"], "figures": figures,
             "host": platform.node(), "date": time.strftime("%Y-%m-%d %H:%M:%S")}
@@ -185,6 +220,15 @@ def markdown(report: dict) -> str:
              f"{s['long_s']:.2f} s) | < 0.25 |",
              f"| chat second turn TTFT / first turn's | {c['ratio']:.3f} ({c['second_turn_ttft_s']:.3f} s / "
              f"{c['first_turn_ttft_s']:.3f} s) | <= 0.3 |"]
+    a, g = f["prompts_alone"], f["product_gflops"]
+    rows += ["", "What bounds the throughput ratio:", "",
+             f"- the {a['prompt_tokens']} prompt tokens processed alone take {a['seconds']:.1f} s of the "
+             f"{f['one_at_a_time']['seconds']:.1f} s one at a time: no batching can do better than "
+             f"{report['throughput_ceiling']:.2f}x on this workload;",
+             f"- after that work, the decoding of continuous batching is {report['decode_phase_vs_one_at_a_time']:.2f}x "
+             f"one at a time's;",
+             f"- float32 products on this machine: {g[1]:.0f} GFLOP/s at 1 row, {g[16]:.0f} at 16 rows, "
+             f"{g[512]:.0f} at 512 rows ([rows, 768] x [768, 3072], XLA)."]
     return "\n".join(rows) + "\n"
 
 
