@@ -110,8 +110,8 @@ class Scheduler:
     context: the longest prompt plus answer one slot holds (default: the engine's context budget). chunk: the
     longest prompt chunk run between two decode steps. prefix_cache_mb / media_cache_mb: their budgets (0: off).
     max_queue: requests waiting for a slot (beyond those a free slot takes at the next step) above which ``submit``
-    raises QueueFullError. threaded: run the loop in a
-    thread of its own (False: the caller drives it with ``run``; what several JAX processes need)."""
+    raises QueueFullError. threaded: run the loop in a thread of its own (False: the caller drives it with
+    ``run``; what several JAX processes need)."""
 
     def __init__(self, engine, processor, *, slots: int = DEFAULT_SLOTS, context: int | None = None,
                  chunk: int = DEFAULT_CHUNK, prefix_cache_mb: float = DEFAULT_PREFIX_CACHE_MB,
@@ -179,6 +179,11 @@ class Scheduler:
     @property
     def queue_depth(self) -> int:
         return len(self._inbox) + len(self._waiting)
+
+    @property
+    def idle(self) -> bool:
+        """Nothing is inside the engine: no request, cancellation or step left to read back."""
+        return not self._has_work()
 
     @property
     def running(self) -> int:

@@ -157,7 +157,8 @@ def chat_turns(pipe, seed: int = 2) -> dict:
             turn1 = system + "\n" + q1
             t1, a = _timed(pipe, pipe.prepare_raw(turn1))
             turn2 = turn1 + a.text + "\n" + q2
-        time.sleep(1.0)  # let the engine finish the first turn's bookkeeping (its prefix entry)
+        while not pipe.scheduler.idle:  # the first turn's last step read back: the second starts on an idle engine
+            time.sleep(0.001)
         t2, _ = _timed(pipe, turn2 if pipe.has_chat_template else pipe.prepare_raw(turn2))
         first.append(t1)
         second.append(t2)
