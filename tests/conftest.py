@@ -8,12 +8,10 @@ other families' tiny folders and references, and two small media files of the we
 
 from __future__ import annotations
 
-import atexit
 import os
 import pathlib
 import shutil
 import sys
-import tempfile
 
 import numpy as np
 import pytest
@@ -32,21 +30,6 @@ if _ROOT not in sys.path:  # plain `pytest` (not `python -m pytest`) does not pu
 from fixtures import tiny_gemma3 as dm  # noqa: E402
 
 TORCH_SEED = 1234
-
-
-def pytest_configure(config):
-    """JAX's compilation cache of this pytest process (not of the child processes it starts) lives in a folder of
-    this run's own, made empty here and removed at the end: the session's pipelines, whose programs are dropped
-    after every module, load them from it in later modules instead of compiling them again. Set
-    OMNIJAX_TEST_JAX_CACHE=0 to run without it."""
-    if os.environ.get("OMNIJAX_TEST_JAX_CACHE", "1") == "0":
-        return
-    import jax
-
-    folder = tempfile.mkdtemp(prefix="omnijax-test-jax-cache-")
-    atexit.register(shutil.rmtree, folder, True)
-    jax.config.update("jax_compilation_cache_dir", folder)
-    jax.config.update("jax_persistent_cache_min_compile_time_secs", 0.2)
 
 
 @pytest.fixture(scope="module", autouse=True)
