@@ -110,6 +110,14 @@ def _open(browser, url: str, max_new: int = MAX_NEW):
     return page
 
 
+def _choose(page, elem_id: str, option: str) -> None:
+    """Pick ``option`` of the dropdown ``elem_id`` by clicking it in the opened list (typed text and Enter can come
+    before the list has filtered, and then select nothing), and wait until the dropdown shows it as chosen."""
+    page.locator(f"#{elem_id} input").click()
+    page.locator("[data-testid=dropdown-option]", has_text=option).click()
+    page.wait_for_function(f"document.querySelector('#{elem_id} input').value === {option!r}")
+
+
 def _send(page, text: str, files=()):
     if files:
         page.set_input_files("#chat-input input[type=file]", list(files))
@@ -271,8 +279,7 @@ def test_browser_plays_the_spoken_answer_as_it_comes(browser, qwen_speech_pipeli
     try:
         page = _open(browser, f"http://127.0.0.1:{port}/")
         page.locator("#speak input[type=checkbox]").check()
-        page.locator("#voice input").fill("ethan")
-        page.locator("#voice input").press("Enter")
+        _choose(page, "voice", "ethan")
         _send(page, "Hello there")
         page.wait_for_function("Number(document.querySelector('[data-chunks]')?.dataset.chunks || 0) >= 3")
         samples = page.evaluate("Number(document.querySelector('[data-samples]').dataset.samples)")
