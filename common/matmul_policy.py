@@ -16,30 +16,16 @@ Float32 weights with float32 activations take exactly the product they always to
 
 from __future__ import annotations
 
-import functools
 import math
-import pathlib
 
 import jax
 import jax.numpy as jnp
 
+from omnijax.common.cpu import cpu_flags
 from omnijax.common.quantized import QuantizedArray, is_quantized
 
 DECODE_ROWS = 16  # products with at most this many rows widen the weight next to the product
 _FAST_BF16_CPU_FLAGS = ("avx512_bf16", "amx_bf16")
-
-
-@functools.cache
-def cpu_flags(path: str = "/proc/cpuinfo") -> frozenset[str]:
-    """The CPU feature flags the kernel reports (empty where /proc/cpuinfo is not readable)."""
-    try:
-        text = pathlib.Path(path).read_text()
-    except OSError:
-        return frozenset()
-    for line in text.splitlines():
-        if line.startswith("flags"):
-            return frozenset(line.split(":", 1)[1].split())
-    return frozenset()
 
 
 def fast_bf16_products(platform: str | None = None, flags: frozenset[str] | None = None) -> bool:
