@@ -2,8 +2,9 @@
 
 The model's forward lives in decoder/model.py; this module owns running it on shape budgets: prompts are
 right-padded to a bucket length, the KV cache length is a bucket too, and media inputs are bucketed on the host
-(the processor's ``collate``, one function per modality). ``prefill`` / ``score`` run a batch of whole prompts
-(logits at every position: scoring); generation runs on the slots of app/slots.py, driven by app/scheduler.py.
+(the processor's ``collate``, one function per modality). ``prefill`` runs a batch of whole prompts (the speech
+path); generation, and the logits at every prompt position (``Pipeline.prompt_logits``), run on the slots of
+app/slots.py, driven by app/scheduler.py.
 """
 
 from __future__ import annotations
@@ -18,7 +19,7 @@ from flax import nnx
 
 from omnijax.app.families.spec import ModelConfig
 from omnijax.common.errors import PromptError
-from omnijax.common.sharding import host_array, named_sharding, put, use_mesh
+from omnijax.common.sharding import named_sharding, put, use_mesh
 from omnijax.decoder.attention_op import BACKENDS
 from omnijax.decoder.model import DecoderModel, Media, Prompt
 from omnijax.preprocess.processor import PreparedPrompt
@@ -173,12 +174,6 @@ class Engine:
                                           self._rope(self.params, rope_pos), media, cache_len=cache_len,
                                           all_logits=all_logits)
         return Prefilled(batch, length, cache_len, logits, cache)
-
-    def score(self, prompts: list[PreparedPrompt]) -> list[np.ndarray]:
-        """Logits [prompt length, vocab] (float32) at every position of each prompt."""
-        pre = self.prefill(prompts, 1, all_logits=True)
-        logits = host_array(pre.logits)
-        return [logits[i, :n] for i, n in enumerate(pre.batch.lengths)]
 
     def compilations(self) -> int:
         """How many programs the jitted entry points have compiled so far."""

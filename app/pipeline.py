@@ -53,6 +53,7 @@ def _is_batch(messages: Any) -> bool:
 
 MAX_AUDIO_SECONDS_SETTING = 86400.0  # max_audio_seconds: a day
 MAX_BATCH = 1024  # prompts one call generates, and the engine's slots (each holds its own KV cache)
+MAX_PROMPT_LOGITS_BYTES = 4 << 30  # the logits one prompt_logits call returns
 
 
 def check_load_settings(dtype, model_axis, max_context, max_audio_seconds, max_batch=DEFAULT_SLOTS,
@@ -207,6 +208,36 @@ class Pipeline:
             self._scorer = Scorer(self.engine)
         out = [self._scorer.score(self.prepare_raw(t).token_ids) for t in items]
         return out[0] if single else out
+
+    def prompt_logits(self, messages) -> np.ndarray | list[np.ndarray]:
+        """float32 [prompt tokens, vocab]: the logits at every position of a conversation's prompt with its media (a
+        raw prompt string or a PreparedPrompt too; a list of them -> a list of arrays). Row t is the model's
+        prediction of token t + 1 (the last row: of the answer's first token). They come from the serving engine's
+        own programs: the prompt is prefilled in chunks into a slot exactly as before an answer (none of it from the
+        prefix cache). At most ``MAX_PROMPT_LOGITS_BYTES`` of logits per call."""
+        batch = _is_batch(messages) or (isinstance(messages, (list, tuple)) and bool(messages)
+                                        and all(isinstance(m, PreparedPrompt) for m in messages))
+        items = list(messages) if batch else [messages]
+        if len(items) > MAX_BATCH:
+            raise SettingError(f"a batch holds at most {MAX_BATCH} conversations, got {len(items)}")
+        prompts = [m if isinstance(m, PreparedPrompt) else self.prepare(m) for m in items]
+        size = sum(len(p.token_ids) for p in prompts) * self.config.decoder.vocab_size * 4
+        if size > MAX_PROMPT_LOGITS_BYTES:
+            raise PromptError(f"the logits of {sum(len(p.token_ids) for p in prompts)} prompt tokens take "
+                              f"{size / 2**30:.1f} GiB, over the {MAX_PROMPT_LOGITS_BYTES / 2**30:.0f} GiB one call "
+                              f"returns; ask for fewer or shorter prompts (score gives log-probabilities of any length)")
+        for p in prompts:
+            self.scheduler.check_fits(len(p.token_ids), 1)
+        handles: list[RequestHandle] = []
+        try:
+            for p in prompts:
+                handles.append(self.scheduler.submit(Request(p, 1, prompt_logits=True)))
+        except BaseException:
+            for h in handles:
+                h.cancel()
+            raise
+        out = [r.prompt_logits for r in self._wait(handles)]
+        return out if batch else out[0]
 
     def prepare(self, messages) -> PreparedPrompt:
         """Chat messages -> PreparedPrompt through the family's processor; a plain string is a raw prompt."""

@@ -29,7 +29,8 @@ class GenerationResult:
     "cancelled"; cached_tokens: prompt tokens whose keys / values came from the prefix cache; seconds: from
     submission to the last token; first_token_seconds: from submission to the first token. A spoken answer
     (``speak=True``) adds audio (float32 mono samples in [-1, 1]), sample_rate (Hz) and audio_codes (int32 [frames,
-    code groups], the codec codes the audio was made from); None otherwise."""
+    code groups], the codec codes the audio was made from); None otherwise. prompt_logits: float32 [prompt tokens,
+    vocab], the logits at every prompt position, for a request that asked for them (``Request.prompt_logits``)."""
 
     text: str
     token_ids: list[int]
@@ -41,18 +42,21 @@ class GenerationResult:
     audio: np.ndarray | None = None
     sample_rate: int | None = None
     audio_codes: np.ndarray | None = None
+    prompt_logits: np.ndarray | None = None
 
 
 @dataclasses.dataclass(frozen=True)
 class Request:
     """One prompt to answer. ``ignore_eos``: generate exactly ``max_new_tokens`` (end ids do not end it);
-    ``stop``: stop strings (checked by ``check_stops``)."""
+    ``stop``: stop strings (checked by ``check_stops``); ``prompt_logits``: also return the logits at every prompt
+    position (the whole prompt is prefilled, none of it taken from the prefix cache)."""
 
     prompt: PreparedPrompt
     max_new_tokens: int
     sampling: SamplingParams = SamplingParams()
     stop: tuple[str, ...] = ()
     ignore_eos: bool = False
+    prompt_logits: bool = False
 
 
 @dataclasses.dataclass(frozen=True)

@@ -66,6 +66,7 @@ class Live:
     chunks: list = dataclasses.field(default_factory=list)
     keep_at: set = dataclasses.field(default_factory=set)  # chunk ends whose keys / values become prefix entries
     media: dict = dataclasses.field(default_factory=dict)  # placeholder id -> Media of the whole prompt
+    logit_rows: list = dataclasses.field(default_factory=list)  # host logits of each chunk (prompt_logits)
     generated: int = 0
     cached: int = 0
     first_token: float | None = None
@@ -295,7 +296,7 @@ class Scheduler:
         live.ids = key_ids(prompt.token_ids, placeholders)
         n = len(live.ids)
         start = 0
-        entry = self.prefix.lookup(live.ids)
+        entry = None if live.request.prompt_logits else self.prefix.lookup(live.ids)
         if entry is not None:
             self.slots.restore(live.slot, entry.saved, entry.length)
             start = live.cached = entry.length
@@ -336,8 +337,12 @@ class Scheduler:
                 offsets[token_id] = int(np.sum(ids[:a] == token_id))
         rope = np.arange(a, b)[None] if prompt.rope_positions is None else prompt.rope_positions[:, a:b]
         deepstack = tuple(t for t in self._deepstack_ids(live) if t in media)
+        every = live.request.prompt_logits
         logits = self.slots.extend(ids[a:b], a, live.slot, rope, prompt.bidirectional[a:b], media, offsets,
-                                   deepstack, bucket_for(b - a, self.engine.buckets))
+                                   deepstack, bucket_for(b - a, self.engine.buckets), all_logits=every)
+        if every:  # [1, length, V]: the chunk's rows to the host, its last row on to the first token
+            live.logit_rows.append(host_array(logits)[0, :b - a])
+            logits = logits[:, b - a - 1]
         if live.chunks:
             if b in live.keep_at:
                 self._keep_prefix(live, b, None)
@@ -431,5 +436,6 @@ class Scheduler:
         live.handle._finish(GenerationResult(
             text=live.answer.text, token_ids=live.answer.token_ids, prompt_tokens=prompt_tokens,
             finish_reason=reason, seconds=now - live.handle.submitted, cached_tokens=live.cached,
-            first_token_seconds=None if live.first_token is None else live.first_token - live.handle.submitted))
+            first_token_seconds=None if live.first_token is None else live.first_token - live.handle.submitted,
+            prompt_logits=np.concatenate(live.logit_rows) if live.request.prompt_logits else None))
 

@@ -5,7 +5,8 @@ Every slot holds one request: its row of every layer's cache (full layers: the c
 layers: a ring of the window) and its decoding state (``SlotState``: the next token to feed, how many it has
 generated, whether it is active, its sampling settings). The programs, all on fixed shapes:
 
-- ``extend``: a chunk of one request's prompt (a bucketed length) attends to its row and is written into it;
+- ``extend``: a chunk of one request's prompt (a bucketed length) attends to its row and is written into it (its
+  logits at the last token, or at every token for ``Pipeline.prompt_logits``);
 - ``insert``: the first token of a prefilled request, drawn from the prompt's last logits, makes its slot active;
 - ``decode``: one token for every active slot of the first ``rows`` slots (rows: a power of two, so a lone request
   decodes at batch 1) with each slot's own settings; a slot turns inactive on an end id or its last token;
@@ -96,7 +97,8 @@ class Slots:
         one = None if state_sharding is None else jax.sharding.NamedSharding(self.engine.mesh,
                                                                                jax.sharding.PartitionSpec())
         out = lambda *shardings: None if cache_sharding is None else shardings  # noqa: E731
-        self._extend = jax.jit(self._extend_impl, static_argnames=("deepstack",), donate_argnames=("cache",),
+        self._extend = jax.jit(self._extend_impl, static_argnames=("deepstack", "all_logits"),
+                               donate_argnames=("cache",),
                                out_shardings=out(one, cache_sharding))
         self._insert = jax.jit(self._insert_impl, donate_argnames=("state",), out_shardings=out(state_sharding, one))
         self._decode = jax.jit(self._decode_impl, static_argnames=("rows",), donate_argnames=("cache", "state"),
@@ -110,10 +112,10 @@ class Slots:
 
     # ---- jitted bodies -------------------------------------------------------------------------------------
     def _extend_impl(self, params, cache, tokens, count, start, row, rope_pos, bidirectional, media, offsets, *,
-                     deepstack):
+                     deepstack, all_logits=False):
         dec = self.engine.model(params).decoder
         return dec.extend(Chunk(tokens, count, start, row, rope_pos, bidirectional, media, offsets, deepstack),
-                          cache)
+                          cache, all_logits=all_logits)
 
     def _insert_impl(self, state: SlotState, slot, logits_1V, settings, max_new, delta, eos_on, eos_ids):
         token = choose_rows(logits_1V, {k: v[None] for k, v in settings.items()}, jnp.zeros((1,), jnp.int32))[0]
@@ -165,9 +167,11 @@ class Slots:
         return next(r for r in self.rows if r > highest_slot)
 
     def extend(self, tokens: np.ndarray, start: int, row: int, rope_pos: np.ndarray, bidirectional: np.ndarray,
-               media: dict, offsets: dict, deepstack: tuple[int, ...], length: int) -> jax.Array:
+               media: dict, offsets: dict, deepstack: tuple[int, ...], length: int,
+               all_logits: bool = False) -> jax.Array:
         """Run one chunk (``tokens`` [count] of a prompt at positions start..) into slot ``row``, right-padded to
-        ``length`` -> the logits [1, V] at its last token (a device array)."""
+        ``length`` -> the logits [1, V] at its last token, or [1, length, V] at every position with ``all_logits``
+        (a device array)."""
         count = len(tokens)
         tok = np.full((1, length), self.cfg.pad_id, np.int32)
         tok[0, :count] = tokens
@@ -178,7 +182,8 @@ class Slots:
         with use_mesh(self.engine.mesh):
             logits, self.cache = self._extend(self.engine.params, self.cache, tok, np.int32(count), np.int32(start),
                                               np.int32(row), pos, bid, media,
-                                              {k: np.int32(v) for k, v in offsets.items()}, deepstack=deepstack)
+                                              {k: np.int32(v) for k, v in offsets.items()}, deepstack=deepstack,
+                                              all_logits=all_logits)
         return logits
 
     def insert(self, slot: int, logits_1V: jax.Array, sampling: SamplingParams, max_new: int, delta: int,

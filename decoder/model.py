@@ -228,9 +228,10 @@ class DecoderModel(nnx.Module):
         return x, {"length": prompt.lengths.astype(jnp.int32), "k": tuple(c.k for c in caches),
                    "v": tuple(c.v for c in caches)}, hidden
 
-    def extend(self, chunk: Chunk, cache: dict) -> tuple[jax.Array, dict]:
+    def extend(self, chunk: Chunk, cache: dict, *, all_logits: bool = False) -> tuple[jax.Array, dict]:
         """A chunk of one row's prompt continuing that row of the cache -> (logits [1, V] at the chunk's last real
-        token, the cache with the chunk written and the row's length ``start + count``).
+        token, or [1, T, V] at every position of the chunk with ``all_logits``; the cache with the chunk written and
+        the row's length ``start + count``).
 
         Each layer attends to the row's cache as it was and to the chunk (``Attention.extend``); once every layer
         has run, each cache takes the chunk's keys and values (``write_chunk``). Other rows are untouched."""
@@ -261,9 +262,12 @@ class DecoderModel(nnx.Module):
         for i, (k, v) in chunk_kv.items():
             j = index[i]
             keys[j], values[j] = write_chunk(keys[j], values[j], chunk.row, k, v, chunk.start, chunk.count)
-        last = jax.lax.dynamic_slice_in_dim(x, jnp.maximum(chunk.count - 1, 0), 1, axis=1)
         length = cache["length"].at[chunk.row].set(chunk.start + chunk.count)
-        return self.logits(last)[:, 0], {"length": length, "k": tuple(keys), "v": tuple(values)}
+        cache = {"length": length, "k": tuple(keys), "v": tuple(values)}
+        if all_logits:
+            return self.logits(x), cache
+        last = jax.lax.dynamic_slice_in_dim(x, jnp.maximum(chunk.count - 1, 0), 1, axis=1)
+        return self.logits(last)[:, 0], cache
 
     def step(self, tokens_B: jax.Array, rope_pos_AB: jax.Array, cache: dict, active_B: jax.Array | None = None,
              *, embeds: jax.Array | None = None, output: str = "logits") -> tuple[jax.Array, dict]:
