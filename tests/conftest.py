@@ -20,8 +20,25 @@ from PIL import Image
 # The suite runs on CPU (parity with transformers on CPU float32), also on machines with an accelerator.
 os.environ.setdefault("JAX_PLATFORMS", "cpu")
 # The suite neither reads nor writes the user's persistent compilation cache (a stale or foreign entry must not
-# decide a test); tests/test_compilation_cache.py turns it on in its own processes.
+# decide a test); tests/test_compilation_cache.py turns it on in its own processes. It keeps caches of its own
+# instead, new for each run, one per pytest process (xdist worker): the programs a worker starts (command-line runs,
+# servers, four-device runs) share it, so a program is compiled once and loaded after (tests/test_compilation_cache.py
+# shows that a loaded program computes what a fresh compile does). Set here, before JAX is imported; the run's
+# folder is made by the first process (the one that starts the workers) and removed when it ends. No size bound:
+# with one, JAX reads every entry's access time at each write (a run writes thousands); without one JAX writes
+# entries in place, so no two pytest processes share a folder (one could read what the other is writing), and a
+# child the tests kill while it may be compiling gets a folder of its own (tests/test_caption.py).
 os.environ["OMNIJAX_COMPILATION_CACHE"] = "0"
+_RUN_CACHE = "OMNIJAX_TEST_RUN_CACHE"
+if _RUN_CACHE not in os.environ:
+    import atexit
+    import tempfile
+
+    os.environ[_RUN_CACHE] = tempfile.mkdtemp(prefix="omnijax-test-jax-cache-")
+    atexit.register(shutil.rmtree, os.environ[_RUN_CACHE], ignore_errors=True)
+os.environ.update(JAX_COMPILATION_CACHE_DIR=os.path.join(os.environ[_RUN_CACHE],
+                                                         os.environ.get("PYTEST_XDIST_WORKER", "main")),
+                  JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS="0", JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES="0")
 
 _ROOT = str(pathlib.Path(__file__).resolve().parents[1])
 if _ROOT not in sys.path:  # plain `pytest` (not `python -m pytest`) does not put the repository root on the path
@@ -32,18 +49,49 @@ from fixtures import tiny_gemma3 as dm  # noqa: E402
 TORCH_SEED = 1234
 
 
+def _mappings() -> int:
+    """How many memory mappings this process holds (0 where /proc is not there)."""
+    try:
+        with open("/proc/self/maps", "rb") as f:
+            return sum(1 for _ in f)
+    except OSError:
+        return 0
+
+
+def _mapping_limit() -> int:
+    try:
+        return int(pathlib.Path("/proc/sys/vm/max_map_count").read_text())
+    except (OSError, ValueError):
+        return 65530
+
+
 @pytest.fixture(scope="module", autouse=True)
-def _free_compiled_programs():
-    """After each test module, drop every compiled program (the session's pipelines compile again when used): each
-    program holds memory mappings of its machine code, and one process running the whole suite would otherwise
-    reach the kernel's limit on mappings (vm.max_map_count, 65530 by default), where compiling crashes."""
+def _free_compiled_programs_near_the_mapping_limit():
+    """After a test module, drop every compiled program once this process holds half the mappings the kernel
+    allows (vm.max_map_count, 65530 by default): each program holds memory mappings of its machine code, and one
+    process running the whole suite would otherwise reach the limit, where compiling crashes. Below it, the
+    session's pipelines keep their programs from module to module."""
     yield
-    import gc
+    if _mappings() > _mapping_limit() // 2:
+        import gc
 
-    import jax
+        import jax
 
-    jax.clear_caches()
-    gc.collect()
+        jax.clear_caches()
+        gc.collect()
+
+
+_IMPLIES_SLOW = ("multidevice", "browser", "real")
+
+
+def pytest_collection_modifyitems(config, items):
+    """Tests marked multidevice, browser or real are slow too; and modules holding slow tests run first (in file
+    order among themselves), so that with several workers (scripts/test.sh) the longest work starts early."""
+    for item in items:
+        if any(item.get_closest_marker(name) for name in _IMPLIES_SLOW) and not item.get_closest_marker("slow"):
+            item.add_marker(pytest.mark.slow)
+    slow_modules = {item.module for item in items if item.get_closest_marker("slow")}
+    items.sort(key=lambda item: item.module not in slow_modules)  # stable: file order within each group
 
 
 def _randomise_(model, seed: int = TORCH_SEED) -> None:
@@ -340,10 +388,11 @@ def gemma4_text_pipeline(tiny_gemma4_text_dir):
 
 @pytest.fixture(scope="session")
 def llama4_pipeline(tiny_llama4_dir):
-    """This package's float32 pipeline loaded from ``tiny_llama4_dir``."""
+    """This package's float32 pipeline loaded from ``tiny_llama4_dir``, prefilling prompts in chunks of up to 128
+    tokens (the long cases run in several)."""
     from omnijax.app.pipeline import Pipeline
 
-    return Pipeline.from_pretrained(tiny_llama4_dir)
+    return Pipeline.from_pretrained(tiny_llama4_dir, chunk=128)
 
 
 @pytest.fixture(scope="session")

@@ -26,6 +26,8 @@ from omnijax.preprocess.qwen3_omni.audio_features import (
 
 from fixtures.qwen3_omni_tokenizer import FEATURE_EXTRACTOR_CONFIG
 
+pytestmark = pytest.mark.reference
+
 # Against the reference's torch.stft (float32) path, the one Qwen3OmniMoeProcessor runs when torch is installed.
 TOL = 1e-4
 # Against the reference's float64 numpy path (_np_extract_fbank_features), the arithmetic this module follows.

@@ -2,7 +2,10 @@
 
 import json
 
+import pytest
 from bench.generation import main
+
+pytestmark = pytest.mark.slow
 
 HEADLINES = ["decode_b1_speedup", "decode_b8_speedup", "ttft512_ratio", "decode_b1_roofline_fraction",
              "recompiles_in_bucket", "compile_s"]

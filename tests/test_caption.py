@@ -295,6 +295,7 @@ def many_images(folder, n) -> list[pathlib.Path]:
     return [write_png(folder / f"img{i:03d}.png", 100 + i, size=(12, 12)) for i in range(n)]
 
 
+@pytest.mark.slow
 def test_sigkill_then_rerun_captions_every_item_once(tmp_path, tiny_gemma3_dir, gemma3_pipeline, jax_cache):
     images = many_images(tmp_path / "many", 32)
     out = tmp_path / "captions.jsonl"
@@ -320,6 +321,7 @@ def test_sigkill_then_rerun_captions_every_item_once(tmp_path, tiny_gemma3_dir, 
         assert row["caption"] == expected_caption(gemma3_pipeline, row["path"]).text
 
 
+@pytest.mark.slow
 def test_ctrl_c_then_rerun_with_the_default_model(tmp_path, jax_cache):
     images = many_images(tmp_path / "many", 32)
     out = tmp_path / "captions.jsonl"
@@ -370,6 +372,7 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
+@pytest.mark.multidevice
 def test_distributed_run_shares_one_mesh_and_process_0_writes(mixed_folder, tmp_path, tiny_gemma3_dir,
                                                             gemma3_pipeline, jax_cache):
     """Two JAX processes (2 CPU devices each) run `omnijax caption --distributed`: the model runs on one mesh

@@ -7,9 +7,12 @@ import re
 import subprocess
 import sys
 
+import pytest
 from omnijax.app.cli import main
 from training.dialogues import describe
 from training.scenes import scene_from_dict
+
+pytestmark = pytest.mark.slow
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 IMAGE = ROOT / "examples" / "shapes.png"

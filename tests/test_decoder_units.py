@@ -212,8 +212,9 @@ def reference_attention(q, k, v, vis, scale):
 @pytest.mark.parametrize("mask", [MaskSpec(), MaskSpec("full", None, True), MaskSpec("sliding", 40, True),
                                   MaskSpec("sliding", 7), MaskSpec("chunked", 96), MaskSpec("chunked", 50, True)])
 def test_blocked_prompt_attention_equals_the_reference(mask):
-    """The looped block backend (query blocks x the key blocks any query can see) and the single-block backend
-    both equal plain masked softmax attention, with media blocks crossing block boundaries and padded rows."""
+    """The looped block backend (query blocks x the key blocks any query can see), the single-block backend and the
+    fused one (``jax.nn.dot_product_attention``, chosen on GPU/TPU; XLA's own lowering on CPU) all equal plain
+    masked softmax attention, with media blocks crossing block boundaries and padded rows."""
     from omnijax.decoder.attention_op import prompt_attention
     from omnijax.decoder.model import prompt_meta
 
@@ -233,7 +234,7 @@ def test_blocked_prompt_attention_equals_the_reference(mask):
     if mask.kind == "chunked":
         vis &= (pos[:, :, None] // mask.size) == (pos[:, None, :] // mask.size)
     ref = reference_attention(q, k, v, vis, 0.3)
-    for backend in ("blocked", "dense"):
+    for backend in ("blocked", "dense", "fused"):
         run = jax.jit(lambda q_, k_, v_, m_: prompt_attention(q_, k_, v_, m_, mask, scale=0.3, backend=backend))
         got = np.asarray(run(jnp.asarray(q), jnp.asarray(k), jnp.asarray(v), meta))
         for r in range(b):

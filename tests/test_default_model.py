@@ -21,6 +21,8 @@ from training.scenes import render, sample_scene, scene_from_dict
 from training.gemma3_weights import gemma3_weight_shapes
 from bench.default_model_eval import eval_items, evaluate
 
+pytestmark = pytest.mark.slow
+
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 EXAMPLES = ROOT / "examples"
 

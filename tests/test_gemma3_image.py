@@ -20,6 +20,8 @@ from omnijax.preprocess.gemma3.image import (
 from omnijax.preprocess.pixels import rescale_normalize, resize, to_chw_uint8
 from omnijax.preprocess.images import convert_rgb, load_image
 
+pytestmark = pytest.mark.reference
+
 TOL = 1e-5
 
 

@@ -8,6 +8,8 @@ from transformers import AutoProcessor
 
 from omnijax.app.pipeline import Pipeline
 
+pytestmark = pytest.mark.reference
+
 MAX_NEW = 20
 
 
@@ -86,7 +88,7 @@ def reference_logits(model, processor, messages):
 @pytest.mark.parametrize("case", list(CASES))
 def test_logit_parity(gemma3_pipeline, hf_gemma3_model, hf_processor, case):
     ref, inputs = reference_logits(hf_gemma3_model, hf_processor, CASES[case])
-    ours = gemma3_pipeline.engine.score([gemma3_pipeline.prepare(CASES[case])])[0]
+    ours = gemma3_pipeline.prompt_logits(CASES[case])
     assert ours.shape == ref.shape
     scale = max(1.0, float(np.abs(ref).max()))
     assert np.abs(ours - ref).max() <= 1e-4 * scale
@@ -102,15 +104,18 @@ def test_long_case_exercises_the_sliding_window(gemma3_pipeline):
     assert first // window != last // window  # the image block straddles a window boundary
 
 
-def test_very_long_case_splits_the_attention_across_an_image_block(gemma3_pipeline):
-    from omnijax.decoder.attention_op import DENSE_LIMIT, Q_BLOCK, backend_for
+def test_very_long_cases_run_in_several_chunks_with_image_blocks_after_the_first(gemma3_pipeline):
+    """The serving engine prefills these prompts in several chunks: an image block in a later chunk attends to the
+    cache the earlier chunks wrote, which is read in several 128-slot blocks (a context above 512 tokens)."""
+    from omnijax.app.chunks import plan_chunks
 
-    prompt = gemma3_pipeline.prepare(CASES["very_long_shifted"])
-    length, _ = gemma3_pipeline.engine.plan([prompt], 1)
-    edges = np.flatnonzero(np.diff(np.r_[0, prompt.bidirectional.astype(np.int8), 0]))  # right-padded: row = pos
-    blocks = list(zip(edges[::2], edges[1::2]))
-    assert length > DENSE_LIMIT and backend_for(length) == "blocked"
-    assert any(a // Q_BLOCK != (b - 1) // Q_BLOCK for a, b in blocks)
+    sched = gemma3_pipeline.scheduler
+    assert sched.context > 512 and sched.context % 128 == 0
+    for case in ("very_long", "very_long_shifted"):
+        prompt = gemma3_pipeline.prepare(CASES[case])
+        chunks = plan_chunks(0, len(prompt.token_ids), prompt.bidirectional, sched.chunk, ())
+        edges = np.flatnonzero(np.diff(np.r_[0, prompt.bidirectional.astype(np.int8), 0]))
+        assert len(chunks) >= 2 and any(a >= chunks[0][1] + 128 for a in edges[::2]), case
 
 
 @pytest.mark.parametrize("case", ["text", "one_image", "two_images"])
@@ -195,10 +200,13 @@ def test_sharded_checkpoint_loads_the_same_weights(gemma3_pipeline, tiny_gemma3_
 
 
 def test_new_prompt_length_in_the_same_bucket_does_not_recompile(gemma3_pipeline):
-    engine = gemma3_pipeline.engine
-    gemma3_pipeline.generate(conversation("Hello there."), max_new_tokens=5)
-    before = engine.compilations()
-    out = gemma3_pipeline.generate(conversation("A somewhat longer question about the weather today?"),
-                                   max_new_tokens=7)
+    """Every program the serving engine runs (media encoders, chunks, first token, decode steps) is counted."""
+    short, longer = (gemma3_pipeline.prepare(conversation(q)) for q in
+                     ("Hello there.", "A somewhat longer question about the weather today?"))
+    assert len(short.token_ids) < len(longer.token_ids)
+    gemma3_pipeline.generate_prepared([short], max_new_tokens=5)
+    before = gemma3_pipeline.compilations()
+    assert before > 0
+    out = gemma3_pipeline.generate_prepared([longer], max_new_tokens=7)[0]
     assert len(out.token_ids) > 0
-    assert engine.compilations() == before
+    assert gemma3_pipeline.compilations() == before

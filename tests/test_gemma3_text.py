@@ -17,6 +17,8 @@ from omnijax.app.pipeline import Pipeline
 from omnijax.common.errors import PromptError
 from conftest import _randomise_
 
+pytestmark = pytest.mark.reference
+
 MAX_NEW = 16
 LONG = ("The quick brown fox jumps over the lazy dog while the cat watches from the warm windowsill "
         "and the rain keeps falling on the quiet town. ") * 2
@@ -89,7 +91,7 @@ def test_prompt_ids_and_logits_equal_transformers(text_pipe, hf_text, kind, case
     assert prompt.token_ids[0] == tokenizer.bos_token_id
     with torch.no_grad():
         ref = model(torch.tensor(prompt.token_ids[None], dtype=torch.long)).logits[0].numpy()
-    ours = text_pipe.engine.score([prompt])[0]
+    ours = text_pipe.prompt_logits(prompt)
     assert ours.shape == ref.shape
     assert np.abs(ours - ref).max() <= 1e-4 * max(1.0, float(np.abs(ref).max()))
 

@@ -27,6 +27,8 @@ from omnijax.preprocess.gemma4.audio_features import (
     valid_frame_count,
 )
 
+pytestmark = pytest.mark.reference
+
 SR = 16000
 
 

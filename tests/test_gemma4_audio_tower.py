@@ -26,6 +26,8 @@ from omnijax.encoders.gemma4.audio_config import Gemma4AudioEncoderConfig
 from fixtures.module_parity import assert_close, flat_paths, load_module
 from omnijax.preprocess.gemma4.audio_features import tokens_from_frames
 
+pytestmark = pytest.mark.reference
+
 # 16 mel bins -> 4 after two stride-2 convs == subsampling_conv_channels[0] // 4, as the projection assumes.
 MELS = 16
 # Clamps that bind: a small gradient_clipping and logit cap, and rms_norm_eps unlike the fixed 1e-6 of some norms.

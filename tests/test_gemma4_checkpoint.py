@@ -8,6 +8,7 @@ import json
 
 import numpy as np
 import PIL.Image
+import pytest
 import safetensors
 import torch
 from transformers import AutoTokenizer
@@ -16,6 +17,8 @@ from transformers.models.gemma4.image_processing_pil_gemma4 import Gemma4ImagePr
 
 import fixtures.gemma4_checkpoint as g4
 import fixtures.gemma4_tokenizer as gt
+
+pytestmark = pytest.mark.reference
 
 
 def _tensors(folder) -> dict[str, np.ndarray]:

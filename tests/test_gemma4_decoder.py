@@ -23,6 +23,8 @@ from omnijax.decoder.gemma4.moe import ExpertsBeside, Gemma4Router
 from omnijax.decoder.spec import FeedForwardSpec
 from fixtures.module_parity import assert_close, load_module
 
+pytestmark = pytest.mark.reference
+
 HIDDEN, EXPERTS, TOP_K, WIDTH = 32, 6, 2, 12
 TEXT = dict(vocab_size=50, hidden_size=HIDDEN, intermediate_size=24, num_hidden_layers=3, num_attention_heads=2,
             num_key_value_heads=1, head_dim=8, global_head_dim=16, enable_moe_block=True, num_experts=EXPERTS,

@@ -20,6 +20,8 @@ from omnijax.preprocess.prompts import normalize_messages, render_chat
 from omnijax.preprocess.user_text import encode_prompt
 from omnijax.preprocess.tokenizer import load_tokenizer
 
+pytestmark = pytest.mark.reference
+
 
 def _image(height: int, width: int, seed: int = 0, mode: str = "RGB") -> PIL.Image.Image:
     channels = {"RGB": 3, "RGBA": 4, "L": 1}[mode]

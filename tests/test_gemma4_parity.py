@@ -18,6 +18,8 @@ from PIL import Image
 
 from omnijax.common.errors import CheckpointError, MediaError, PromptError
 
+pytestmark = pytest.mark.reference
+
 SR = 16000
 NEW = 16
 
@@ -187,11 +189,11 @@ def test_audio_features_parity(models, prepared):
 
 @pytest.fixture(scope="module")
 def scores(models, prepared):
-    """{kind: our logits of every case}, from one batched ``Engine.score`` per folder (one compiled program)."""
+    """{kind: our logits of every case} (``Pipeline.prompt_logits``: the serving engine's chunked prefill)."""
     out = {}
     for kind in ("small", "moe"):
         cases = SMALL if kind == "small" else MOE
-        logits = models[kind][0].engine.score([prepared[kind, c][0] for c in cases])
+        logits = models[kind][0].prompt_logits([prepared[kind, c][0] for c in cases])
         out[kind] = dict(zip(cases, logits))
     return out
 
@@ -270,22 +272,25 @@ def test_kv_shared_layers_allocate_no_cache(models, prepared):
     owners = [i for i in range(spec.num_layers) if spec.owns_kv(i)]
     assert owners == [0, 1, 2] and [spec.kv_layer(i) for i in (3, 4, 5)] == [1, 1, 2]
     assert cache_index(spec) == (0, 1, 2, None, None, None)
-    ours, _ = prepared["small", "image_audio"]
-    pre = pipe.engine.prefill([ours], NEW)
-    k, v = pre.cache["k"], pre.cache["v"]
+    slots = pipe.scheduler.slots  # the serving engine's cache: one row per slot
+    slots.ensure_allocated()
+    k, v = slots.cache["k"], slots.cache["v"]
     assert len(k) == len(v) == len(owners)
+
+    def held(i):  # cache positions of layer i: its window on sliding layers, the context on full ones
+        att = spec.layers[i].attention
+        return min(att.mask.size, slots.context) if att.mask.local else slots.context
+
     expected = 0
     for entry, i in enumerate(owners):
         att = spec.layers[i].attention
-        slots = min(att.mask.size, pre.cache_len) if att.mask.local else pre.cache_len
-        assert k[entry].shape == (1, att.kv_heads, att.head_dim, slots)
-        assert v[entry].shape == (1, att.kv_heads, slots, att.head_dim)
-        expected += 2 * att.kv_heads * att.head_dim * slots * 4
+        assert k[entry].shape == (slots.slots, att.kv_heads, att.head_dim, held(i))
+        assert v[entry].shape == (slots.slots, att.kv_heads, held(i), att.head_dim)
+        expected += 2 * slots.slots * att.kv_heads * att.head_dim * held(i) * 4
     assert sum(a.nbytes for a in k + v) == expected
     # what one cache per layer would hold: the three sharing layers would add more than a third again
-    every = expected + sum(2 * spec.layers[i].attention.kv_heads * spec.layers[i].attention.head_dim *
-                           (min(spec.layers[i].attention.mask.size, pre.cache_len)
-                            if spec.layers[i].attention.mask.local else pre.cache_len) * 4 for i in (3, 4, 5))
+    every = expected + sum(2 * slots.slots * spec.layers[i].attention.kv_heads * spec.layers[i].attention.head_dim
+                           * held(i) * 4 for i in (3, 4, 5))
     assert every > 1.3 * expected
 
 
@@ -310,7 +315,7 @@ def test_text_only_class_matches_transformers(gemma4_text_pipeline, hf_gemma4_te
     np.testing.assert_array_equal(ours.token_ids, ids[0].numpy())
     with torch.no_grad():
         ref = hf_gemma4_text(input_ids=ids).logits[0].numpy()
-    assert np.abs(pipe.engine.score([ours])[0] - ref).max() <= 1e-4 * max(1.0, float(np.abs(ref).max()))
+    assert np.abs(pipe.prompt_logits(ours) - ref).max() <= 1e-4 * max(1.0, float(np.abs(ref).max()))
     tokens = _reference_tokens(hf_gemma4_text, {"input_ids": ids}, eos_token_id=None)
     assert pipe.generate_prepared([ours], max_new_tokens=NEW, ignore_eos=True)[0].token_ids == tokens
     assert pipe.generate(messages, max_new_tokens=NEW).token_ids == _through_eos(tokens, pipe.config.eos_ids)

@@ -1,7 +1,10 @@
 """Gemma 4 on 4 simulated CPU devices gives what one device gives: the small layout (per-layer embeddings, KV
 sharing, image + audio) on a 2 x 2 (data x model) mesh, the mixture-of-experts layout with the experts split 4 ways."""
 
+import pytest
 from fixtures.four_devices import run_on_four_devices
+
+pytestmark = pytest.mark.multidevice
 
 SCRIPT = r"""
 import json, sys

@@ -19,6 +19,8 @@ from PIL import Image
 from fixtures.video_files import sample_frames, tone, write_video
 from fixtures.video_reference import placeholders, run_reference, torch_inputs
 
+pytestmark = pytest.mark.reference
+
 SR = 16000
 NEW = 16
 FRAMES_A = sample_frames(2, 40, 56, seed=11)
@@ -145,7 +147,7 @@ def scores(models, cases, prepared):
     for kind in ("small", "moe"):
         pipe = models[kind][0]
         names = _batch(cases, kind)
-        logits = pipe.engine.score([prepared[n] for n in names] + [pipe.prepare(m) for m in EXTRA])
+        logits = pipe.prompt_logits([prepared[n] for n in names] + [pipe.prepare(m) for m in EXTRA])
         out.update(zip(names, logits))
     return out
 

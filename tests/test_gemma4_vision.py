@@ -29,6 +29,8 @@ from omnijax.preprocess.gemma4.image import Gemma4ImageConfig, process_image, pr
 
 from fixtures.module_parity import assert_close, flat_paths, load_module
 
+pytestmark = pytest.mark.reference
+
 _SIZES = [(50, 80), (120, 30), (7, 300), (96, 96), (200, 150), (13, 47)]
 
 

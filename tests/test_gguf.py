@@ -17,6 +17,8 @@ from omnijax.app.pipeline import Pipeline
 from omnijax.common.errors import CheckpointError, PromptError, UnsupportedModelError
 from fixtures.tiny_gguf import DEFAULT_TYPES, write_tiny_gemma3_gguf
 
+pytestmark = pytest.mark.reference
+
 CHAT_TEMPLATE = ("{{ bos_token }}{% for m in messages %}<start_of_turn>{{ m['role'] }}\n"
                  "{{ m['content'] if m['content'] is string else m['content'][0]['text'] }}<end_of_turn>\n"
                  "{% endfor %}{% if add_generation_prompt %}<start_of_turn>model\n{% endif %}")
@@ -187,7 +189,7 @@ def test_tiny_gguf_logits_and_greedy_tokens_equal_transformers(tiny_gguf_pipe, h
     model, _ = hf_from_gguf
     prompts = [tiny_gguf_pipe.prepare(text) for text in PROMPTS]
     assert len(prompts[1].token_ids) > 2 * model.config.sliding_window
-    for prompt, ours in zip(prompts, tiny_gguf_pipe.engine.score(prompts)):
+    for prompt, ours in zip(prompts, tiny_gguf_pipe.prompt_logits(prompts)):
         with torch.no_grad():
             ref = model(torch.tensor(prompt.token_ids[None], dtype=torch.long)).logits[0].numpy()
         assert ours.shape == ref.shape

@@ -6,12 +6,15 @@ from __future__ import annotations
 import json
 
 import numpy as np
+import pytest
 import safetensors
 import torch
 
 import fixtures.llama4_checkpoint as lc
 from fixtures.llama4_tokenizer import SPECIAL_TOKEN_IDS
 from omnijax.preprocess.tokenizer import load_tokenizer
+
+pytestmark = pytest.mark.reference
 
 
 def _tensors(folder) -> dict[str, np.ndarray]:

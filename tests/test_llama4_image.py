@@ -23,6 +23,8 @@ from omnijax.preprocess.user_text import encode_prompt
 from omnijax.preprocess.tokenizer import load_tokenizer
 from fixtures.llama4_tokenizer import SPECIAL_TOKEN_IDS
 
+pytestmark = pytest.mark.reference
+
 
 def _config(settings: dict) -> Llama4ImageConfig:
     return Llama4ImageConfig.from_dict(settings)

@@ -23,6 +23,8 @@ from omnijax.app.families.llama4 import spec as fam
 from omnijax.common.errors import CheckpointError, PromptError
 from fixtures.llama4_tokenizer import SPECIAL_TOKEN_IDS
 
+pytestmark = pytest.mark.reference
+
 CASES = {name: (messages, images) for name, messages, images in lr.CHAT_CASES}
 MAX_NEW = 16
 PATCH_ID = SPECIAL_TOKEN_IDS["<|patch|>"]
@@ -97,12 +99,12 @@ def test_each_image_lands_in_its_own_placeholder_run(llama4_pipeline, llama4_ima
 def test_logit_parity(llama4_pipeline, hf_llama4_model, llama4_reference, llama4_image_paths, case):
     with torch.no_grad():
         ref = hf_llama4_model(**reference_inputs(llama4_reference, case)).logits[0].numpy()
-    ours = llama4_pipeline.engine.score([llama4_pipeline.prepare(filled(case, llama4_image_paths))])[0]
+    ours = llama4_pipeline.prompt_logits(filled(case, llama4_image_paths))
     assert_logits_close(ours, ref)
 
 
-def test_cases_exercise_chunks_nope_layers_and_blocked_attention(llama4_pipeline, llama4_image_paths):
-    from omnijax.decoder.attention_op import backend_for
+def test_cases_exercise_chunks_nope_layers_and_several_prefill_chunks(llama4_pipeline, llama4_image_paths):
+    from omnijax.app.chunks import plan_chunks
 
     layers = llama4_pipeline.config.decoder.layers
     chunk = layers[0].attention.mask.size
@@ -112,8 +114,8 @@ def test_cases_exercise_chunks_nope_layers_and_blocked_attention(llama4_pipeline
     prompt = llama4_pipeline.prepare(filled("long_chunks", llama4_image_paths))
     patches = np.flatnonzero(prompt.token_ids == PATCH_ID)
     assert patches[0] // chunk != patches[-1] // chunk  # the image run straddles a chunk boundary
-    length, _ = llama4_pipeline.engine.plan([prompt], 1)
-    assert backend_for(length) == "blocked"
+    sched = llama4_pipeline.scheduler  # the serving engine prefills it in several chunks (each after the cache)
+    assert len(plan_chunks(0, len(prompt.token_ids), prompt.bidirectional, sched.chunk, ())) >= 2
     small = llama4_pipeline.prepare(filled("one_small", llama4_image_paths))
     assert len(small.token_ids) < chunk < len(small.token_ids) + MAX_NEW  # decoding crosses a chunk boundary
 
@@ -138,15 +140,25 @@ def test_mixed_batch_equals_each_alone(llama4_pipeline, llama4_image_paths):
 
 
 def test_new_prompt_length_in_the_same_bucket_does_not_recompile(llama4_pipeline, llama4_image_paths):
-    engine = llama4_pipeline.engine
-    llama4_pipeline.generate(filled("one_small", llama4_image_paths), max_new_tokens=5)
-    before = engine.compilations()
-    other = filled("one_small", llama4_image_paths)
-    other[0]["content"][1]["text"] = "What is in this picture, and where was it taken?"
-    assert len(llama4_pipeline.prepare(other).token_ids) != \
-        len(llama4_pipeline.prepare(filled("one_small", llama4_image_paths)).token_ids)
-    llama4_pipeline.generate(other, max_new_tokens=5)
-    assert engine.compilations() == before
+    """Every program the serving engine runs (media encoders, chunks, first token, decode steps) is counted. The
+    first two questions about the image compile what such requests need (the second's image comes from the prefix
+    cache: its chunk is text only, another program); later questions of other lengths compile nothing."""
+    def ask(text):
+        conv = filled("one_small", llama4_image_paths)
+        conv[0]["content"][1]["text"] = text
+        return llama4_pipeline.prepare(conv)
+
+    first, second, *later = [ask(t) for t in ("What is this?", "What is in this picture, and where was it taken?",
+                                               "Which colours do you see in it, and how many shapes?",
+                                               "Is it day or night in this picture, do you think?")]
+    assert len({len(p.token_ids) for p in [first, second, *later]}) == 4
+    llama4_pipeline.generate_prepared([first], max_new_tokens=5)
+    llama4_pipeline.generate_prepared([second], max_new_tokens=5)
+    before = llama4_pipeline.compilations()
+    assert before > 0
+    for p in later:
+        assert len(llama4_pipeline.generate_prepared([p], max_new_tokens=5)[0].token_ids) > 0
+    assert llama4_pipeline.compilations() == before
 
 
 # ---- the text-only folder ---------------------------------------------------------------------------------------
@@ -164,7 +176,7 @@ def test_text_only_folder_matches_transformers(llama4_text_pipeline, hf_llama4_t
     with torch.no_grad():
         ref = hf_llama4_text_model(input_ids=ids).logits[0].numpy()
         ref_new = hf_llama4_text_model.generate(input_ids=ids, max_new_tokens=MAX_NEW, do_sample=False)
-    assert_logits_close(llama4_text_pipeline.engine.score([prompt])[0], ref)
+    assert_logits_close(llama4_text_pipeline.prompt_logits(prompt), ref)
     assert llama4_text_pipeline.generate(TEXT_PROMPTS[name], max_new_tokens=MAX_NEW).token_ids == \
         ref_new[0, ids.shape[1]:].tolist()
     assert llama4_text_pipeline.config.modalities == ()

@@ -2,8 +2,11 @@
 the model axis, give the one-device tokens and logits."""
 
 import numpy as np
+import pytest
 
 from fixtures.four_devices import run_on_four_devices
+
+pytestmark = pytest.mark.multidevice
 
 SCRIPT = r"""
 import json, sys
@@ -20,7 +23,7 @@ out = {}
 for name, mesh in [("one", make_mesh(1, jax.devices()[:1])), ("model4", make_mesh(4)), ("data2_model2", make_mesh(2))]:
     pipe = Pipeline.from_pretrained(folder, mesh=mesh, max_batch=2, max_context=1024)
     moe = next(l["mlp"] for l in pipe.engine.params["decoder"]["layers"].values() if "router" in l["mlp"])
-    scores = pipe.engine.score([pipe.prepare(c) for c in convs])
+    scores = pipe.prompt_logits(convs)
     out[name] = {"tokens": [r.token_ids for r in pipe.generate(convs, max_new_tokens=12)],
                  "scores": [s.tolist() for s in scores], "mesh": dict(pipe.engine.mesh.shape),
                  "expert_spec": str(moe["gate_proj"].sharding.spec),

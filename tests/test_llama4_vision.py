@@ -20,6 +20,8 @@ from omnijax.encoders.llama4.vision import (Llama4ImageEncoder, Llama4VisionConf
 from omnijax.preprocess.llama4.image_batch import collate
 from fixtures.module_parity import flat_paths, load_module
 
+pytestmark = pytest.mark.reference
+
 VISION_PREFIXES = ("vision_model.", "multi_modal_projector.")
 
 

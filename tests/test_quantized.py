@@ -135,8 +135,8 @@ def test_the_decoder_matrices_are_stored_quantized_and_the_rest_is_not(quantized
 @pytest.mark.parametrize("mode", ["int8", "int4"])
 def test_quantized_logits_stay_close_to_float32(quantized_pipes, gemma3_pipeline, mode):
     prompt = gemma3_pipeline.prepare([{"role": "user", "content": "Tell me a story about a fox and a crow."}])
-    ref = np.asarray(gemma3_pipeline.engine.prefill([prompt], 4).logits)[0]
-    got = np.asarray(quantized_pipes[mode].engine.prefill([prompt], 4).logits)[0]
+    ref = gemma3_pipeline.prompt_logits(prompt)[-1]
+    got = quantized_pipes[mode].prompt_logits(prompt)[-1]
     # random tiny weights: int8 stays within a few percent of the largest logit; int4 (16 levels per group of 32
     # Gaussian values, ~8% noise per weight) moves them more, but they must still follow float32's
     err = np.abs(got - ref).max() / np.abs(ref).max()
@@ -160,7 +160,7 @@ out = {}
 for name, mesh in [("one", make_mesh(1, jax.devices()[:1])), ("model4", make_mesh(4))]:
     pipe = Pipeline.from_pretrained(sys.argv[1], mesh=mesh, quantize="int4")
     w = pipe.engine.params["decoder"]["layers"][0]["mlp"]["gate_up_proj"]
-    logits = np.asarray(pipe.engine.prefill([pipe.prepare("Tell me a story about a fox.")], 4).logits)
+    logits = pipe.prompt_logits(["Tell me a story about a fox."])[0][-1:]
     out[name] = {"tokens": pipe.generate(["Tell me a story about a fox."], max_new_tokens=8)[0].token_ids,
                  "logits": logits.tolist(),
                  "specs": [str(x.sharding.spec) for x in (w.values, w.scales, w.offsets)],
@@ -169,6 +169,7 @@ print("RESULT" + json.dumps(out))
 """
 
 
+@pytest.mark.multidevice
 def test_quantized_weights_shard_like_their_float_weights(tiny_gemma3_dir):
     out = run_on_four_devices(SHARD_SCRIPT, tiny_gemma3_dir)
     assert out["one"]["tokens"] == out["model4"]["tokens"]

@@ -19,6 +19,8 @@ from transformers.models.qwen3_omni_moe.modeling_qwen3_omni_moe import _get_feat
 import fixtures.qwen3_omni_checkpoint as qc
 import fixtures.qwen3_omni_tokenizer as qt
 
+pytestmark = pytest.mark.reference
+
 SR = 16000
 SYSTEM = "You are a helpful assistant."
 QUESTION = "What is in the picture?"

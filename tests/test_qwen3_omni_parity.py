@@ -9,6 +9,8 @@ from PIL import Image
 from omnijax.common.errors import MediaError
 from omnijax.app.pipeline import Pipeline
 
+pytestmark = pytest.mark.reference
+
 SR = 16000
 
 
@@ -85,7 +87,7 @@ def test_logit_parity(qwen_pipeline, hf_qwen_processor, hf_qwen_thinker, case):
     inputs = hf_inputs(hf_qwen_processor, CASES[case])
     with torch.no_grad():
         ref = hf_qwen_thinker(**inputs).logits[0].numpy()
-    ours = qwen_pipeline.engine.score([qwen_pipeline.prepare(CASES[case])])[0]
+    ours = qwen_pipeline.prompt_logits(CASES[case])
     assert ours.shape == ref.shape
     assert np.abs(ours - ref).max() <= 1e-4 * max(1.0, float(np.abs(ref).max()))
 

@@ -20,6 +20,8 @@ from omnijax.decoder.qwen3_omni.code2wav import chunk_samples
 from fixtures.qwen3_omni_speech_reference import load_full_model, reference_speech
 from test_qwen3_omni_parity import clip, image, user
 
+pytestmark = [pytest.mark.slow, pytest.mark.reference]
+
 N_TOKENS = 12  # thinker tokens
 N_FRAMES = 30  # codec frames (a random talker seldom chooses its end code)
 VOICE = "chelsie"

@@ -1,7 +1,10 @@
 """Qwen3-Omni answering aloud on 4 simulated CPU devices (a 2 x 2 data x model mesh: the talker's experts and
 projections split over the model axis) speaks what one device speaks."""
 
+import pytest
 from fixtures.four_devices import run_on_four_devices
+
+pytestmark = pytest.mark.multidevice
 
 SCRIPT = r"""
 import json, sys

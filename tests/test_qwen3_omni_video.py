@@ -20,6 +20,8 @@ from PIL import Image
 from fixtures.video_files import sample_frames, tone, write_video
 from fixtures.video_reference import placeholders, run_reference, torch_inputs
 
+pytestmark = pytest.mark.reference
+
 SR = 16000
 SIZE = {"shortest_edge": 256, "longest_edge": 4096}  # the tiny checkpoint's video processor size
 FRAMES_A = sample_frames(4, 24, 32, seed=1)
@@ -150,7 +152,7 @@ def test_processor_and_positions_parity(qwen_pipeline, hf_qwen_thinker, prepared
 @pytest.fixture(scope="module")
 def scores(qwen_pipeline, prepared):
     names = list(prepared)
-    return dict(zip(names, qwen_pipeline.engine.score([prepared[n] for n in names])))
+    return dict(zip(names, qwen_pipeline.prompt_logits([prepared[n] for n in names])))
 
 
 @pytest.mark.parametrize("case", ["frames", "frames_audio", "file", "video_image", "clip_and_video"])

@@ -36,6 +36,8 @@ from omnijax.preprocess.qwen3_omni.image_batch import (frame_token_buckets, visi
                                                        vision_rope_positions, vision_segments, vision_token_count)
 from omnijax.preprocess.qwen3_omni.mrope import audio_tokens_from_frames as audio_output_length
 
+pytestmark = pytest.mark.reference
+
 VISION = dict(depth=3, hidden_size=32, hidden_act="gelu_pytorch_tanh", intermediate_size=48, num_heads=4,
               in_channels=3, patch_size=4, temporal_patch_size=2, spatial_merge_size=2, out_hidden_size=48,
               num_position_embeddings=36, deepstack_visual_indexes=[0, 1])

@@ -37,6 +37,8 @@ from omnijax.preprocess.qwen3_omni.image import (
     smart_resize,
 )
 
+pytestmark = pytest.mark.reference
+
 TOL = 1e-5
 
 # Qwen3-Omni's image settings (patch 16, mean = std = 0.5) with small pixel bounds so the tests stay fast.

@@ -1,26 +1,28 @@
 """Shape budgets: new media sizes, prompt lengths and max_new_tokens inside their buckets compile nothing new.
 
-Every compiled program of the engine is counted (encoders, prefill, RoPE tables, and the serving slots' chunk,
-insert, decode and cache programs).
+Every compiled program of the serving engine is counted (media encoders, and the slots' chunk, insert, decode and
+cache programs).
 Each case first generates once (compiling what that bucket needs), then checks that further inputs of other sizes
 in the same buckets add no compilation, while their answers still follow their own inputs.
 """
 
 import numpy as np
 
-from omnijax.common.sharding import host_array
+from omnijax.app.generation import bucket_for
 from test_qwen3_omni_parity import clip, image, user
 
 
-def _bucket(pipe, prompt) -> tuple[int, int]:
-    return pipe.engine.plan([prompt], 8)
+def _bucket(pipe, prompt) -> int:
+    """The length the serving engine pads this prompt to (each prompt here is one prefill chunk)."""
+    assert len(prompt.token_ids) <= pipe.scheduler.chunk
+    return bucket_for(len(prompt.token_ids), pipe.engine.buckets)
 
 
 def _first_then_same_bucket(pipe, conversations, max_new_tokens=(8, 8, 8, 8)):
     engine = pipe.engine
     prompts = [pipe.prepare(c) for c in conversations]
     buckets = {_bucket(pipe, p) for p in prompts}
-    assert len(buckets) == 1, f"the inputs span prompt/cache buckets {buckets}: the test's premise fails"
+    assert len(buckets) == 1, f"the inputs span prompt buckets {buckets}: the test's premise fails"
     media = {tuple((m, k, v.shape) for m, items in p.media.items() for k, v in engine._collate[m](items).items())
              for p in prompts}
     assert len(media) == 1, f"the inputs span media buckets {media}: the test's premise fails"
@@ -28,7 +30,7 @@ def _first_then_same_bucket(pipe, conversations, max_new_tokens=(8, 8, 8, 8)):
     before = pipe.compilations()
     rest = [pipe.generate_prepared([p], max_new_tokens=n)[0] for p, n in zip(prompts[1:], max_new_tokens[1:])]
     new = pipe.compilations() - before
-    last = [host_array(engine.prefill([p], 8).logits)[0] for p in prompts]  # each prompt's own next-token logits
+    last = [logits[-1] for logits in pipe.prompt_logits(prompts)]  # each prompt's own next-token logits
     assert all(np.abs(a - b).max() > 1e-4 for i, a in enumerate(last) for b in last[i + 1:])
     return first + rest, new, prompts
 

@@ -11,6 +11,8 @@ import pytest
 from omnijax.app.scoring import perplexity, windows
 from omnijax.common.errors import PromptError
 
+pytestmark = pytest.mark.reference
+
 TEXTS = ["The quick brown fox jumps over the lazy dog.",
          "Once upon a time, in a small village by the sea, there lived an old fisherman and his cat. " * 3,
          "ab"]

@@ -245,6 +245,7 @@ print("RESULT" + json.dumps({"tokens": [r.token_ids for r in results], "mesh": d
 """
 
 
+@pytest.mark.multidevice
 def test_four_devices_split_slots_and_weights(tiny_gemma3_dir, sched, gemma3_pipeline):
     """On a (data 2, model 2) mesh of 4 simulated devices the slots are split over the data axis and the weights
     over the model axis; the answers equal one device's."""

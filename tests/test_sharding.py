@@ -6,6 +6,7 @@ import pathlib
 import subprocess
 import sys
 
+import pytest
 from jax.sharding import PartitionSpec
 from fixtures.four_devices import run_on_four_devices
 
@@ -32,6 +33,7 @@ print("RESULT" + json.dumps(out))
 """
 
 
+@pytest.mark.multidevice
 def test_four_device_runs_equal_one_device(tiny_gemma3_dir):
     out = run_on_four_devices(SCRIPT, tiny_gemma3_dir)
     assert out["one"]["tokens"] == out["model4"]["tokens"] == out["data2_model2"]["tokens"]
@@ -78,6 +80,7 @@ print("RESULT" + json.dumps(out))
 """
 
 
+@pytest.mark.multidevice
 def test_expert_parallel_runs_equal_one_device(tiny_qwen_dir):
     out = run_on_four_devices(QWEN_SCRIPT, tiny_qwen_dir)
     assert out["one"]["tokens"] == out["model4"]["tokens"] == out["data2_model2"]["tokens"]
@@ -111,6 +114,7 @@ print("RESULT" + json.dumps(out))
 """
 
 
+@pytest.mark.multidevice
 def test_decode_step_collectives_are_bounded(tiny_gemma3_dir):
     """A sharded decode step needs one all-reduce after the attention output and one after the MLP per layer (the
     fused q/k/v and gate/up kernels are split by whole heads / matching rows); kv heads are repeated when the model
@@ -164,6 +168,7 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
+@pytest.mark.multidevice
 def test_two_processes_share_one_mesh_and_equal_one_process(tiny_gemma3_dir):
     """Two JAX processes on this machine (jax.distributed over localhost, CPU collectives), 2 devices each, one
     (data 2 x model 2) mesh across both: both get the single-process answer."""

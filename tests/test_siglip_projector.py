@@ -26,6 +26,8 @@ from omnijax.preprocess.gemma3.image_batch import collate
 
 from fixtures.module_parity import assert_close, flat_paths, load_module
 
+pytestmark = pytest.mark.reference
+
 
 def _randomise(module: torch.nn.Module, seed: int) -> None:
     """Overwrite every parameter: norms (1-D weights named *norm*) ~ N(0, 0.5), everything else ~ N(0, 0.2)."""

@@ -15,6 +15,8 @@ from transformers import AutoConfig, AutoProcessor, AutoTokenizer, Gemma3ForCond
 
 from fixtures import tiny_gemma3 as dm
 
+pytestmark = pytest.mark.reference
+
 BOI, EOI, IMG = dm.BOI_TOKEN, dm.EOI_TOKEN, dm.IMAGE_TOKEN
 
 

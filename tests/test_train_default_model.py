@@ -10,10 +10,14 @@ import subprocess
 import sys
 
 import numpy as np
+import pytest
+
 from safetensors.numpy import load_file
 
 from training.model import CONFIG, write_folder_files
 from training.gemma3_weights import gemma3_weight_shapes
+
+pytestmark = pytest.mark.slow
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 SCRIPT = str(ROOT / "training" / "train_default_model.py")
 

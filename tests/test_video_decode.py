@@ -16,6 +16,8 @@ from omnijax.preprocess.resize_uint8 import resize_uint8
 from omnijax.preprocess.video_decode import decode_audio_track, decode_frames, probe
 from omnijax.preprocess.video_sampling import qwen_frame_indices, uniform_frame_indices
 
+pytestmark = pytest.mark.reference
+
 FRAMES = sample_frames(100, 32, 48, seed=21)
 
 

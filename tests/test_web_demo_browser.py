@@ -21,6 +21,8 @@ import pytest
 from omnijax.demo.chat_state import ERROR_TITLE
 from fixtures.web_demo_parts import MAX_NEW, STATS_RE, _free_port, _text, _user
 
+pytestmark = pytest.mark.browser
+
 CHROMIUM = "/usr/bin/chromium"
 CHROMIUM_ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
                  "--disable-background-networking", "--disable-component-update", "--disable-sync"]

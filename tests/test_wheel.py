@@ -15,6 +15,8 @@ import zipfile
 
 import pytest
 
+pytestmark = pytest.mark.slow
+
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 IMAGE = ROOT / "examples" / "shapes.png"
 PROMPT = "Describe this image."
