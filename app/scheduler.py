@@ -35,10 +35,9 @@ from omnijax.app.generation import bucket_for
 from omnijax.app.media_cache import EncodedItem, MediaCache
 from omnijax.app.prefix_cache import PrefixCache, PrefixEntry, key_ids
 from omnijax.app.requests import GenerationResult, Request, RequestHandle, TokenEvent
-from omnijax.app.slots import DEFAULT_CHUNK, DEFAULT_SLOTS, Slots
+from omnijax.app.slots import DEFAULT_CHUNK, DEFAULT_SLOTS, ChunkMedia, Slots
 from omnijax.common.errors import OmnijaxError, PromptError
 from omnijax.common.sharding import host_array
-from omnijax.decoder.model import Media
 from omnijax.preprocess.buckets import length_bucket
 
 log = logging.getLogger(__name__)
@@ -65,7 +64,7 @@ class Live:
     ids: np.ndarray | None = None  # key ids of the prompt (app/prefix_cache.py)
     chunks: list = dataclasses.field(default_factory=list)
     keep_at: set = dataclasses.field(default_factory=set)  # chunk ends whose keys / values become prefix entries
-    media: dict = dataclasses.field(default_factory=dict)  # placeholder id -> Media of the whole prompt
+    media: dict = dataclasses.field(default_factory=dict)  # placeholder id -> (features [R, D], extras [E, R, D])
     logit_rows: list = dataclasses.field(default_factory=list)  # host logits of each chunk (prompt_logits)
     generated: int = 0
     cached: int = 0
@@ -287,11 +286,12 @@ class Scheduler:
         self.slots.ensure_allocated()
         prompt = live.request.prompt
         placeholders, media = {}, {}
+        deep = self.engine.cfg.deepstack_ids(prompt.media)
         for modality, items in prompt.media.items():
             token_id = self.engine.cfg.media_token_id(modality)
             rows = self.media.rows(modality, items)
             placeholders[token_id] = [(digest, len(item.features)) for digest, item in rows]
-            media[token_id] = self._device_media([item for _, item in rows])
+            media[token_id] = self._host_media([item for _, item in rows], token_id in deep)
         live.media = media
         live.ids = key_ids(prompt.token_ids, placeholders)
         n = len(live.ids)
@@ -306,13 +306,34 @@ class Scheduler:
         if not live.chunks:  # the whole prompt was cached, with its logits
             self._insert(live, entry.logits)
 
-    def _device_media(self, items: list[EncodedItem]) -> Media:
-        features = np.concatenate([i.features for i in items])
-        rows = length_bucket(len(features), 16)
-        pad = lambda a: np.concatenate([a, np.zeros((rows - len(a),) + a.shape[1:], a.dtype)])  # noqa: E731
-        extras = tuple(pad(np.concatenate(maps)) for maps in zip(*(i.extras for i in items)))
-        put = lambda a: self.engine.put(a, (None,) * a.ndim)  # noqa: E731
-        return Media(put(pad(features)), None, tuple(put(e) for e in extras))
+    def _host_media(self, items: list[EncodedItem], deepstack: bool) -> tuple[np.ndarray, np.ndarray]:
+        """One modality's feature rows of the whole prompt [R, D] (float32, in placeholder order), and the extra
+        feature maps added after the first decoder layers [E, R, D] (E = the decoder's deepstack layers; zeros
+        for a modality whose encoder has none)."""
+        features = np.concatenate([i.features for i in items]).astype(np.float32)
+        extras = np.zeros((self.engine.cfg.decoder.deepstack_layers,) + features.shape, np.float32)
+        if deepstack:
+            for i, maps in enumerate(zip(*(item.extras for item in items))):
+                extras[i] = np.concatenate(maps)
+        return features, extras
+
+    def _chunk_media(self, live: Live, a: int, b: int) -> ChunkMedia | None:
+        """The media of prompt tokens a..b-1: each placeholder's feature row (its item's rows in placeholder order
+        across the prompt) and deepstack rows; None when the chunk holds no placeholder."""
+        ids = live.request.prompt.token_ids
+        out = None
+        for token_id, (features, extras) in live.media.items():
+            at = np.flatnonzero(ids[a:b] == token_id)
+            if not len(at):
+                continue
+            if out is None:
+                out = ChunkMedia(np.zeros((b - a, features.shape[1]), np.float32), np.zeros(b - a, bool),
+                                 np.zeros((extras.shape[0], b - a, features.shape[1]), np.float32))
+            first = int(np.sum(ids[:a] == token_id))
+            out.rows[at] = features[first:first + len(at)]
+            out.is_media[at] = True
+            out.deepstack[:, at] = extras[:, first:first + len(at)]
+        return out
 
     def _encode_one(self, modality: str, item) -> EncodedItem:
         out = self.engine.encode({modality: [item]})[modality]  # (features, valid[, extras])
@@ -330,19 +351,11 @@ class Scheduler:
         a, b = live.chunks.pop(0)
         prompt = live.request.prompt
         ids = prompt.token_ids
-        media, offsets = {}, {}
-        for token_id, m in live.media.items():
-            if np.any(ids[a:b] == token_id):
-                media[token_id] = m
-                offsets[token_id] = int(np.sum(ids[:a] == token_id))
         rope = np.arange(a, b)[None] if prompt.rope_positions is None else prompt.rope_positions[:, a:b]
-        deepstack = tuple(t for t in self._deepstack_ids(live) if t in media)
-        every = live.request.prompt_logits
-        logits = self.slots.extend(ids[a:b], a, live.slot, rope, prompt.bidirectional[a:b], media, offsets,
-                                   deepstack, bucket_for(b - a, self.engine.buckets), all_logits=every)
-        if every:  # [1, length, V]: the chunk's rows to the host, its last row on to the first token
-            live.logit_rows.append(host_array(logits)[0, :b - a])
-            logits = logits[:, b - a - 1]
+        logits, hidden = self.slots.extend(ids[a:b], a, live.slot, rope, prompt.bidirectional[a:b],
+                                           self._chunk_media(live, a, b), bucket_for(b - a, self.engine.buckets))
+        if live.request.prompt_logits:
+            live.logit_rows.append(host_array(self.slots.head(hidden))[0, :b - a])
         if live.chunks:
             if b in live.keep_at:
                 self._keep_prefix(live, b, None)
@@ -351,11 +364,6 @@ class Scheduler:
         if self.prefix.enabled and n >= MIN_PREFIX_TOKENS and live.cached < n:
             self._keep_prefix(live, n, logits)
         self._insert(live, logits)
-
-    def _deepstack_ids(self, live: Live) -> tuple[int, ...]:
-        """The placeholder ids of the prompt's media whose extra feature maps are added after the first layers:
-        those read by the deepstack modality's encoder (images, and video frames through the same tower)."""
-        return self.engine.cfg.deepstack_ids(live.request.prompt.media)
 
     def _insert(self, live: Live, logits) -> None:
         req = live.request

@@ -6,7 +6,9 @@ layers: a ring of the window) and its decoding state (``SlotState``: the next to
 generated, whether it is active, its sampling settings). The programs, all on fixed shapes:
 
 - ``extend``: a chunk of one request's prompt (a bucketed length) attends to its row and is written into it (its
-  logits at the last token, or at every token for ``Pipeline.prompt_logits``);
+  logits at the last token, and its last layer's output at every token, which ``head`` turns into the logits at
+  every token for ``Pipeline.prompt_logits``); its media come as one feature row per token (``ChunkMedia``), so a
+  chunk length is one program whatever media the chunk holds;
 - ``insert``: the first token of a prefilled request, drawn from the prompt's last logits, makes its slot active;
 - ``decode``: one token for every active slot of the first ``rows`` slots (rows: a power of two, so a lone request
   decodes at batch 1) with each slot's own settings; a slot turns inactive on an end id or its last token;
@@ -28,10 +30,20 @@ import numpy as np
 from omnijax.app.sampling import SamplingParams, choose_rows, row_settings
 from omnijax.common.sharding import named_sharding, use_mesh
 from omnijax.decoder.kv_cache import KEY_AXES, VALUE_AXES, init_cache, restore_row, snapshot_row
-from omnijax.decoder.model import Chunk, Media
+from omnijax.decoder.model import Chunk
 
 DEFAULT_CHUNK = 512  # the longest chunk of a prompt, unless a media block needs more (it is never split)
 DEFAULT_SLOTS = 8
+
+
+class ChunkMedia(NamedTuple):
+    """The media of a chunk of ``count`` tokens, on the host: rows [count, D] (each media placeholder's feature
+    row, zeros elsewhere), is_media [count] (the placeholders), deepstack [E, count, D] (what is added after the
+    first E decoder layers at each placeholder; zeros elsewhere). None for a chunk without media."""
+
+    rows: np.ndarray
+    is_media: np.ndarray
+    deepstack: np.ndarray
 
 
 class SlotState(NamedTuple):
@@ -89,6 +101,7 @@ class Slots:
         self.rows = row_buckets(slots) if engine.mesh.shape["data"] == 1 else (slots,)
         self.cache = None
         self.state = None
+        self._empty_media: dict[int, tuple] = {}
         self._programs(None, None)
 
     def _programs(self, cache_sharding, state_sharding) -> None:
@@ -97,9 +110,9 @@ class Slots:
         one = None if state_sharding is None else jax.sharding.NamedSharding(self.engine.mesh,
                                                                                jax.sharding.PartitionSpec())
         out = lambda *shardings: None if cache_sharding is None else shardings  # noqa: E731
-        self._extend = jax.jit(self._extend_impl, static_argnames=("deepstack", "all_logits"),
-                               donate_argnames=("cache",),
-                               out_shardings=out(one, cache_sharding))
+        self._extend = jax.jit(self._extend_impl, donate_argnames=("cache",),
+                               out_shardings=out(one, one, cache_sharding))
+        self._head = jax.jit(lambda params, hidden: self.engine.model(params).decoder.logits(hidden))
         self._insert = jax.jit(self._insert_impl, donate_argnames=("state",), out_shardings=out(state_sharding, one))
         self._decode = jax.jit(self._decode_impl, static_argnames=("rows",), donate_argnames=("cache", "state"),
                                out_shardings=out(one, one, state_sharding, cache_sharding))
@@ -111,11 +124,11 @@ class Slots:
                                 out_shardings=None if cache_sharding is None else cache_sharding)
 
     # ---- jitted bodies -------------------------------------------------------------------------------------
-    def _extend_impl(self, params, cache, tokens, count, start, row, rope_pos, bidirectional, media, offsets, *,
-                     deepstack, all_logits=False):
+    def _extend_impl(self, params, cache, tokens, count, start, row, rope_pos, bidirectional, media, is_media,
+                     deepstack):
         dec = self.engine.model(params).decoder
-        return dec.extend(Chunk(tokens, count, start, row, rope_pos, bidirectional, media, offsets, deepstack),
-                          cache, all_logits=all_logits)
+        return dec.extend(Chunk(tokens, count, start, row, rope_pos, bidirectional, media, is_media, deepstack),
+                          cache)
 
     def _insert_impl(self, state: SlotState, slot, logits_1V, settings, max_new, delta, eos_on, eos_ids):
         token = choose_rows(logits_1V, {k: v[None] for k, v in settings.items()}, jnp.zeros((1,), jnp.int32))[0]
@@ -166,12 +179,27 @@ class Slots:
         """The decode step's row count for active slots up to ``highest_slot``."""
         return next(r for r in self.rows if r > highest_slot)
 
+    def _media_inputs(self, media: ChunkMedia | None, count: int, length: int) -> tuple[jax.Array, ...]:
+        """The chunk program's media inputs (rows [1, length, D], is_media [1, length], deepstack [E, 1, length, D])
+        as device arrays laid out alike whatever the chunk holds; a chunk without media takes zeros made once per
+        length."""
+        if media is None:
+            if length not in self._empty_media:
+                spec = self.cfg.decoder
+                self._empty_media[length] = self._media_inputs(ChunkMedia(
+                    np.zeros((count, spec.hidden_size), np.float32), np.zeros(count, bool),
+                    np.zeros((spec.deepstack_layers, count, spec.hidden_size), np.float32)), count, length)
+            return self._empty_media[length]
+        pad = length - count
+        arrays = (np.pad(media.rows, ((0, pad), (0, 0)))[None], np.pad(media.is_media, (0, pad))[None],
+                  np.pad(media.deepstack, ((0, 0), (0, pad), (0, 0)))[:, None])
+        return tuple(self.engine.put(a, (None,) * a.ndim) for a in arrays)
+
     def extend(self, tokens: np.ndarray, start: int, row: int, rope_pos: np.ndarray, bidirectional: np.ndarray,
-               media: dict, offsets: dict, deepstack: tuple[int, ...], length: int,
-               all_logits: bool = False) -> jax.Array:
-        """Run one chunk (``tokens`` [count] of a prompt at positions start..) into slot ``row``, right-padded to
-        ``length`` -> the logits [1, V] at its last token, or [1, length, V] at every position with ``all_logits``
-        (a device array)."""
+               media: ChunkMedia | None, length: int) -> tuple[jax.Array, jax.Array]:
+        """Run one chunk (``tokens`` [count] of a prompt at positions start.., with its ``media``) into slot ``row``,
+        right-padded to ``length`` -> (the logits [1, V] at its last token, the last layer's output [1, length, D]
+        at every position: see ``head``), device arrays."""
         count = len(tokens)
         tok = np.full((1, length), self.cfg.pad_id, np.int32)
         tok[0, :count] = tokens
@@ -179,12 +207,17 @@ class Slots:
         pos[:, 0, :count] = rope_pos
         bid = np.zeros((1, length), bool)
         bid[0, :count] = bidirectional
+        rows, is_media, deep = self._media_inputs(media, count, length)
         with use_mesh(self.engine.mesh):
-            logits, self.cache = self._extend(self.engine.params, self.cache, tok, np.int32(count), np.int32(start),
-                                              np.int32(row), pos, bid, media,
-                                              {k: np.int32(v) for k, v in offsets.items()}, deepstack=deepstack,
-                                              all_logits=all_logits)
-        return logits
+            logits, hidden, self.cache = self._extend(self.engine.params, self.cache, tok, np.int32(count),
+                                                      np.int32(start), np.int32(row), pos, bid, rows, is_media, deep)
+        return logits, hidden
+
+    def head(self, hidden: jax.Array) -> jax.Array:
+        """The logits [1, T, V] (float32, device) of ``extend``'s last-layer output: the final norm and the output
+        matrix, as the chunk program applies them at its last token."""
+        with use_mesh(self.engine.mesh):
+            return self._head(self.engine.params, hidden)
 
     def insert(self, slot: int, logits_1V: jax.Array, sampling: SamplingParams, max_new: int, delta: int,
                eos_on: bool) -> jax.Array:
@@ -218,12 +251,12 @@ class Slots:
         rope = np.zeros((self.cfg.decoder.rope_axes, 1), np.float32)
         logits = None
         for length in chunk_lengths:
-            logits = self.extend(np.array([self.cfg.pad_id]), 0, 0, rope, np.zeros(1, bool), {}, {}, (), length)
+            logits, _ = self.extend(np.array([self.cfg.pad_id]), 0, 0, rope, np.zeros(1, bool), None, length)
         self.insert(0, logits, SamplingParams(), 2, 0, True)
         self.release(0)
         for rows in self.rows:
             jax.block_until_ready(self.decode(rows))
 
     def compilations(self) -> int:
-        return sum(f._cache_size() for f in (self._extend, self._insert, self._decode, self._release,
+        return sum(f._cache_size() for f in (self._extend, self._head, self._insert, self._decode, self._release,
                                              self._snapshot, self._restore))

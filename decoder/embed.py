@@ -39,28 +39,27 @@ class Embedder(nnx.Module):
 
 
 def rows_at_placeholders(is_placeholder_BL: jax.Array, features_RD: jax.Array, valid_R: jax.Array | None,
-                         dtype, offset: jax.Array | int = 0) -> jax.Array:
+                         dtype) -> jax.Array:
     """[B, L, D]: the j-th valid feature row at the j-th placeholder position (row-major over the batch).
 
-    valid_R marks the feature rows that are real (encoder bucket padding is not); None: every row is. offset: the
-    placeholders before these tokens (a chunk of a longer prompt): the first placeholder takes valid row offset."""
+    valid_R marks the feature rows that are real (encoder bucket padding is not); None: every row is."""
     b, l = is_placeholder_BL.shape
     rows = features_RD.shape[0]
-    j = jnp.clip(jnp.cumsum(is_placeholder_BL.reshape(-1).astype(jnp.int32)) - 1 + offset, 0, rows - 1)
+    j = jnp.clip(jnp.cumsum(is_placeholder_BL.reshape(-1).astype(jnp.int32)) - 1, 0, rows - 1)
     if valid_R is not None:
         j = jnp.nonzero(valid_R, size=rows, fill_value=0)[0][j]
     return jnp.take(features_RD, j, axis=0).reshape(b, l, features_RD.shape[-1]).astype(dtype)
 
 
 def merge_media(x_BLD: jax.Array, is_placeholder_BL: jax.Array, features_RD: jax.Array,
-                valid_R: jax.Array | None = None, offset: jax.Array | int = 0) -> jax.Array:
+                valid_R: jax.Array | None = None) -> jax.Array:
     """Replace placeholder embeddings by media features: the j-th valid row at the j-th placeholder."""
-    rows = rows_at_placeholders(is_placeholder_BL, features_RD, valid_R, x_BLD.dtype, offset)
+    rows = rows_at_placeholders(is_placeholder_BL, features_RD, valid_R, x_BLD.dtype)
     return jnp.where(is_placeholder_BL[..., None], rows, x_BLD)
 
 
 def add_at_placeholders(x_BLD: jax.Array, is_placeholder_BL: jax.Array, features_RD: jax.Array,
-                        valid_R: jax.Array | None = None, offset: jax.Array | int = 0) -> jax.Array:
+                        valid_R: jax.Array | None = None) -> jax.Array:
     """Add the j-th valid feature row to the hidden state at the j-th placeholder (deepstack injection)."""
-    rows = rows_at_placeholders(is_placeholder_BL, features_RD, valid_R, x_BLD.dtype, offset)
+    rows = rows_at_placeholders(is_placeholder_BL, features_RD, valid_R, x_BLD.dtype)
     return x_BLD + jnp.where(is_placeholder_BL[..., None], rows, jnp.zeros_like(rows))

@@ -55,13 +55,15 @@ class Prompt(NamedTuple):
 
 
 class Chunk(NamedTuple):
-    """T tokens of one row's prompt, after the ``start`` tokens its cache row ``row`` holds.
+    """T tokens of one row's prompt, after the ``start`` tokens its cache row ``row`` holds; every array has a
+    fixed shape for a given T, whatever media the chunk holds (one program per chunk length).
 
     tokens [1, T] int32 (right-padded; media placeholders included); count: how many are real; rope_pos
     [axes, 1, T] (float32: time-aware positions may be fractional); bidirectional [1, T]: tokens of media blocks
-    that attend to their whole block (a chunk never splits such a block). media: {placeholder id: Media} with the
-    rows of the whole prompt's media; offsets: {placeholder id: how many of its placeholders come before the
-    chunk}. deepstack: as in ``Prompt``.
+    that attend to their whole block (a chunk never splits such a block). media [1, T, D] float32: at each media
+    placeholder, the feature row of its media item (zeros elsewhere); is_media [1, T]: the tokens that take their
+    media row instead of their embedding. deepstack [E, 1, T, D] float32 (E = ``spec.deepstack_layers``): added to
+    the hidden state after layer i < E (an encoder's extra feature maps at its placeholders, zeros elsewhere).
     """
 
     tokens: jax.Array
@@ -70,9 +72,9 @@ class Chunk(NamedTuple):
     row: jax.Array
     rope_pos: jax.Array
     bidirectional: jax.Array
-    media: dict
-    offsets: dict
-    deepstack: tuple[int, ...] = ()
+    media: jax.Array
+    is_media: jax.Array
+    deepstack: jax.Array
 
 
 def block_ids(is_media_BL: jax.Array) -> jax.Array:
@@ -118,10 +120,10 @@ class DecoderModel(nnx.Module):
         return rope_tables(rope_pos_ABL, [(l.attention.rope, l.attention.head_dim) for l in self.spec.layers
                                           if l.attention.rope is not None])
 
-    def embed(self, tokens_BL: jax.Array, media: dict, offsets: dict | None = None) -> jax.Array:
+    def embed(self, tokens_BL: jax.Array, media: dict) -> jax.Array:
         x = self.embedder.encode(tokens_BL)
         for token_id, m in media.items():
-            x = merge_media(x, tokens_BL == token_id, m.features, m.valid, (offsets or {}).get(token_id, 0))
+            x = merge_media(x, tokens_BL == token_id, m.features, m.valid)
         return constrain(x, ("batch", "length", "embed"))
 
     def logits(self, h_BLD: jax.Array) -> jax.Array:
@@ -228,16 +230,18 @@ class DecoderModel(nnx.Module):
         return x, {"length": prompt.lengths.astype(jnp.int32), "k": tuple(c.k for c in caches),
                    "v": tuple(c.v for c in caches)}, hidden
 
-    def extend(self, chunk: Chunk, cache: dict, *, all_logits: bool = False) -> tuple[jax.Array, dict]:
+    def extend(self, chunk: Chunk, cache: dict) -> tuple[jax.Array, jax.Array, dict]:
         """A chunk of one row's prompt continuing that row of the cache -> (logits [1, V] at the chunk's last real
-        token, or [1, T, V] at every position of the chunk with ``all_logits``; the cache with the chunk written and
-        the row's length ``start + count``).
+        token; the last layer's output [1, T, D] at every position, before the final norm (``logits`` of it: the
+        logits at every position); the cache with the chunk written and the row's length ``start + count``).
 
         Each layer attends to the row's cache as it was and to the chunk (``Attention.extend``); once every layer
         has run, each cache takes the chunk's keys and values (``write_chunk``). Other rows are untouched."""
         spec = self.spec
         t = chunk.tokens.shape[1]
-        x = self.embed(chunk.tokens, chunk.media, chunk.offsets)
+        x = self.embedder.encode(chunk.tokens)
+        x = jnp.where(chunk.is_media[..., None], chunk.media.astype(x.dtype), x)
+        x = constrain(x, ("batch", "length", "embed"))
         idx = jnp.arange(t, dtype=jnp.int32)[None]
         pos = jnp.where(idx < chunk.count, chunk.start + idx, -1)
         ctx = ChunkContext(chunk.row, pos, block_ids(chunk.bidirectional & (pos >= 0)),
@@ -253,21 +257,15 @@ class DecoderModel(nnx.Module):
                                  None if per_layer is None else per_layer[:, :, i])
             if kv is not None:
                 chunk_kv[i] = kv
-            for token_id in chunk.deepstack:
-                m = chunk.media[token_id]
-                if i < len(m.extras):
-                    x = add_at_placeholders(x, chunk.tokens == token_id, m.extras[i], m.valid,
-                                            chunk.offsets.get(token_id, 0))
+            if i < chunk.deepstack.shape[0]:
+                x = x + chunk.deepstack[i].astype(x.dtype)
         keys, values = list(cache["k"]), list(cache["v"])
         for i, (k, v) in chunk_kv.items():
             j = index[i]
             keys[j], values[j] = write_chunk(keys[j], values[j], chunk.row, k, v, chunk.start, chunk.count)
         length = cache["length"].at[chunk.row].set(chunk.start + chunk.count)
-        cache = {"length": length, "k": tuple(keys), "v": tuple(values)}
-        if all_logits:
-            return self.logits(x), cache
         last = jax.lax.dynamic_slice_in_dim(x, jnp.maximum(chunk.count - 1, 0), 1, axis=1)
-        return self.logits(last)[:, 0], cache
+        return self.logits(last)[:, 0], x, {"length": length, "k": tuple(keys), "v": tuple(values)}
 
     def step(self, tokens_B: jax.Array, rope_pos_AB: jax.Array, cache: dict, active_B: jax.Array | None = None,
              *, embeds: jax.Array | None = None, output: str = "logits") -> tuple[jax.Array, dict]:
