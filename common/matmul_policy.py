@@ -9,7 +9,8 @@ instructions) and keep the weights' dtype elsewhere (``activation_dtype``). A pr
   an int8 weight's per-channel scales multiply the product's output instead of every weight;
 - many rows (a prompt, a batch): where the platform multiplies bfloat16 fast (every GPU and TPU, CPUs with
   avx512_bf16 or AMX: ``fast_bf16_products``), a narrow weight and the activations meet as bfloat16 with float32
-  accumulation; elsewhere as float32.
+  accumulation; elsewhere as float32. ``OMNIJAX_NARROW_PRODUCTS`` (float32 / bfloat16) forces one way on every
+  platform, e.g. to get the same numbers on every CPU; read when a program is traced.
 
 Float32 weights with float32 activations take exactly the product they always took (the parity tests' numbers).
 """
@@ -17,6 +18,7 @@ Float32 weights with float32 activations take exactly the product they always to
 from __future__ import annotations
 
 import math
+import os
 
 import jax
 import jax.numpy as jnp
@@ -26,11 +28,20 @@ from omnijax.common.quantized import QuantizedArray, is_quantized
 
 DECODE_ROWS = 16  # products with at most this many rows widen the weight next to the product
 _FAST_BF16_CPU_FLAGS = ("avx512_bf16", "amx_bf16")
+NARROW_PRODUCTS_ENV = "OMNIJAX_NARROW_PRODUCTS"
+_FORCED = {"float32": False, "bfloat16": True}
 
 
-def fast_bf16_products(platform: str | None = None, flags: frozenset[str] | None = None) -> bool:
-    """Whether bfloat16 x bfloat16 products (float32 accumulation) beat float32 ones on ``platform`` (default:
-    JAX's default backend): every GPU and TPU, and CPUs with avx512_bf16 or AMX."""
+def fast_bf16_products(platform: str | None = None, flags: frozenset[str] | None = None,
+                       environ=os.environ) -> bool:
+    """Whether products of narrow weights with many rows run as bfloat16 x bfloat16 (float32 accumulation): what
+    ``OMNIJAX_NARROW_PRODUCTS`` forces (float32 / bfloat16), else where they beat float32 ones on ``platform``
+    (default: JAX's default backend): every GPU and TPU, and CPUs with avx512_bf16 or AMX."""
+    forced = environ.get(NARROW_PRODUCTS_ENV, "") or "auto"
+    if forced != "auto":
+        if forced not in _FORCED:
+            raise ValueError(f"{NARROW_PRODUCTS_ENV}={forced!r}: use auto, float32 or bfloat16")
+        return _FORCED[forced]
     platform = platform or jax.default_backend()
     if platform != "cpu":
         return True

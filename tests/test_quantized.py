@@ -89,10 +89,16 @@ def test_float32_products_are_unchanged():
 
 
 def test_fast_bf16_products_follow_the_platform_and_cpu_flags():
-    assert fast_bf16_products("gpu") and fast_bf16_products("tpu")
-    assert fast_bf16_products("cpu", frozenset({"avx2", "avx512_bf16"}))
-    assert fast_bf16_products("cpu", frozenset({"amx_bf16"}))
-    assert not fast_bf16_products("cpu", frozenset({"avx2", "avx512f"}))
+    assert fast_bf16_products("gpu", environ={}) and fast_bf16_products("tpu", environ={})
+    assert fast_bf16_products("cpu", frozenset({"avx2", "avx512_bf16"}), environ={})
+    assert fast_bf16_products("cpu", frozenset({"amx_bf16"}), environ={})
+    assert not fast_bf16_products("cpu", frozenset({"avx2", "avx512f"}), environ={})
+    forced = {"OMNIJAX_NARROW_PRODUCTS": "float32"}
+    assert not fast_bf16_products("gpu", environ=forced)
+    assert not fast_bf16_products("cpu", frozenset({"avx512_bf16"}), environ=forced)
+    assert fast_bf16_products("cpu", frozenset({"avx2"}), environ={"OMNIJAX_NARROW_PRODUCTS": "bfloat16"})
+    with pytest.raises(ValueError, match="OMNIJAX_NARROW_PRODUCTS"):
+        fast_bf16_products("cpu", environ={"OMNIJAX_NARROW_PRODUCTS": "int8"})
 
 
 def test_unknown_settings_name_the_valid_ones(tiny_gemma3_dir):
