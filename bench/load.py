@@ -1,6 +1,6 @@
 """Load benchmark: time and peak memory of ``Pipeline.from_pretrained`` on the real Gemma 3 270M checkpoint.
 
-    python -m bench.load [--out bench/results] [--repeats 2]
+    python -m bench.load [--out bench/results] [--repeats 2] [--gguf FILE]
 
 Loads the Q4_K_M GGUF file (dequantized into float32 and into bfloat16) and, for comparison, the float32
 safetensors folder transformers saves from it (bench/real_gemma3.py), each in a fresh subprocess, and reports:
@@ -88,7 +88,7 @@ def measure(path, dtype: str, env: dict | None = None) -> dict:
 
 
 def markdown(report: dict) -> str:
-    lines = [f"# Load: real Gemma 3 270M ({report['machine']})", "",
+    lines = [f"# Load: {report['gguf']} ({report['machine']})", "",
              "| checkpoint | dtype | load s | weights s | peak RSS MB | peak before weights MB | RSS before "
              "weights MB | rise while weights stream MB | weights MB | largest tensor MB |",
              "|---|---|---|---|---|---|---|---|---|---|"]
@@ -101,11 +101,12 @@ def markdown(report: dict) -> str:
     return "\n".join(lines) + "\n"
 
 
-def run(out: pathlib.Path, repeats: int) -> dict:
+def run(out: pathlib.Path, repeats: int, gguf: pathlib.Path | None = None) -> dict:
+    """Measure the loads of ``gguf`` (default: the real 270M) and of its safetensors conversion; write the report."""
     from bench.real_gemma3 import gemma3_270m_gguf, reference_folder
 
-    gguf = gemma3_270m_gguf()
-    cases = [("GGUF Q4_K_M", gguf, "float32"), ("GGUF Q4_K_M", gguf, "bfloat16"),
+    gguf = gguf or gemma3_270m_gguf()
+    cases = [("GGUF", gguf, "float32"), ("GGUF", gguf, "bfloat16"),
              ("safetensors (from the GGUF)", reference_folder(gguf), "float32")]
     runs = []
     for name, path, dtype in cases:
@@ -118,7 +119,7 @@ def run(out: pathlib.Path, repeats: int) -> dict:
         best["samples"] = samples
         runs.append(best)
     report = {"machine": f"{platform.machine()}, {platform.processor() or platform.system()}",
-              "time": time.strftime("%Y-%m-%d %H:%M:%S"), "runs": runs}
+              "time": time.strftime("%Y-%m-%d %H:%M:%S"), "gguf": gguf.name, "runs": runs}
     out.mkdir(parents=True, exist_ok=True)
     (out / f"load-{time.strftime('%Y%m%d-%H%M%S')}.json").write_text(json.dumps(report, indent=1))
     (out / "latest-load.json").write_text(json.dumps(report, indent=1))
@@ -130,13 +131,14 @@ def main(argv=None) -> int:
     p = argparse.ArgumentParser(prog="python -m bench.load", description=__doc__.splitlines()[0])
     p.add_argument("--out", default="bench/results")
     p.add_argument("--repeats", type=int, default=2)
+    p.add_argument("--gguf", help="a Gemma 3 GGUF file (default: the real 270M of the test extra)")
     p.add_argument("--probe", help=argparse.SUPPRESS)
     p.add_argument("--dtype", default="float32", help=argparse.SUPPRESS)
     args = p.parse_args(argv)
     if args.probe:
         print(json.dumps(probe(args.probe, args.dtype)))
         return 0
-    print(markdown(run(pathlib.Path(args.out), args.repeats)))
+    print(markdown(run(pathlib.Path(args.out), args.repeats, pathlib.Path(args.gguf) if args.gguf else None)))
     return 0
 
 

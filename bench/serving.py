@@ -3,6 +3,7 @@ lockstep batches (a batch starts together and ends with its longest request), in
 
     python -m bench.serving --model bench      # the ~140M Gemma-3-shaped bench checkpoint (bench/checkpoints.py)
     python -m bench.serving --model real       # Google's Gemma 3 270M, the Q4_K_M GGUF of the test extra
+    python -m bench.serving --model smoke --requests 2   # the tests' run: a few-MB model, a few tokens each
 
 Measured (greedy, end ids ignored so every request generates its budget; prefix and media caches off except for
 the chat figure):
@@ -23,6 +24,7 @@ the second turn's time to first token <= 0.3x the first's.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import pathlib
 import platform
@@ -44,11 +46,28 @@ def chat(pipe, content: str) -> list[dict] | str:
     return [{"role": "user", "content": content}] if pipe.has_chat_template else content
 
 
-def workload(pipe, n: int, seed: int = 0) -> list[tuple]:
+@dataclasses.dataclass(frozen=True)
+class Sizes:
+    """The workload's lengths: prompt words and new tokens of the mixed requests, the long requests' and the short
+    one's prompt words and new tokens, a chat's system prompt words, and the engine's context."""
+    words: tuple[int, int] = (10, 205)
+    new_tokens: tuple[int, int] = (16, 129)
+    long: tuple[int, int] = (60, 256)
+    short: tuple[int, int] = (20, 8)
+    system_words: int = 300
+    context: int = 2048
+
+
+SIZES = {"bench": Sizes(), "real": Sizes(),
+         # the tests' run: the same code path at a few tokens each (it checks the report, never the speed)
+         "smoke": Sizes(words=(4, 20), new_tokens=(2, 6), long=(8, 12), short=(4, 2), system_words=30, context=512)}
+
+
+def workload(pipe, n: int, seed: int = 0, sizes: Sizes = Sizes()) -> list[tuple]:
     """n (prepared prompt, new tokens) pairs of mixed lengths."""
     rng = np.random.default_rng(seed)
-    return [(pipe.prepare(chat(pipe, text(rng, int(rng.integers(10, 205))))), int(rng.integers(16, 129)))
-            for _ in range(n)]
+    return [(pipe.prepare(chat(pipe, text(rng, int(rng.integers(*sizes.words))))),
+             int(rng.integers(*sizes.new_tokens))) for _ in range(n)]
 
 
 def _submit(pipe, prompt, new_tokens):
@@ -119,14 +138,14 @@ def product_rates(d: int = 768, f: int = 3072, rounds: int = 20) -> dict:
     return out
 
 
-def short_among_long(pipe, seed: int = 1) -> dict:
+def short_among_long(pipe, seed: int = 1, sizes: Sizes = Sizes()) -> dict:
     """8 long requests (256 tokens) decoding; a short one (8 tokens) arrives once all of them have started."""
     rng = np.random.default_rng(seed)
-    long = [_submit(pipe, pipe.prepare(chat(pipe, text(rng, 60))), 256) for _ in range(8)]
+    long = [_submit(pipe, pipe.prepare(chat(pipe, text(rng, sizes.long[0]))), sizes.long[1]) for _ in range(8)]
     for h in long:
         next(h.events())
     start = time.perf_counter()
-    short = _submit(pipe, pipe.prepare(chat(pipe, text(rng, 20))), 8)
+    short = _submit(pipe, pipe.prepare(chat(pipe, text(rng, sizes.short[0]))), sizes.short[1])
     short.result()
     short_s = time.perf_counter() - start
     long_s = float(np.mean([h.result().seconds for h in long]))
@@ -142,13 +161,13 @@ def _timed(pipe, prompt) -> tuple[float, object]:
     return ttft, handle.result()
 
 
-def chat_turns(pipe, seed: int = 2) -> dict:
+def chat_turns(pipe, seed: int = 2, sizes: Sizes = Sizes()) -> dict:
     """Time to first token (from the call) of a second chat turn (prefix cached) against the first's, median of
     three chats; the engine is idle before each turn."""
     rng = np.random.default_rng(seed)
     ratios, first, second = [], [], []
     for _ in range(3):
-        system, q1, q2 = text(rng, 300), text(rng, 20), text(rng, 20)
+        system, q1, q2 = text(rng, sizes.system_words), text(rng, 20), text(rng, 20)
         if pipe.has_chat_template:
             turn1 = [{"role": "system", "content": system}, {"role": "user", "content": q1}]
             t1, a = _timed(pipe, turn1)
@@ -181,19 +200,21 @@ def run(name: str, n: int, checkpoints: pathlib.Path) -> dict:
     from omnijax.app.pipeline import Pipeline
 
     folder = model_folder(name, checkpoints)
-    pipe = Pipeline.from_pretrained(folder, max_batch=n, max_context=2048, prefix_cache_mb=0, media_cache_mb=0)
+    sizes = SIZES[name]
+    pipe = Pipeline.from_pretrained(folder, max_batch=n, max_context=sizes.context, prefix_cache_mb=0,
+                                    media_cache_mb=0)
     pipe.scheduler.warm_up()
-    work = workload(pipe, n)
+    work = workload(pipe, n, sizes=sizes)
     continuous(pipe, work)  # compiles what the warm-up did not (media-free, so little)
     figures = {"continuous": continuous(pipe, work), "one_at_a_time": one_at_a_time(pipe, work),
                "lockstep": lockstep(pipe, work, n), "prompts_alone": prompts_alone(pipe, work)}
-    figures["short_among_long"] = short_among_long(pipe)
+    figures["short_among_long"] = short_among_long(pipe, sizes=sizes)
     pipe.close()
-    cached = Pipeline.from_pretrained(folder, max_batch=n, max_context=2048)
-    chat_turns(cached, seed=3)  # compiles
-    figures["chat"] = chat_turns(cached)
+    cached = Pipeline.from_pretrained(folder, max_batch=n, max_context=sizes.context)
+    chat_turns(cached, seed=3, sizes=sizes)  # compiles
+    figures["chat"] = chat_turns(cached, sizes=sizes)
     cached.close()
-    figures["product_gflops"] = product_rates()
+    figures["product_gflops"] = product_rates(rounds=2 if name == "smoke" else 20)
     one, prompts = figures["one_at_a_time"]["seconds"], figures["prompts_alone"]["seconds"]
     return {"model": name, "checkpoint": str(folder), "requests": n,
             "throughput_vs_one_at_a_time": figures["continuous"]["tok_s"] / figures["one_at_a_time"]["tok_s"],

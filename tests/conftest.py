@@ -20,14 +20,15 @@ from PIL import Image
 # The suite runs on CPU (parity with transformers on CPU float32), also on machines with an accelerator.
 os.environ.setdefault("JAX_PLATFORMS", "cpu")
 # The suite neither reads nor writes the user's persistent compilation cache (a stale or foreign entry must not
-# decide a test); tests/test_compilation_cache.py turns it on in its own processes. It keeps caches of its own
-# instead, new for each run, one per pytest process (xdist worker): the programs a worker starts (command-line runs,
-# servers, four-device runs) share it, so a program is compiled once and loaded after (tests/test_compilation_cache.py
-# shows that a loaded program computes what a fresh compile does). Set here, before JAX is imported; the run's
-# folder is made by the first process (the one that starts the workers) and removed when it ends. No size bound:
-# with one, JAX reads every entry's access time at each write (a run writes thousands); without one JAX writes
-# entries in place, so no two pytest processes share a folder (one could read what the other is writing), and a
-# child the tests kill while it may be compiling gets a folder of its own (tests/test_caption.py).
+# decide a test); tests/test_compilation_cache.py turns it on in its own processes. It keeps a cache of its own
+# instead, new for each run and shared by every process of the run (the xdist workers and the programs they start:
+# command-line runs, servers, four-device runs), so a program is compiled once and loaded after
+# (tests/test_compilation_cache.py shows that a loaded program computes what a fresh compile does). Set here, before
+# JAX is imported; the folder is made by the first process (the one that starts the workers) and removed when it
+# ends. No size bound: with one, JAX reads every entry's access time at each write (a run writes thousands). Without
+# one JAX writes an entry in place, so the pytest processes write theirs whole (``_write_whole``); an entry read while
+# a child writes it fails to decompress, which JAX reports as a warning and answers by compiling. A child the tests
+# kill while it may be compiling gets a folder of its own (tests/test_caption.py).
 os.environ["OMNIJAX_COMPILATION_CACHE"] = "0"
 _RUN_CACHE = "OMNIJAX_TEST_RUN_CACHE"
 if _RUN_CACHE not in os.environ:
@@ -36,9 +37,31 @@ if _RUN_CACHE not in os.environ:
 
     os.environ[_RUN_CACHE] = tempfile.mkdtemp(prefix="omnijax-test-jax-cache-")
     atexit.register(shutil.rmtree, os.environ[_RUN_CACHE], ignore_errors=True)
-os.environ.update(JAX_COMPILATION_CACHE_DIR=os.path.join(os.environ[_RUN_CACHE],
-                                                         os.environ.get("PYTEST_XDIST_WORKER", "main")),
-                  JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS="0", JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES="0")
+os.environ.update(JAX_COMPILATION_CACHE_DIR=os.environ[_RUN_CACHE], JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS="0",
+                  JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES="0")
+
+
+def _write_whole() -> None:
+    """Make this process's unbounded JAX cache write each entry under a temporary name and rename it into place, so
+    that another process never reads half of it."""
+    from jax._src import lru_cache
+
+    unbounded_put = lru_cache.LRUCache.put
+
+    def put(self, key: str, value: bytes) -> None:
+        if self.eviction_enabled:
+            return unbounded_put(self, key, value)
+        path = self.path / f"{key}{lru_cache._CACHE_SUFFIX}"
+        if path.exists():
+            return
+        part = self.path / f".{key}.{os.getpid()}.part"
+        part.write_bytes(value)
+        os.replace(part, path)
+
+    lru_cache.LRUCache.put = put
+
+
+_write_whole()
 
 _ROOT = str(pathlib.Path(__file__).resolve().parents[1])
 if _ROOT not in sys.path:  # plain `pytest` (not `python -m pytest`) does not put the repository root on the path

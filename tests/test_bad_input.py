@@ -139,6 +139,7 @@ def test_literal_image_marker_is_text_and_template_markers_must_match_the_images
         pipe.generate(dropped, max_new_tokens=2)
 
 
+@pytest.mark.slow
 def test_errors_leave_the_pipeline_usable(pipe):
     with pytest.raises(PromptError):
         pipe.generate([{"role": "user", "content": "x " * 400}], max_new_tokens=2)

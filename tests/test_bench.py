@@ -1,4 +1,5 @@
-"""The generation benchmark's smoke run: a tiny model, one repeat. It checks the report, never the speed."""
+"""The generation, load and video benchmarks' smoke runs: each module at a tiny size, one repeat. They check the code
+path and the report, never the speed."""
 
 import json
 
@@ -43,3 +44,36 @@ def test_smoke_report_has_every_field(tmp_path):
     assert kv["allocated_bytes"] <= 1.2 * kv["minimum_bytes"] < kv["full_length_cache_bytes"]  # sliding rings
     table = (out / "latest-gemma3.md").read_text()
     assert "decode_b1_speedup" in table and "omnijax" in table
+
+
+def test_load_smoke_on_a_tiny_gguf(tmp_path):
+    """bench.load on a tiny GGUF file and its safetensors conversion, one repeat."""
+    from bench.load import main as load
+    from fixtures.tiny_gguf import write_tiny_gemma3_gguf
+
+    gguf = write_tiny_gemma3_gguf(tmp_path / "tiny.gguf")
+    out = tmp_path / "results"
+    assert load(["--gguf", str(gguf), "--repeats", "1", "--out", str(out)]) == 0
+    report = json.loads((out / "latest-load.json").read_text())
+    assert [(r["checkpoint"], r["dtype"]) for r in report["runs"]] == [
+        ("GGUF", "float32"), ("GGUF", "bfloat16"), ("safetensors (from the GGUF)", "float32")]
+    for r in report["runs"]:
+        assert r["load_s"] >= r["weights_s"] > 0 and r["peak_rss_mb"] > 0 and r["weights_mb"] > 0, r
+    assert report["runs"][1]["weights_mb"] < report["runs"][0]["weights_mb"]  # bfloat16: half the bytes
+    assert "tiny.gguf" in (out / "latest-load.md").read_text()
+
+
+def test_video_smoke(tmp_path):
+    """bench.video on a 4-second file at 10 frames a second: each method decodes the frames its sampler picks."""
+    from bench.video import main as video
+
+    out = tmp_path / "results"
+    assert video(["--seconds", "4", "--fps", "10", "--out", str(out)]) == 0
+    report = json.loads((out / "latest-video.json").read_text())
+    rows = {(r["method"], r["sampling"]): r for r in report["rows"]}
+    assert set(rows) == {("omnijax", "2fps"), ("omnijax+resize", "2fps"), ("transformers", "2fps"),
+                         ("omnijax", "32frames"), ("transformers", "32frames")}
+    assert rows["omnijax", "2fps"]["frames"] == rows["transformers", "2fps"]["frames"] > 0
+    assert rows["omnijax", "2fps"]["frame_shape"] == rows["transformers", "2fps"]["frame_shape"] == [720, 1280, 3]
+    assert rows["omnijax+resize", "2fps"]["frame_shape"] != [720, 1280, 3]
+    assert all(r["seconds"] > 0 and r["peak_rss_mb"] > 0 for r in rows.values())

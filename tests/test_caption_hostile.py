@@ -204,6 +204,7 @@ sys.exit(main(["caption", *sys.argv[2:]]))
 """
 
 
+@pytest.mark.slow
 def test_a_full_disk_is_one_error_line_and_every_finished_row_is_kept(tmp_path, tiny_gemma3_dir, gemma3_pipeline):
     for i in range(4):
         write_png(tmp_path / "in" / f"img{i}.png", i)

@@ -28,17 +28,27 @@ code = main(sys.argv[1:])
 print("EVENTS" + json.dumps({"code": code, **events}), flush=True)
 """
 
-# A spoken answer (thinker, talker, code predictor, code2wav: every program of the speech path), its numbers hashed
+# A spoken answer (thinker, talker, code predictor, code2wav: every program of the speech path), its numbers hashed;
+# twice: compiled fresh (and written to the cache), then, with every compiled program dropped from memory, by a new
+# pipeline whose programs all come from the cache folder. The events of each half are counted apart.
 SPEECH = COUNTING + r"""
 import hashlib
+import jax
 import numpy as np
 from omnijax.app.pipeline import Pipeline
-pipe = Pipeline.from_pretrained(sys.argv[1])
-r = pipe.generate([{"role": "user", "content": "Hello there"}], max_new_tokens=10, speak=True, voice="ethan",
-                  max_speech_frames=24)
 digest = lambda a: hashlib.sha256(np.ascontiguousarray(a).tobytes()).hexdigest()  # noqa: E731
-print("EVENTS" + json.dumps({"tokens": r.token_ids, "audio": digest(r.audio), "codes": digest(r.audio_codes),
-                             "samples": int(r.audio.size), **events}), flush=True)
+out = {}
+for run in ("fresh", "loaded"):
+    events.clear()
+    pipe = Pipeline.from_pretrained(sys.argv[1])
+    r = pipe.generate([{"role": "user", "content": "Hello there"}], max_new_tokens=10, speak=True, voice="ethan",
+                      max_speech_frames=24)
+    out[run] = {"tokens": r.token_ids, "audio": digest(r.audio), "codes": digest(r.audio_codes),
+                "samples": int(r.audio.size), **events}
+    pipe.close()
+    del pipe
+    jax.clear_caches()
+print("EVENTS" + json.dumps(out), flush=True)
 """
 
 
@@ -58,13 +68,13 @@ def _cli(home: pathlib.Path, folder, *extra) -> dict:
 
 
 @pytest.mark.slow
-def test_a_second_run_loads_every_program_and_speaks_the_same_samples(tmp_path, tiny_qwen_full_dir):
+def test_a_second_pipeline_loads_every_program_and_speaks_the_same_samples(tmp_path, tiny_qwen_full_dir):
     """The first run compiles every program of a spoken answer and keeps it; the second compiles nothing, and its
     token ids, codec codes and waveform are bit-equal to the first's (a fresh compile)."""
     from omnijax.app.compilation_cache import cache_folder
 
-    fresh = _child(tmp_path, SPEECH, tiny_qwen_full_dir)
-    loaded = _child(tmp_path, SPEECH, tiny_qwen_full_dir)
+    runs = _child(tmp_path, SPEECH, tiny_qwen_full_dir)
+    fresh, loaded = runs["fresh"], runs["loaded"]
     assert fresh.get("/jax/compilation_cache/cache_misses", 0) > 0
     assert loaded.get("/jax/compilation_cache/cache_misses", 0) == 0
     assert loaded.get("/jax/compilation_cache/cache_hits", 0) >= fresh["/jax/compilation_cache/cache_misses"]

@@ -56,6 +56,7 @@ def _prefill(graphdef, state, tokens, lengths, cache_len, all_logits):
                                               all_logits=all_logits)
 
 
+@pytest.mark.slow
 def test_prompt_logits_equal_cached_continuation(model):
     graphdef, state = model
     rng = np.random.default_rng(1)

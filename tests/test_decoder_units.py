@@ -100,6 +100,7 @@ def test_merge_media_puts_rows_in_placeholder_order_across_the_batch():
     assert (out[0, 0] == 0).all() and (out[1, 1] == 0).all()
 
 
+@pytest.mark.slow
 def test_greedy_and_filters():
     logits = jnp.asarray([[0.0, 3.0, 1.0, 2.0]] * 2)
     assert choose(logits, jax.random.key(0), SamplingParams().values(), SamplingParams().mode()).tolist() == [1, 1]

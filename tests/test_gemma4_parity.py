@@ -18,7 +18,7 @@ from PIL import Image
 
 from omnijax.common.errors import CheckpointError, MediaError, PromptError
 
-pytestmark = pytest.mark.reference
+pytestmark = [pytest.mark.reference, pytest.mark.slow]
 
 SR = 16000
 NEW = 16

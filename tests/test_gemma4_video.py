@@ -19,7 +19,7 @@ from PIL import Image
 from fixtures.video_files import sample_frames, tone, write_video
 from fixtures.video_reference import placeholders, run_reference, torch_inputs
 
-pytestmark = pytest.mark.reference
+pytestmark = [pytest.mark.reference, pytest.mark.slow]
 
 SR = 16000
 NEW = 16

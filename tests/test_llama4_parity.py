@@ -23,7 +23,7 @@ from omnijax.app.families.llama4 import spec as fam
 from omnijax.common.errors import CheckpointError, PromptError
 from fixtures.llama4_tokenizer import SPECIAL_TOKEN_IDS
 
-pytestmark = pytest.mark.reference
+pytestmark = [pytest.mark.reference, pytest.mark.slow]
 
 CASES = {name: (messages, images) for name, messages, images in lr.CHAT_CASES}
 MAX_NEW = 16

@@ -8,6 +8,16 @@ from fixtures.four_devices import run_on_four_devices
 
 pytestmark = pytest.mark.multidevice
 
+# the prompts (``large`` and ``wide`` image paths set before), built the same way in the child and here
+CONVS = r"""
+convs = [[{"role": "user", "content": [{"type": "image", "image": large}, {"type": "text", "text": "Compare"},
+                                       {"type": "image", "image": wide}]}],
+         [{"role": "user", "content": "The mountain village sits above the lake, where the road ends and a path "
+                                      "climbs into the pine forest. Tell me more about it."}]]
+"""
+
+# the four-device runs load the folder with the session pipeline's settings (conftest.py: llama4_pipeline), whose
+# answer here is the one-device answer
 SCRIPT = r"""
 import json, sys
 import jax, numpy as np
@@ -15,13 +25,10 @@ from omnijax.app.pipeline import Pipeline
 from omnijax.common.sharding import make_mesh
 assert len(jax.devices()) == 4, jax.devices()
 folder, large, wide = sys.argv[1:4]
-convs = [[{"role": "user", "content": [{"type": "image", "image": large}, {"type": "text", "text": "Compare"},
-                                       {"type": "image", "image": wide}]}],
-         [{"role": "user", "content": "The mountain village sits above the lake, where the road ends and a path "
-                                      "climbs into the pine forest. Tell me more about it."}]]
+exec(sys.argv[4])
 out = {}
-for name, mesh in [("one", make_mesh(1, jax.devices()[:1])), ("model4", make_mesh(4)), ("data2_model2", make_mesh(2))]:
-    pipe = Pipeline.from_pretrained(folder, mesh=mesh, max_batch=2, max_context=1024)
+for name, mesh in [("model4", make_mesh(4)), ("data2_model2", make_mesh(2))]:
+    pipe = Pipeline.from_pretrained(folder, mesh=mesh, chunk=128)
     moe = next(l["mlp"] for l in pipe.engine.params["decoder"]["layers"].values() if "router" in l["mlp"])
     scores = pipe.prompt_logits(convs)
     out[name] = {"tokens": [r.token_ids for r in pipe.generate(convs, max_new_tokens=12)],
@@ -32,17 +39,22 @@ print("RESULT" + json.dumps(out))
 """
 
 
-def test_four_device_meshes_equal_one_device(tiny_llama4_dir, llama4_image_paths):
-    out = run_on_four_devices(SCRIPT, tiny_llama4_dir, llama4_image_paths["large"], llama4_image_paths["wide"],
-                              timeout=900)
-    one = out["one"]
-    assert len(one["tokens"][0]) == 12
+def test_four_device_meshes_equal_one_device(tiny_llama4_dir, llama4_image_paths, llama4_pipeline):
+    large, wide = llama4_image_paths["large"], llama4_image_paths["wide"]
+    out = run_on_four_devices(SCRIPT, tiny_llama4_dir, large, wide, CONVS, timeout=900)
+    scope = {"large": large, "wide": wide}
+    exec(CONVS, scope)
+    one_tokens = [r.token_ids for r in llama4_pipeline.generate(scope["convs"], max_new_tokens=12)]
+    one_scores = llama4_pipeline.prompt_logits(scope["convs"])
+    assert len(one_tokens[0]) == 12
     assert out["model4"]["mesh"] == {"data": 1, "model": 4} and out["data2_model2"]["mesh"] == {"data": 2, "model": 2}
     for name in ("model4", "data2_model2"):
         got = out[name]
-        assert got["tokens"] == one["tokens"], name
-        for ours, ref in zip(got["scores"], one["scores"]):
-            ours, ref = np.asarray(ours), np.asarray(ref)
+        assert got["tokens"] == one_tokens, name
+        assert len(got["scores"]) == len(one_scores) == 2
+        for ours, ref in zip(got["scores"], one_scores):
+            ours = np.asarray(ours)
+            assert ours.shape == ref.shape, name
             assert np.abs(ours - ref).max() <= 1e-4 * max(1.0, float(np.abs(ref).max())), name
         assert got["expert_spec"] == "P('model', None, None)", name  # experts split over the model axis
     assert out["model4"]["expert_shards"] == 4

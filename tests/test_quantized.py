@@ -162,28 +162,27 @@ import jax, numpy as np
 from omnijax.app.pipeline import Pipeline
 from omnijax.common.sharding import make_mesh
 assert len(jax.devices()) == 4, jax.devices()
-out = {}
-for name, mesh in [("one", make_mesh(1, jax.devices()[:1])), ("model4", make_mesh(4))]:
-    pipe = Pipeline.from_pretrained(sys.argv[1], mesh=mesh, quantize="int4")
-    w = pipe.engine.params["decoder"]["layers"][0]["mlp"]["gate_up_proj"]
-    logits = pipe.prompt_logits(["Tell me a story about a fox."])[0][-1:]
-    out[name] = {"tokens": pipe.generate(["Tell me a story about a fox."], max_new_tokens=8)[0].token_ids,
-                 "logits": logits.tolist(),
-                 "specs": [str(x.sharding.spec) for x in (w.values, w.scales, w.offsets)],
-                 "shards": len(w.values.addressable_shards)}
+pipe = Pipeline.from_pretrained(sys.argv[1], mesh=make_mesh(4), quantize="int4")
+w = pipe.engine.params["decoder"]["layers"][0]["mlp"]["gate_up_proj"]
+logits = pipe.prompt_logits([PROMPT])[0][-1:]
+out = {"tokens": pipe.generate([PROMPT], max_new_tokens=8)[0].token_ids, "logits": logits.tolist(),
+       "specs": [str(x.sharding.spec) for x in (w.values, w.scales, w.offsets)],
+       "shards": len(w.values.addressable_shards)}
 print("RESULT" + json.dumps(out))
 """
+SHARD_PROMPT = "Tell me a story about a fox."
 
 
 @pytest.mark.multidevice
-def test_quantized_weights_shard_like_their_float_weights(tiny_gemma3_dir):
-    out = run_on_four_devices(SHARD_SCRIPT, tiny_gemma3_dir)
-    assert out["one"]["tokens"] == out["model4"]["tokens"]
-    np.testing.assert_allclose(out["model4"]["logits"], out["one"]["logits"], rtol=1e-4, atol=1e-4)
+def test_quantized_weights_shard_like_their_float_weights(tiny_gemma3_dir, quantized_pipes):
+    """int4 weights on a model axis of 4 (a child process) give the one-device int4 pipeline's answer."""
+    four = run_on_four_devices(SHARD_SCRIPT.replace("PROMPT", repr(SHARD_PROMPT)), tiny_gemma3_dir)
+    one = quantized_pipes["int4"]
+    assert four["tokens"] == one.generate([SHARD_PROMPT], max_new_tokens=8)[0].token_ids
+    np.testing.assert_allclose(four["logits"], one.prompt_logits([SHARD_PROMPT])[0][-1:], rtol=1e-4, atol=1e-4)
     # gate_up_proj [mlp, 2, embed]: values, scales and offsets are all split along "mlp" over the model axis
-    assert out["model4"]["shards"] == 4
-    assert all(spec.replace("PartitionSpec", "P").startswith("P('model'") for spec in out["model4"]["specs"]), \
-        out["model4"]["specs"]
+    assert four["shards"] == 4
+    assert all(spec.replace("PartitionSpec", "P").startswith("P('model'") for spec in four["specs"]), four["specs"]
 
 
 @pytest.mark.parametrize("mode", ["int8", "int4"])

@@ -58,6 +58,7 @@ def alone(gemma3_pipeline, sched):
     return [sched.submit(request(gemma3_pipeline, p, n)).result(WAIT_S).token_ids for p, n in zip(PROMPTS, MAX_NEW)]
 
 
+@pytest.mark.slow
 def test_requests_together_give_their_tokens_alone(gemma3_pipeline, sched, alone):
     """Six requests on four slots, each with its own length: requests join as others leave, and every answer is
     the one it gives alone and the pipeline's (one chunk per prompt)."""
@@ -128,6 +129,7 @@ def test_stop_strings_and_stream_pieces(gemma3_pipeline, sched, alone):
     assert full.startswith(result.text)
 
 
+@pytest.mark.slow
 def test_prefix_and_media_caches(gemma3_pipeline):
     """A prompt starting like an earlier one reuses its keys / values and gives the same tokens; the same image is
     encoded once; a different image behind the same text reuses only the text before it."""

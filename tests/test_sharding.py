@@ -12,20 +12,28 @@ from fixtures.four_devices import run_on_four_devices
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 
+# The prompts of the gemma3 runs (built the same way in the children, which hold no session pipeline).
+GEMMA3_CONVS = r"""
+import numpy as np
+from PIL import Image
+img = Image.fromarray(np.random.default_rng(0).integers(0, 256, (40, 30, 3), dtype=np.uint8))
+convs = [[{"role": "user", "content": [{"type": "image", "image": img}, {"type": "text", "text": "What is this?"}]}],
+         [{"role": "user", "content": "Tell me a story about a fox."}]]
+"""
+
+# Each four-device run loads the folder with the session pipeline's settings (conftest.py); the one-device answer
+# it must equal is the session pipeline's, in the pytest process.
 SCRIPT = r"""
 import json, sys
-import jax, numpy as np
-from PIL import Image
+import jax
 from omnijax.app.pipeline import Pipeline
 from omnijax.common.sharding import make_mesh
 assert len(jax.devices()) == 4, jax.devices()
 folder = sys.argv[1]
-img = Image.fromarray(np.random.default_rng(0).integers(0, 256, (40, 30, 3), dtype=np.uint8))
-convs = [[{"role": "user", "content": [{"type": "image", "image": img}, {"type": "text", "text": "What is this?"}]}],
-         [{"role": "user", "content": "Tell me a story about a fox."}]]
+""" + GEMMA3_CONVS + r"""
 out = {}
-for name, mesh in [("one", make_mesh(1, jax.devices()[:1])), ("model4", make_mesh(4)), ("data2_model2", make_mesh(2))]:
-    pipe = Pipeline.from_pretrained(folder, mesh=mesh, max_batch=2, max_context=1024)
+for name, mesh in [("model4", make_mesh(4)), ("data2_model2", make_mesh(2))]:
+    pipe = Pipeline.from_pretrained(folder, mesh=mesh, dtype="float32")
     leaf = pipe.engine.params["decoder"]["layers"][0]["mlp"]["gate_up_proj"]
     out[name] = {"tokens": [r.token_ids for r in pipe.generate(convs, max_new_tokens=12)],
                  "shards": len(leaf.addressable_shards), "spec": str(leaf.sharding.spec)}
@@ -33,11 +41,18 @@ print("RESULT" + json.dumps(out))
 """
 
 
+def gemma3_one_device(pipe, max_new_tokens: int) -> list[list[int]]:
+    scope: dict = {}
+    exec(GEMMA3_CONVS, scope)
+    return [r.token_ids for r in pipe.generate(scope["convs"], max_new_tokens=max_new_tokens)]
+
+
 @pytest.mark.multidevice
-def test_four_device_runs_equal_one_device(tiny_gemma3_dir):
+def test_four_device_runs_equal_one_device(tiny_gemma3_dir, gemma3_pipeline):
     out = run_on_four_devices(SCRIPT, tiny_gemma3_dir)
-    assert out["one"]["tokens"] == out["model4"]["tokens"] == out["data2_model2"]["tokens"]
-    assert len(out["one"]["tokens"][0]) > 0
+    one = gemma3_one_device(gemma3_pipeline, 12)
+    assert out["model4"]["tokens"] == one and out["data2_model2"]["tokens"] == one
+    assert len(one[0]) > 0
     assert out["model4"]["shards"] == 4 and "model" in out["model4"]["spec"]  # weights really are split
 
 
@@ -57,22 +72,27 @@ def test_partition_spec_drops_axes_that_do_not_divide():
     assert partition_spec(("heads", "mlp"), (8, 8), FakeMesh()) == PartitionSpec("model", None)
 
 
-QWEN_SCRIPT = r"""
-import json, sys
-import jax, numpy as np
+QWEN_CONVS = r"""
+import numpy as np
 from PIL import Image
-from omnijax.app.pipeline import Pipeline
-from omnijax.common.sharding import make_mesh
-folder = sys.argv[1]
 img = Image.fromarray(np.random.default_rng(0).integers(0, 256, (48, 64, 3), dtype=np.uint8))
 t = np.arange(16000) / 16000
 clip = (0.3 * np.sin(2 * np.pi * 220 * t)).astype(np.float32)
 convs = [[{"role": "user", "content": [{"type": "image", "image": img}, {"type": "audio", "audio": clip},
                                        {"type": "text", "text": "Describe both."}]}],
          [{"role": "user", "content": "Tell me a story about a fox."}]]
+"""
+
+QWEN_SCRIPT = r"""
+import json, sys
+import jax
+from omnijax.app.pipeline import Pipeline
+from omnijax.common.sharding import make_mesh
+folder = sys.argv[1]
+""" + QWEN_CONVS + r"""
 out = {}
-for name, mesh in [("one", make_mesh(1, jax.devices()[:1])), ("model4", make_mesh(4)), ("data2_model2", make_mesh(2))]:
-    pipe = Pipeline.from_pretrained(folder, mesh=mesh, max_batch=2, max_context=1024)
+for name, mesh in [("model4", make_mesh(4)), ("data2_model2", make_mesh(2))]:
+    pipe = Pipeline.from_pretrained(folder, mesh=mesh)
     moe = next(l["mlp"] for l in pipe.engine.params["decoder"]["layers"].values() if "router" in l["mlp"])
     out[name] = {"tokens": [r.token_ids for r in pipe.generate(convs, max_new_tokens=10)],
                  "expert_spec": str(moe["gate_proj"].sharding.spec)}
@@ -81,9 +101,12 @@ print("RESULT" + json.dumps(out))
 
 
 @pytest.mark.multidevice
-def test_expert_parallel_runs_equal_one_device(tiny_qwen_dir):
+def test_expert_parallel_runs_equal_one_device(tiny_qwen_dir, qwen_pipeline):
     out = run_on_four_devices(QWEN_SCRIPT, tiny_qwen_dir)
-    assert out["one"]["tokens"] == out["model4"]["tokens"] == out["data2_model2"]["tokens"]
+    scope: dict = {}
+    exec(QWEN_CONVS, scope)
+    one = [r.token_ids for r in qwen_pipeline.generate(scope["convs"], max_new_tokens=10)]
+    assert out["model4"]["tokens"] == one and out["data2_model2"]["tokens"] == one and len(one[0]) > 0
     assert out["model4"]["expert_spec"] == "P('model', None, None)"  # experts split over the model axis
 
 
@@ -141,12 +164,8 @@ if n > 1:
     jax.distributed.initialize(coordinator_address=f"127.0.0.1:{port}", num_processes=n, process_id=pid)
 from omnijax.app.pipeline import Pipeline
 from omnijax.common.sharding import make_mesh
-from PIL import Image
-import numpy as np
-img = Image.fromarray(np.random.default_rng(0).integers(0, 256, (40, 30, 3), dtype=np.uint8))
-pipe = Pipeline.from_pretrained(folder, mesh=make_mesh(2))
-convs = [[{"role": "user", "content": [{"type": "image", "image": img}, {"type": "text", "text": "What is this?"}]}],
-         [{"role": "user", "content": "Tell me a story about a fox."}]]
+""" + GEMMA3_CONVS + r"""
+pipe = Pipeline.from_pretrained(folder, mesh=make_mesh(2), dtype="float32")
 stream = pipe.stream(convs[1], max_new_tokens=6)
 while True:
     try:
@@ -169,9 +188,9 @@ def _free_port() -> int:
 
 
 @pytest.mark.multidevice
-def test_two_processes_share_one_mesh_and_equal_one_process(tiny_gemma3_dir):
+def test_two_processes_share_one_mesh_and_equal_one_process(tiny_gemma3_dir, gemma3_pipeline):
     """Two JAX processes on this machine (jax.distributed over localhost, CPU collectives), 2 devices each, one
-    (data 2 x model 2) mesh across both: both get the single-process answer."""
+    (data 2 x model 2) mesh across both: both get the single-process, one-device answer (the session pipeline's)."""
     env = dict(os.environ, XLA_FLAGS="--xla_force_host_platform_device_count=2", JAX_PLATFORMS="cpu",
                PYTHONPATH=str(ROOT))
     port = str(_free_port())
@@ -181,12 +200,8 @@ def test_two_processes_share_one_mesh_and_equal_one_process(tiny_gemma3_dir):
     for p, (_, err) in zip(procs, outs):
         assert p.returncode == 0, err[-3000:]
     results = [json.loads(next(l for l in o.splitlines() if l.startswith("RESULT"))[len("RESULT"):]) for o, _ in outs]
-    env_one = dict(env, XLA_FLAGS="--xla_force_host_platform_device_count=4")
-    single = subprocess.run([sys.executable, "-c", MULTIHOST_SCRIPT, "0", "1", port, str(tiny_gemma3_dir)],
-                            env=env_one, capture_output=True, text=True, timeout=900)
-    assert single.returncode == 0, single.stderr[-3000:]
-    one = json.loads(next(l for l in single.stdout.splitlines() if l.startswith("RESULT"))[len("RESULT"):])
+    one = gemma3_one_device(gemma3_pipeline, 10)
+    assert len(one[0]) > 0
     for r in results:
         assert (r["devices"], r["local"], r["mesh"]) == (4, 2, {"data": 2, "model": 2})
-        assert r["tokens"] == one["tokens"] and r["stream"] == one["stream"]
-    assert len(one["tokens"][0]) > 0
+        assert r["tokens"] == one and r["stream"] == one[1][:6]
