@@ -378,10 +378,12 @@ class Scheduler:
         self.prefix.store_entry(live.ids, PrefixEntry(saved, length, logits, nbytes))
 
     def _dispatch_decode(self):
-        lives = [x for x in self._slot_of if x is not None and x.decoding and not x.finished]
-        if not lives:
+        if not any(x is not None and x.decoding and not x.finished for x in self._slot_of):
             return None
-        rows = self.slots.rows_for(max(x.slot for x in lives))
+        # the rows up to the highest occupied slot, prefilling ones included (inactive: the step leaves them be), so
+        # a burst of requests decodes at one row count from its first step and compiles one program, not each
+        # bucket on the way up
+        rows = self.slots.rows_for(max(i for i, x in enumerate(self._slot_of) if x is not None))
         tokens, active = self.slots.decode(rows)
         self.stats.steps += 1
         return tokens, active, list(self._slot_of[:rows])

@@ -1,4 +1,5 @@
-"""The same prompts on 1 device and on 4 simulated CPU devices (model axis 2 and 4) give the same tokens."""
+"""The same prompts on 1 device and on 4 simulated CPU devices (model axis 4; data 2 x model 2 across two processes)
+give the same tokens."""
 
 import json
 import os
@@ -31,12 +32,10 @@ from omnijax.common.sharding import make_mesh
 assert len(jax.devices()) == 4, jax.devices()
 folder = sys.argv[1]
 """ + GEMMA3_CONVS + r"""
-out = {}
-for name, mesh in [("model4", make_mesh(4)), ("data2_model2", make_mesh(2))]:
-    pipe = Pipeline.from_pretrained(folder, mesh=mesh, dtype="float32")
-    leaf = pipe.engine.params["decoder"]["layers"][0]["mlp"]["gate_up_proj"]
-    out[name] = {"tokens": [r.token_ids for r in pipe.generate(convs, max_new_tokens=12)],
-                 "shards": len(leaf.addressable_shards), "spec": str(leaf.sharding.spec)}
+pipe = Pipeline.from_pretrained(folder, mesh=make_mesh(4), dtype="float32")
+leaf = pipe.engine.params["decoder"]["layers"][0]["mlp"]["gate_up_proj"]
+out = {"tokens": [r.token_ids for r in pipe.generate(convs, max_new_tokens=12)],
+       "shards": len(leaf.addressable_shards), "spec": str(leaf.sharding.spec)}
 print("RESULT" + json.dumps(out))
 """
 
@@ -49,11 +48,12 @@ def gemma3_one_device(pipe, max_new_tokens: int) -> list[list[int]]:
 
 @pytest.mark.multidevice
 def test_four_device_runs_equal_one_device(tiny_gemma3_dir, gemma3_pipeline):
-    out = run_on_four_devices(SCRIPT, tiny_gemma3_dir)
+    """A model axis of 4. (A data 2 x model 2 mesh: the two-process run below and
+    test_serving_engine.py::test_four_devices_split_slots_and_weights.)"""
+    four = run_on_four_devices(SCRIPT, tiny_gemma3_dir)
     one = gemma3_one_device(gemma3_pipeline, 12)
-    assert out["model4"]["tokens"] == one and out["data2_model2"]["tokens"] == one
-    assert len(one[0]) > 0
-    assert out["model4"]["shards"] == 4 and "model" in out["model4"]["spec"]  # weights really are split
+    assert four["tokens"] == one and len(one[0]) > 0
+    assert four["shards"] == 4 and "model" in four["spec"]  # weights really are split
 
 
 def test_partition_spec_drops_axes_that_do_not_divide():
@@ -90,24 +90,24 @@ from omnijax.app.pipeline import Pipeline
 from omnijax.common.sharding import make_mesh
 folder = sys.argv[1]
 """ + QWEN_CONVS + r"""
-out = {}
-for name, mesh in [("model4", make_mesh(4)), ("data2_model2", make_mesh(2))]:
-    pipe = Pipeline.from_pretrained(folder, mesh=mesh)
-    moe = next(l["mlp"] for l in pipe.engine.params["decoder"]["layers"].values() if "router" in l["mlp"])
-    out[name] = {"tokens": [r.token_ids for r in pipe.generate(convs, max_new_tokens=10)],
-                 "expert_spec": str(moe["gate_proj"].sharding.spec)}
+pipe = Pipeline.from_pretrained(folder, mesh=make_mesh(4))
+moe = next(l["mlp"] for l in pipe.engine.params["decoder"]["layers"].values() if "router" in l["mlp"])
+out = {"tokens": [r.token_ids for r in pipe.generate(convs, max_new_tokens=10)],
+       "expert_spec": str(moe["gate_proj"].sharding.spec)}
 print("RESULT" + json.dumps(out))
 """
 
 
 @pytest.mark.multidevice
 def test_expert_parallel_runs_equal_one_device(tiny_qwen_dir, qwen_pipeline):
-    out = run_on_four_devices(QWEN_SCRIPT, tiny_qwen_dir)
+    """The experts split over a model axis of 4, with an image and audio. (The thinker on a data 2 x model 2 mesh:
+    test_qwen3_omni_speech_sharding.py.)"""
+    four = run_on_four_devices(QWEN_SCRIPT, tiny_qwen_dir)
     scope: dict = {}
     exec(QWEN_CONVS, scope)
     one = [r.token_ids for r in qwen_pipeline.generate(scope["convs"], max_new_tokens=10)]
-    assert out["model4"]["tokens"] == one and out["data2_model2"]["tokens"] == one and len(one[0]) > 0
-    assert out["model4"]["expert_spec"] == "P('model', None, None)"  # experts split over the model axis
+    assert four["tokens"] == one and len(one[0]) > 0
+    assert four["expert_spec"] == "P('model', None, None)"  # experts split over the model axis
 
 
 COLLECTIVES_SCRIPT = r"""
