@@ -105,35 +105,16 @@ def _free_compiled_programs_near_the_mapping_limit():
 
 
 _IMPLIES_SLOW = ("multidevice", "browser", "real")
-# A family's session pipelines (below): the test files using them form one group that runs in one worker, one file
-# after the other, so the pipelines compile once in the run (scripts/test.sh: pytest-xdist's loadgroup).
-_FAMILY_PIPELINES = {"gemma3": ("gemma3_pipeline",), "qwen3_omni": ("qwen_pipeline", "qwen_speech_pipeline"),
-                     "gemma4": ("gemma4_small_pipeline", "gemma4_moe_pipeline", "gemma4_text_pipeline"),
-                     "llama4": ("llama4_pipeline", "llama4_text_pipeline")}
 
 
 def pytest_collection_modifyitems(config, items):
-    """Tests marked multidevice, browser or real are slow too. A test file using a family's session pipelines joins
-    that family's group (the first family it uses), any other file is a group of its own; a group's tests run in
-    one worker. The families' groups come first, then files holding slow tests, then the rest (file order within
-    each), so that with several workers the longest work starts early."""
+    """Tests marked multidevice, browser or real are slow too; and modules holding slow tests run first (in file
+    order among themselves), so that with several workers (scripts/test.sh) the longest work starts early."""
     for item in items:
         if any(item.get_closest_marker(name) for name in _IMPLIES_SLOW) and not item.get_closest_marker("slow"):
             item.add_marker(pytest.mark.slow)
-    families = list(_FAMILY_PIPELINES)
-    used: dict = {}
-    for item in items:
-        used.setdefault(item.module, set()).update(item.fixturenames)
-    group = {module: next((f for f in families if used[module] & set(_FAMILY_PIPELINES[f])), None) for module in used}
     slow_modules = {item.module for item in items if item.get_closest_marker("slow")}
-
-    def rank(item):
-        family = group[item.module]
-        return (0, families.index(family)) if family else (1 if item.module in slow_modules else 2, 0)
-
-    items.sort(key=rank)  # stable: file order within each
-    for item in items:
-        item.add_marker(pytest.mark.xdist_group(group[item.module] or item.module.__name__))
+    items.sort(key=lambda item: item.module not in slow_modules)  # stable: file order within each group
 
 
 def _randomise_(model, seed: int = TORCH_SEED) -> None:
