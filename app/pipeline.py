@@ -200,6 +200,8 @@ class Pipeline:
         from omnijax.app.scoring import Scorer
 
         single = isinstance(texts, str)
+        if not single and not isinstance(texts, (list, tuple)):
+            raise PromptError(f"score takes a text (a string) or a list of texts, got {type(texts).__name__}")
         items = [texts] if single else list(texts)
         bad = [type(t).__name__ for t in items if not isinstance(t, str)]
         if bad:

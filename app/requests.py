@@ -9,6 +9,7 @@ step. The engine's scheduler thread is the only writer; any thread may read.
 from __future__ import annotations
 
 import dataclasses
+import logging
 import queue
 import threading
 import time
@@ -18,6 +19,8 @@ import numpy as np
 
 from omnijax.app.sampling import SamplingParams
 from omnijax.preprocess.processor import PreparedPrompt
+
+log = logging.getLogger(__name__)
 
 FINISH_REASONS = ("eos", "stop", "length", "cancelled")
 
@@ -138,12 +141,24 @@ class RequestHandle:
     # ---- scheduler side --------------------------------------------------------------------------------------
     def _emit(self, event: TokenEvent) -> None:
         self._events.put(event)
-        if self._listener is not None:
-            self._listener()
+        if not self._notify():
+            self.cancel()  # its consumer is gone: this request stops, no other
 
     def _finish(self, result: GenerationResult | None, error: BaseException | None = None) -> None:
         self._result, self._error = result, error
         self._done.set()
         self._events.put(None)
-        if self._listener is not None:
+        self._notify()
+
+    def _notify(self) -> bool:
+        """Call the listener; False (and no listener from then on) when it raised: the failure is this request's
+        consumer's, so it is logged here and never reaches the engine's loop, which serves other requests too."""
+        if self._listener is None:
+            return True
+        try:
             self._listener()
+            return True
+        except Exception:  # noqa: BLE001 - any failure of a caller's callback
+            log.exception("a request's listener failed; the request is cancelled")
+            self._listener = None
+            return False

@@ -33,7 +33,10 @@ def _is_int(value) -> bool:
 def _finite_number(name: str, value) -> float:
     if isinstance(value, bool) or not isinstance(value, numbers.Real):
         raise SamplingError(f"{name} must be a number, got {value!r}")
-    value = float(value)
+    try:
+        value = float(value)
+    except OverflowError:  # an integer beyond float's range (10**400 written out in a JSON body)
+        raise SamplingError(f"{name} must be a finite number, got an integer of {value.bit_length()} bits") from None
     if not math.isfinite(value):
         raise SamplingError(f"{name} must be a finite number, got {value!r}")
     return value

@@ -53,6 +53,10 @@ class QueueFullError(OmnijaxError):
     """The engine's queue of waiting requests is full (a server answers 503)."""
 
 
+class ClosedError(OmnijaxError):
+    """The engine was closed (``Pipeline.close``): it takes no more requests."""
+
+
 @dataclasses.dataclass
 class Live:
     """A request inside the engine."""
@@ -163,6 +167,8 @@ class Scheduler:
         self.check_fits(len(request.prompt.token_ids), request.max_new_tokens)
         handle = RequestHandle(request, self._cancel, listener)
         with self._wake:
+            if self._stop:
+                raise ClosedError("the pipeline is closed: it takes no more requests (load it again)")
             if len(self._inbox) + len(self._waiting) >= self.max_queue + self._slot_of.count(None):
                 raise QueueFullError(f"the engine's queue is full ({self.max_queue} requests are waiting)")
             self._inbox.append(handle)
@@ -224,6 +230,7 @@ class Scheduler:
                 if self._stop:
                     break
             self.step()
+        self._take_inbox()  # requests submitted just before the stop end too
         for live in list(self._waiting) + [x for x in self._slot_of if x is not None]:
             self._end(live, "cancelled")
 

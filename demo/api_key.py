@@ -14,6 +14,8 @@ class ApiKeyCheck:
     """ASGI middleware around ``app`` requiring ``key`` (None: no key needed)."""
 
     def __init__(self, app, key: str | None):
+        if key is not None and not key.strip():
+            raise ValueError("an API key must not be empty (None: no key needed)")
         self.app = app
         self.key = key
 

@@ -191,7 +191,9 @@ def sampling_options(max_new_tokens, temperature, top_p, top_k, seed) -> dict:
             x = float(value)
         except (TypeError, ValueError):
             raise PromptError(f"{name} must be a number, got {value!r}") from None
-        if x != x or x < lo or (hi is not None and x > hi):
+        except OverflowError:  # an integer beyond float's range
+            x = float("inf") if value > 0 else float("-inf")
+        if x != x or x in (float("inf"), float("-inf")) or x < lo or (hi is not None and x > hi):
             raise PromptError(f"{name} must be in [{lo:g}, {'inf' if hi is None else f'{hi:g}'}], got {value!r}")
         if whole:
             if x != int(x):

@@ -55,6 +55,9 @@ def run_serve(args) -> int:
         raise OmnijaxError(f"--max-queue must be >= 1, got {args.max_queue}")
     if args.max_speech_frames is not None and args.max_speech_frames < 1:
         raise OmnijaxError(f"--max-speech-frames must be >= 1, got {args.max_speech_frames}")
+    if args.api_key is not None and not args.api_key.strip():
+        raise OmnijaxError("--api-key is empty (an unset variable?): give the key, or leave the flag out to serve "
+                           "without one")
     check_listen(args.host, args.port)
     if not is_loopback(args.host):
         print(f"[omnijax] serving on {args.host}: anyone who can reach this address can use the model"

@@ -101,9 +101,13 @@ def _kind_names(kinds) -> str:
 
 def _number(body: dict, name: str, default: float) -> float:
     value = _field(body, name, (int, float), default)
+    try:
+        value = float(value)  # an integer beyond float's range (10**400 written out) overflows
+    except OverflowError:
+        value = math.inf
     if not math.isfinite(value):
         raise RequestError(f"'{name}' must be a finite number", param=name)
-    return float(value)
+    return value
 
 
 def settings_of(body: dict, *, chat: bool) -> Settings:

@@ -38,6 +38,18 @@ def test_api_key(server):
     assert client.get("/metrics", headers={"Authorization": "bearer s3cret"}).status_code == 200
 
 
+def test_an_empty_api_key_is_refused_not_taken_for_none(server, tiny_gemma3_dir, capsys):
+    """``--api-key ''`` (an unset variable in a script) must not serve everyone: the command stops before loading
+    the model; the app refuses an empty key."""
+    from omnijax.demo.cli import main
+
+    for key in ("", "  "):
+        with pytest.raises(ValueError, match="must not be empty"):
+            build_app(server, names=allowed_names("127.0.0.1"), api_key=key)
+        assert main(["serve", "--model", str(tiny_gemma3_dir), "--port", "1", "--api-key", key]) == 2
+        assert "--api-key is empty" in capsys.readouterr().err
+
+
 def test_body_cap_declared_or_streamed(server):
     client = TestClient(build_app(server, names=allowed_names("127.0.0.1"), max_body_mb=0.01), base_url=URL)
     big = b'{"messages": [{"role": "user", "content": "' + b"x" * 20000 + b'"}]}'

@@ -185,6 +185,27 @@ def test_quantized_weights_shard_like_their_float_weights(tiny_gemma3_dir, quant
     assert all(spec.replace("PartitionSpec", "P").startswith("P('model'") for spec in four["specs"]), four["specs"]
 
 
+@pytest.mark.parametrize("scale", [b"\x00\x7e", b"\x00\x7c"], ids=["nan", "inf"])
+def test_a_broken_block_scale_is_refused_whatever_the_weights_become(tmp_path, scale):
+    """A GGUF whose Q8_0 block scale is NaN or infinite: loading it as float32, int8 or int4 raises CheckpointError
+    naming the tensor (the quantized paths read the stored blocks directly and checked nothing)."""
+    import gguf
+    from fixtures.tiny_gguf import write_tiny_gemma3_gguf
+
+    from omnijax.app.pipeline import Pipeline
+    from omnijax.common.errors import CheckpointError
+
+    path = write_tiny_gemma3_gguf(tmp_path / "tiny.gguf")
+    info = next(t for t in gguf.GGUFReader(path).tensors if t.name == "token_embd.weight")
+    assert info.tensor_type == gguf.GGMLQuantizationType.Q8_0  # blocks of a float16 scale and 32 int8 values
+    with open(path, "r+b") as f:
+        f.seek(info.data_offset + 34 * 3)  # the fourth block's scale
+        f.write(scale)
+    for mode in (None, "int8", "int4"):
+        with pytest.raises(CheckpointError, match="'model.embed_tokens.weight' holds NaN or infinite values"):
+            Pipeline.from_pretrained(path, quantize=mode)
+
+
 @pytest.mark.parametrize("mode", ["int8", "int4"])
 def test_gguf_tensors_convert_a_group_of_rows_at_a_time(tmp_path, mode):
     from fixtures.tiny_gguf import write_tiny_gemma3_gguf

@@ -93,7 +93,8 @@ def test_no_sort_in_the_compiled_sampler():
                                     dict(temperature=float("inf")), dict(temperature="1"), dict(top_k=-2),
                                     dict(top_k=2**31), dict(top_k=1.5), dict(top_k=True), dict(top_p=0.0),
                                     dict(top_p=1.5), dict(top_p=float("nan")), dict(seed=2**63),
-                                    dict(seed=-(2**63) - 1), dict(seed=1.0)])
+                                    dict(seed=-(2**63) - 1), dict(seed=1.0), dict(temperature=10**400),
+                                    dict(top_p=-(10**400))])
 def test_bad_sampling_settings_raise_a_sampling_error(kwargs):
     with pytest.raises(SamplingError) as info:
         SamplingParams(**kwargs)

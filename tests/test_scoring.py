@@ -74,6 +74,9 @@ def test_perplexity_of_log_probabilities():
 def test_score_takes_text(gemma3_pipeline):
     with pytest.raises(PromptError, match="strings"):
         gemma3_pipeline.score([1, 2, 3])
+    for bad, name in ((None, "NoneType"), (b"some bytes", "bytes"), (42, "int")):
+        with pytest.raises(PromptError, match=f"a text \\(a string\\) or a list of texts, got {name}"):
+            gemma3_pipeline.score(bad)
     assert gemma3_pipeline.score("a").shape[0] == len(gemma3_pipeline.prepare_raw("a").token_ids) - 1
 
 

@@ -162,6 +162,9 @@ BAD = {
                        413, "body_too_large"),
     "temperature out of range": (dict(json={"messages": [{"role": "user", "content": "hi"}], "temperature": -1}),
                                  400, None),
+    "temperature beyond float": (dict(content=b'{"messages": [{"role": "user", "content": "hi"}], "temperature": 1'
+                                              + b"0" * 400 + b"}", headers={"content-type": "application/json"}),
+                                 400, None),
     "max_tokens 0": (dict(json={"messages": [{"role": "user", "content": "hi"}], "max_tokens": 0}), 400, None),
     "prompt over the context": (dict(json={"messages": [{"role": "user", "content": "many words " * 2500}]}),
                                 400, None),

@@ -19,7 +19,7 @@ from omnijax.app.media_cache import content_hash
 from omnijax.app.prefix_cache import key_ids
 from omnijax.app.requests import Request
 from omnijax.app.sampling import SamplingParams
-from omnijax.app.scheduler import QueueFullError, Scheduler
+from omnijax.app.scheduler import ClosedError, QueueFullError, Scheduler
 from omnijax.common.lru import BytesLRU
 from test_gemma3_parity import LONG_TEXT, conversation, image
 from fixtures.four_devices import run_on_four_devices
@@ -215,6 +215,32 @@ def test_queue_full_is_refused(gemma3_pipeline):
         s.submit(request(gemma3_pipeline, PROMPTS[2], 2))
     s.run(handles)
     assert [len(h.result().token_ids) for h in handles] == [2, 2, 2]
+
+
+def test_a_closed_engine_ends_what_it_held_and_refuses_more(gemma3_pipeline):
+    """close() ends the requests inside (cancelled; none left waiting for ever); a request after it is refused at
+    once with ClosedError, never queued to an engine that no longer runs."""
+    s = Scheduler(gemma3_pipeline.engine, gemma3_pipeline.processor, slots=1, context=512, max_queue=4)
+    held = [s.submit(request(gemma3_pipeline, PROMPTS[2], 200)) for _ in range(3)]  # one decodes, two wait
+    next(held[0].events())  # the engine runs
+    s.close()
+    results = [h.result(WAIT_S) for h in held]
+    assert all(r.finish_reason == "cancelled" for r in results), [r.finish_reason for r in results]
+    assert len(results[0].token_ids) < 200
+    with pytest.raises(ClosedError, match="closed"):
+        s.submit(request(gemma3_pipeline, PROMPTS[2], 2))
+
+
+def test_a_failing_listener_ends_its_own_request_only(gemma3_pipeline, sched, alone):
+    """A stream consumer whose callback raises (a closed event loop, a bug) cancels its request; the others in
+    the engine run to their end with the tokens they get alone."""
+    def broken():
+        raise RuntimeError("the consumer is gone")
+
+    failing = sched.submit(request(gemma3_pipeline, PROMPTS[0], 12), listener=broken)
+    others = [sched.submit(request(gemma3_pipeline, p, MAX_NEW[i])) for i, p in enumerate(PROMPTS[1:3], start=1)]
+    assert failing.result(WAIT_S).finish_reason == "cancelled"
+    assert [h.result(WAIT_S).token_ids for h in others] == alone[1:3]
 
 
 def test_threads_share_the_pipeline(gemma3_pipeline, alone):

@@ -95,13 +95,17 @@ class GGUFTensors:
         """The tensor ``key`` quantized to ``mode`` along its last axis (``quantize``'s parts), converted a group of
         rows at a time: the stored blocks of a few rows are dequantized to float32 and quantized again, so the
         tensor is never whole in float32. None when this path does not apply (a transform, another axis or shape):
-        the loader then reads the tensor whole."""
+        the loader then reads the tensor whole. A NaN or an infinity in the stored values (a broken block scale)
+        raises CheckpointError naming the tensor, as the float path does."""
+        from omnijax.app.checkpoint import check_finite
+
         info = self.info(key)
         if axis != len(shape) - 1 or tuple(info.shape) != tuple(shape) or self.arch.transforms_for(key):
             return None
         out: dict[str, np.ndarray] = {}
         rows = info.rows
         for part, values in dequantize_rows_chunked(lambda r: self.file.read(info, r), info, chunk_bytes):
+            check_finite(values, key)
             chunk = quantize(values, mode, -1)
             for name, a in chunk.items():
                 if name not in out:
