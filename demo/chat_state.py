@@ -11,6 +11,7 @@ from __future__ import annotations
 import base64
 import dataclasses
 import json
+import math
 import os
 import pathlib
 from typing import Any, Iterable, Sequence
@@ -193,7 +194,7 @@ def sampling_options(max_new_tokens, temperature, top_p, top_k, seed) -> dict:
             raise PromptError(f"{name} must be a number, got {value!r}") from None
         except OverflowError:  # an integer beyond float's range
             x = float("inf") if value > 0 else float("-inf")
-        if x != x or x in (float("inf"), float("-inf")) or x < lo or (hi is not None and x > hi):
+        if not math.isfinite(x) or x < lo or (hi is not None and x > hi):
             raise PromptError(f"{name} must be in [{lo:g}, {'inf' if hi is None else f'{hi:g}'}], got {value!r}")
         if whole:
             if x != int(x):

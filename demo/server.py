@@ -34,7 +34,7 @@ from fastapi.responses import JSONResponse, Response, StreamingResponse
 from starlette.concurrency import run_in_threadpool
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
-from omnijax.app.scheduler import QueueFullError
+from omnijax.app.scheduler import ClosedError, QueueFullError
 from omnijax.common.errors import OmnijaxError
 from omnijax.demo import openai_audio
 from omnijax.demo import openai_protocol as api
@@ -55,12 +55,14 @@ def error_response(status: int, message: str, type_: str = "invalid_request_erro
 
 
 def _refusal(e: BaseException) -> JSONResponse:
-    """The HTTP answer for an error of a request: its own status for a RequestError, 503 for a full queue, 400 for
-    any other OmnijaxError (bad media, prompt over the context, bad setting)."""
+    """The HTTP answer for an error of a request: its own status for a RequestError, 503 for a full queue or a closed
+    engine, 400 for any other OmnijaxError (bad media, prompt over the context, bad setting)."""
     if isinstance(e, api.RequestError):
         return error_response(e.status, str(e), e.type, e.param, e.code)
     if isinstance(e, QueueFullError):
         return error_response(503, str(e), "server_overloaded", code="queue_full")
+    if isinstance(e, ClosedError):  # the server is shutting down
+        return error_response(503, str(e), "server_unavailable", code="shutting_down")
     return error_response(400, str(e), code=type(e).__name__)
 
 

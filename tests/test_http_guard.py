@@ -72,3 +72,11 @@ def test_the_web_demo_on_the_same_app(server, gemma3_pipeline):
     assert page.status_code == 200 and "<html" in page.text.lower()
     assert client.get("/v1/models").status_code == 200
     assert client.get("/ui/", headers={"Host": "attacker.example"}).status_code == 400
+
+
+def test_a_closed_engine_is_a_503_not_a_client_error():
+    from omnijax.app.scheduler import ClosedError, QueueFullError
+    from omnijax.demo.server import _refusal
+
+    assert _refusal(ClosedError("the pipeline is closed")).status_code == 503
+    assert _refusal(QueueFullError("full")).status_code == 503
