@@ -31,11 +31,17 @@ from omnijax.preprocess.sources import local_path
 _INT_SCALE = {np.dtype(np.int16): 2.0**15, np.dtype(np.int32): 2.0**31}
 
 
-def _check_rate(rate: float, name: str) -> None:
+def check_rate(rate: float, name: str) -> None:
     """MediaError unless ``rate`` (Hz) is within [MIN_AUDIO_RATE, MAX_AUDIO_RATE]: the resampler is not used outside
     (below a few Hz it does not return)."""
     if not MIN_AUDIO_RATE <= rate <= MAX_AUDIO_RATE:
         raise MediaError(f"{name}: sampling rate {rate:g} Hz is outside [{MIN_AUDIO_RATE}, {MAX_AUDIO_RATE}] Hz")
+
+
+def check_channels(channels: int, name: str) -> None:
+    """MediaError when ``channels`` is over MAX_AUDIO_CHANNELS."""
+    if channels > MAX_AUDIO_CHANNELS:
+        raise MediaError(f"{name}: {channels} channels; at most {MAX_AUDIO_CHANNELS} are accepted")
 
 
 def _check_duration(num_samples: int, rate: float, max_seconds: float | None, name: str) -> None:
@@ -69,6 +75,41 @@ def resample(samples_N: np.ndarray, source_rate: float, target_rate: int) -> np.
     return np.asarray(out[:n_out], dtype=samples_N.dtype)
 
 
+class MonoStream:
+    """Audio arriving block by block -> mono float32 at ``target_rate``: each float32 block [channels, n] is averaged
+    to mono (:func:`downmix`) and fed through soxr's stream resampler, so only the output is held (at 16 kHz, a
+    fraction of a high-rate multichannel source). The samples are exactly :func:`resample` of :func:`downmix` of the
+    whole (the mean is per sample; soxr's stream gives ``soxr.resample``'s samples)."""
+
+    def __init__(self, source_rate: float, target_rate: int):
+        self.source_rate, self.target_rate = source_rate, target_rate
+        self.read = 0  # source samples (per channel) taken so far
+        self._blocks: list[np.ndarray] = []
+        self._stream = None
+        if source_rate != target_rate:
+            import soxr
+
+            self._stream = soxr.ResampleStream(source_rate, target_rate, 1, dtype="float32", quality="soxr_hq")
+
+    def add(self, block_CN: np.ndarray) -> None:
+        mono = np.ascontiguousarray(downmix(block_CN), dtype=np.float32)
+        self.read += mono.shape[0]
+        self._blocks.append(mono if self._stream is None else self._stream.resample_chunk(mono, last=False))
+
+    def finish(self) -> np.ndarray:
+        """float32 [ceil(read * target_rate / source_rate)] (zero-padded or trimmed as :func:`resample`)."""
+        if self._stream is not None:
+            self._blocks.append(self._stream.resample_chunk(np.zeros(0, np.float32), last=True))
+        out = np.concatenate(self._blocks) if self._blocks else np.zeros(0, np.float32)
+        self._blocks = []
+        if self._stream is None:
+            return out
+        n_out = int(np.ceil(self.read * (float(self.target_rate) / self.source_rate)))
+        if out.shape[0] < n_out:
+            out = np.pad(out, (0, n_out - out.shape[0]))
+        return out[:n_out]
+
+
 def _layout(array: np.ndarray, name: str) -> tuple[int, int]:
     """(channels, samples) of a [n], [channels, n] or [n, channels] array, from its shape alone (2-D arrays are
     channels-first when ``shape[0] <= shape[1]``, librosa's layout). Raises ``MediaError`` on other ranks, empty
@@ -86,8 +127,7 @@ def _layout(array: np.ndarray, name: str) -> tuple[int, int]:
         )
     if samples == 0:
         raise MediaError(f"{name}: audio has no samples")
-    if channels > MAX_AUDIO_CHANNELS:
-        raise MediaError(f"{name}: {channels} channels; at most {MAX_AUDIO_CHANNELS} are accepted")
+    check_channels(channels, name)
     return channels, samples
 
 
@@ -135,21 +175,19 @@ def _decode_file(path: pathlib.Path, sampling_rate: int, max_seconds: float | No
     try:
         with soundfile.SoundFile(str(path)) as f:
             rate = f.samplerate
-            _check_rate(rate, f"audio file {path}")
+            check_rate(rate, f"audio file {path}")
             # Refuse an over-long file from its header, before decoding it.
             if f.frames > 0:
                 _check_duration(f.frames, rate, max_seconds, f"audio file {path}")
-            if f.channels > MAX_AUDIO_CHANNELS:
-                raise MediaError(f"audio file {path}: {f.channels} channels; at most {MAX_AUDIO_CHANNELS} are "
-                                 f"accepted")
-            # Read block by block, averaging the channels of each block (the same numbers as averaging the whole
-            # array), so only the mono samples are kept; never more than the limit plus one block.
+            check_channels(f.channels, f"audio file {path}")
+            # Read block by block, averaging the channels of each block and resampling it as it comes (the same
+            # numbers as doing both to the whole: MonoStream), so only the output is kept; never more than the
+            # limit plus one block.
             cap = None if max_seconds is None else int(max_seconds * rate) + 1
-            blocks, read = [], 0
+            mono = MonoStream(rate, sampling_rate)
             for block_NC in f.blocks(blocksize=1 << 16, dtype="float32", always_2d=True):
-                blocks.append(np.ascontiguousarray(downmix(block_NC.T)))
-                read += block_NC.shape[0]
-                if cap is not None and read > cap:
+                mono.add(block_NC.T)
+                if cap is not None and mono.read > cap:
                     break
     except soundfile.SoundFileError as exc:
         if not _has_extra_audioread_decoder():
@@ -168,12 +206,10 @@ def _decode_file(path: pathlib.Path, sampling_rate: int, max_seconds: float | No
             ) from fallback_exc
         return np.asarray(samples, dtype=np.float32)
 
-    if read == 0:
+    if mono.read == 0:
         raise MediaError(f"audio file {path} holds no samples")
-    _check_duration(read, rate, max_seconds, f"audio file {path}")
-    samples = blocks[0] if len(blocks) == 1 else np.concatenate(blocks)
-    del blocks
-    return resample(samples, rate, sampling_rate)
+    _check_duration(mono.read, rate, max_seconds, f"audio file {path}")
+    return mono.finish()
 
 
 def _load_file(path: pathlib.Path, sampling_rate: int, max_seconds: float | None) -> np.ndarray:
@@ -226,7 +262,7 @@ def load_audio(source, sampling_rate: int = 16000, max_seconds: float | None = N
             raise MediaError(f"{name}: sampling rate must be a number, got {rate!r}")
         if not (math.isfinite(float(rate)) and rate > 0):
             raise MediaError(f"{name}: sampling rate must be positive, got {rate!r}")
-        _check_rate(float(rate), name)
+        check_rate(float(rate), name)
         rate = float(rate) if float(rate) != int(rate) else int(rate)
         if array.dtype not in _INT_SCALE and not np.issubdtype(array.dtype, np.floating):
             raise MediaError(f"{name}: expected float, int16 or int32 audio samples, got dtype {array.dtype}")

@@ -14,8 +14,8 @@ PyAV bundles FFmpeg in its wheels and needs no PyTorch. Work is bounded before i
   i / fps from the stream's start: the i-th frame that transformers' PyAV reader (``read_video_pyav``), which
   decodes every frame from the start, would take, for a constant-rate stream.
 * Interlaced streams: FFmpeg's decoders output whole frames (both fields woven), never black frames.
-* :func:`decode_audio_track`: the first audio stream as float32 [channels, samples] at its own rate (None when
-  the file has no audio stream), stopped at the duration limit.
+* :func:`decode_audio_track`: the first audio stream as mono float32 samples at the model's rate (None when the
+  file has no audio stream), its rate and channels checked from the header, stopped at the duration limit.
 """
 
 from __future__ import annotations
@@ -29,6 +29,7 @@ from typing import Callable
 import numpy as np
 
 from omnijax.common.errors import MediaError
+from omnijax.preprocess.audio import MonoStream, check_channels, check_rate
 from omnijax.preprocess.media_limits import MAX_VIDEO_FRAME_PIXELS, MAX_VIDEO_FRAMES, MAX_VIDEO_SECONDS
 
 DECODE_THREADS = min(4, os.cpu_count() or 1)
@@ -54,11 +55,17 @@ class VideoInfo:
     has_audio: bool
 
 
+def _decoder_limits() -> dict[str, str]:
+    """FFmpeg decoder options: no frame larger than MAX_VIDEO_FRAME_PIXELS is decoded (whatever the headers say)."""
+    return {"max_pixels": str(MAX_VIDEO_FRAME_PIXELS)}
+
+
 def _open(path: pathlib.Path):
     import av
 
     try:
-        return av.open(str(path), mode="r")
+        # max_pixels: FFmpeg refuses a larger frame before allocating it, also while it reads the headers
+        return av.open(str(path), mode="r", options=_decoder_limits())
     except (av.error.FFmpegError, OSError, UnicodeDecodeError, ValueError) as exc:
         raise MediaError(f"cannot read video file {path} (corrupt or not a video?): {exc}") from None
 
@@ -124,6 +131,7 @@ def decode_frames(info: VideoInfo, indices: list[int], convert: Callable[[np.nda
         stream = container.streams.video[0]
         stream.thread_type = "AUTO"
         stream.codec_context.thread_count = DECODE_THREADS
+        stream.codec_context.options = _decoder_limits()
         base = float(stream.time_base)
         k = 0  # the next wanted index
         try:
@@ -136,6 +144,9 @@ def decode_frames(info: VideoInfo, indices: list[int], convert: Callable[[np.nda
                     position = int(round(seconds * info.fps))
                     if position < wanted[k]:
                         continue
+                    if frame.width * frame.height > MAX_VIDEO_FRAME_PIXELS:  # the decoder's own check, again
+                        raise MediaError(f"video file {info.path}: a frame of {frame.width}x{frame.height} pixels is "
+                                         f"larger than {_frame_limit()}")
                     rgb = convert(frame.to_ndarray(format="rgb24"))
                     while k < len(wanted) and wanted[k] <= position:  # a gap in the stream: this frame stands in
                         frames.append(rgb)
@@ -145,6 +156,9 @@ def decode_frames(info: VideoInfo, indices: list[int], convert: Callable[[np.nda
                         break  # done, or far enough ahead that seeking beats decoding
                 else:
                     break  # the stream ended before the remaining indices
+        except av.error.ArgumentError as exc:  # what the decoder says of a frame over max_pixels, among others
+            raise MediaError(f"cannot decode video file {info.path}: a frame is corrupt or larger than "
+                             f"{_frame_limit()} ({exc})") from None
         except av.error.FFmpegError as exc:
             raise MediaError(f"cannot decode video file {info.path} (corrupt?): {exc}") from None
     if not frames:
@@ -152,37 +166,55 @@ def decode_frames(info: VideoInfo, indices: list[int], convert: Callable[[np.nda
     return frames, kept
 
 
-def decode_audio_track(info: VideoInfo, max_seconds: float) -> tuple[np.ndarray, int] | None:
-    """(float32 samples [channels, n], rate) of the file's first audio stream, None when it has none. MediaError
-    when the track lasts longer than ``max_seconds`` or cannot be decoded."""
+def _frame_limit() -> str:
+    return f"the limit of {MAX_VIDEO_FRAME_PIXELS / 1e6:g} MP a frame"
+
+
+def decode_audio_track(info: VideoInfo, max_seconds: float, sampling_rate: int) -> np.ndarray | None:
+    """Mono float32 samples at ``sampling_rate`` of the file's first audio stream (its channels averaged, its rate
+    resampled block by block as it is decoded: :class:`MonoStream`), None when it has none. MediaError when the
+    stream's rate or channel count is out of bounds (from its header, before decoding), when the track lasts longer
+    than ``max_seconds`` or cannot be decoded.
+
+    Frames are interleaved to packed float32 and read from their one buffer: PyAV's own array conversion of planar
+    audio crashes the process from 8 channels on (7.1 sound, as films have)."""
     import av
 
     if not info.has_audio:
         return None
+    name = f"the audio track of video file {info.path}"
     with _open(info.path) as container:
         stream = container.streams.audio[0]
         rate = int(stream.codec_context.sample_rate or 0)
         if rate <= 0:
             raise MediaError(f"video file {info.path}: its audio stream states no sample rate")
+        check_rate(rate, name)
+        check_channels(int(stream.codec_context.channels or 0), name)
         cap = int(max_seconds * rate) + 1
+        mono = MonoStream(rate, sampling_rate)
         resampler = None
-        blocks, read = [], 0
         try:
             for frame in container.decode(stream):
-                if resampler is None:  # float planar at the stream's own rate and layout: samples unchanged
-                    resampler = av.AudioResampler(format="fltp", layout=frame.layout, rate=frame.rate)
+                check_channels(frame.layout.nb_channels, name)  # a frame may say other than the header
+                if resampler is None:  # packed float32 at the stream's own rate and layout: samples unchanged
+                    resampler = av.AudioResampler(format="flt", layout=frame.layout, rate=rate)
                 for out in resampler.resample(frame):
-                    block = out.to_ndarray()
-                    blocks.append(block)
-                    read += block.shape[1]
-                if read > cap:
+                    _add_packed(mono, out)
+                if mono.read > cap:
                     raise MediaError(f"video file {info.path}: its audio track is longer than the limit of "
                                      f"{max_seconds:g} s")
             if resampler is not None:
                 for out in resampler.resample(None):
-                    blocks.append(out.to_ndarray())
-        except av.error.FFmpegError as exc:
+                    _add_packed(mono, out)
+        except (av.error.FFmpegError, ValueError) as exc:  # ValueError: the layout or rate changes midway
             raise MediaError(f"cannot decode the audio track of {info.path} (corrupt?): {exc}") from None
-    if not blocks:
+    if mono.read == 0:
         return None
-    return np.ascontiguousarray(np.concatenate(blocks, axis=1), dtype=np.float32), rate
+    return mono.finish()
+
+
+def _add_packed(mono: MonoStream, frame) -> None:
+    """Feed a packed float32 audio frame (one buffer of samples x channels) to ``mono`` as [channels, samples]."""
+    channels = frame.layout.nb_channels
+    samples_NC = np.frombuffer(frame.planes[0], np.float32, count=frame.samples * channels)
+    mono.add(np.ascontiguousarray(samples_NC.reshape(frame.samples, channels).T))  # the mean of planar rows

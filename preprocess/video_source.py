@@ -125,9 +125,9 @@ def load_video(part: dict, *, sample: Callable[[int, float, float | None], list[
     frames, kept = decode_frames(info, indices, lambda f: resize_uint8(f, height, width, resample))
     audio = None
     if with_audio:
-        track = decode_audio_track(info, max_audio_seconds)
+        track = decode_audio_track(info, max_audio_seconds, AUDIO_RATE)
         if track is not None:
-            audio = load_audio(track, AUDIO_RATE, max_seconds=max_audio_seconds)
+            audio = load_audio(track, AUDIO_RATE, max_seconds=max_audio_seconds)  # checked: finite, within the limit
     return Video(np.stack(frames), SampledFrames(tuple(kept), info.frames, info.fps), audio)
 
 

@@ -120,6 +120,31 @@ def test_long_audio_is_refused_from_the_array_shape_before_conversion():
     assert "1000 channels" in channels["error"]
 
 
+def test_high_rate_multichannel_audio_holds_only_the_resampled_mono(tmp_path):
+    """A file and a video's sound track are averaged and resampled block by block as they are decoded: memory
+    grows by about the 16 kHz mono output, not by the source's rate x channels (before: 4 bytes per sample at the
+    source rate for a file, and per channel for a video's track: 369 MB for this 16 KB video)."""
+    import soundfile
+
+    from fixtures.video_files import write_sound_video
+
+    wav = tmp_path / "high.wav"  # 40 s of stereo at 384 kHz: 61 MB of 16-bit PCM, 61 MB of float32 mono
+    with soundfile.SoundFile(str(wav), "w", samplerate=384000, channels=2, subtype="PCM_16") as f:
+        block = (np.sin(np.arange(384000) * 0.01)[:, None] * [0.3, -0.2] * 32767).astype(np.int16)
+        for _ in range(40):
+            f.write(block)
+    got = measure(f"load_audio({str(wav)!r}, max_seconds=1200)")
+    assert got["size"] == [40 * 16000], got
+    assert got["growth"] < 24 * MB, got["growth"] / MB
+    film = write_sound_video(tmp_path / "film.mkv", codec="flac", layout="7.1", rate=384000, seconds=30, silent=True)
+    assert film.stat().st_size < 64 * 1024
+    track = measure("__import__('omnijax.preprocess.video_decode', fromlist=['_']).decode_audio_track("
+                    f"__import__('omnijax.preprocess.video_decode', fromlist=['_']).probe(setup), 1200, 16000)",
+                    f"(__import__('av'), __import__('pathlib').Path({str(film)!r}))[1]")  # PyAV loaded before
+    assert track["size"] == [30 * 16000], track
+    assert track["growth"] < 32 * MB, track["growth"] / MB
+
+
 def test_allowed_audio_converts_in_float32():
     minute = "np.zeros((60 * 48000, 2), np.int16)"
     got = measure("load_audio((setup, 48000), max_seconds=1200)", minute)

@@ -4,11 +4,17 @@ the frame samplers and torchvision's uint8 resize against torch."""
 
 from __future__ import annotations
 
+import os
+import pathlib
+import subprocess
+import sys
+
 import numpy as np
 import pytest
 import torch
 
-from fixtures.video_files import sample_frames, tone, write_video
+from fixtures.video_files import sample_frames, tone, write_sound_video, write_video
+from omnijax.preprocess.audio import load_audio
 from omnijax.common.errors import MediaError, PromptError
 from omnijax.preprocess import video_decode, video_source
 from omnijax.preprocess.prompts import normalize_messages
@@ -17,6 +23,7 @@ from omnijax.preprocess.video_decode import decode_audio_track, decode_frames, p
 from omnijax.preprocess.video_sampling import qwen_frame_indices, uniform_frame_indices
 
 pytestmark = pytest.mark.reference
+ROOT = pathlib.Path(__file__).resolve().parents[1]
 
 FRAMES = sample_frames(100, 32, 48, seed=21)
 
@@ -94,16 +101,15 @@ def test_interlaced_stream_decodes_to_whole_frames(files):
 
 def test_sound_track_is_read_exactly_and_downmixed(files):
     info = probe(files["mkv"])
-    samples, rate = decode_audio_track(info, max_seconds=10)
-    expected = tone(2.0, channels=2) / 32768
-    assert rate == 16000 and samples.shape == expected.shape
-    np.testing.assert_array_equal(samples, expected.astype(np.float32))
+    samples = decode_audio_track(info, max_seconds=10, sampling_rate=16000)
+    expected = tone(2.0, channels=2).astype(np.float32) / 32768
+    np.testing.assert_array_equal(samples, np.mean(expected, axis=0))
     video = video_source.load_video({"video": str(files["mkv"])}, sample=lambda n, fps, _: [0, 10],
                                     target_size=lambda h, w: (h, w), resample=3, with_audio=True,
                                     max_audio_seconds=10)
     np.testing.assert_array_equal(video.audio, np.mean(expected.astype(np.float32), axis=0))
     assert video.sampled.timestamps == [0.0, 10 / 15]
-    assert decode_audio_track(probe(files["mp4"]), max_seconds=10) is None
+    assert decode_audio_track(probe(files["mp4"]), max_seconds=10, sampling_rate=16000) is None
 
 
 @pytest.mark.parametrize("limit, value, message", [
@@ -117,6 +123,63 @@ def test_limits_refuse_from_the_headers_before_decoding(files, monkeypatch, limi
     with pytest.raises(MediaError, match=message.replace("32x48", "48x32")):
         video_source.load_video({"video": str(files["mp4"])}, sample=lambda n, fps, _: [0],
                                 target_size=lambda h, w: (h, w), resample=3, with_audio=False, max_audio_seconds=1)
+
+
+def test_a_7_1_sound_track_is_averaged_and_resampled(tmp_path):
+    """Eight channels (7.1 AAC, as films have) at 48 kHz: the mean of the eight decoded channels, resampled to
+    16 kHz, in a child process (PyAV's own array conversion of such frames crashes the process)."""
+    import av
+
+    path = write_sound_video(tmp_path / "film.mkv", codec="aac", layout="7.1", rate=48000, seconds=2.0)
+    planes = []
+    with av.open(str(path)) as container:
+        for frame in container.decode(audio=0):
+            assert frame.format.name == "fltp" and frame.layout.nb_channels == 8
+            planes.append(np.stack([np.frombuffer(frame.planes[c], np.float32, count=frame.samples)
+                                    for c in range(8)]))
+    expected = load_audio((np.concatenate(planes, axis=1), 48000), 16000)
+    out = tmp_path / "sound.npy"
+    code = ("import sys, pathlib, numpy as np; from omnijax.preprocess.video_decode import probe, decode_audio_track; "
+            "np.save(sys.argv[2], decode_audio_track(probe(pathlib.Path(sys.argv[1])), 10, 16000))")
+    child = subprocess.run([sys.executable, "-c", code, str(path), str(out)], capture_output=True, text=True,
+                           timeout=120, env=dict(os.environ, PYTHONPATH=str(ROOT)))
+    assert child.returncode == 0, (child.returncode, child.stderr[-2000:])
+    samples = np.load(out)
+    assert samples.shape == expected.shape and np.abs(expected).max() > 0.1
+    np.testing.assert_array_equal(samples, expected)
+
+
+@pytest.mark.parametrize("first", [True, False])
+def test_a_frame_larger_than_the_header_is_refused_before_it_is_decoded(tmp_path, monkeypatch, first):
+    """An MJPEG stream whose header says 64 x 64 and one of whose frames is 512 x 512: FFmpeg is told the frame limit
+    (here 128 x 128), so the large frame is never decoded, while reading the headers or the frames."""
+    import av
+    import io
+
+    from PIL import Image
+
+    def jpeg(side):
+        buf = io.BytesIO()
+        Image.fromarray(np.full((side, side, 3), 120, np.uint8)).save(buf, "JPEG")
+        return buf.getvalue()
+
+    path = tmp_path / "bomb.avi"
+    with av.open(str(path), "w") as container:
+        stream = container.add_stream("mjpeg", rate=1)
+        stream.width, stream.height, stream.pix_fmt = 64, 64, "yuvj420p"
+        for i, side in enumerate([512, 64, 64] if first else [64, 64, 512, 64]):
+            packet = av.Packet(jpeg(side))
+            packet.stream, packet.pts, packet.dts = stream, i, i
+            container.mux(packet)
+    monkeypatch.setattr(video_decode, "MAX_VIDEO_FRAME_PIXELS", 128 * 128)
+    info = probe(path)
+    assert (info.width, info.height) == (64, 64)
+    with pytest.raises(MediaError, match="a frame is corrupt or larger than the limit of 0.016384 MP"):
+        decode_frames(info, list(range(info.frames)), lambda f: pytest.fail(f"decoded {f.shape}") if f.shape[0] > 64
+                      else f)
+    monkeypatch.setattr(video_decode, "MAX_VIDEO_FRAME_PIXELS", 512 * 512)
+    frames, _ = decode_frames(probe(path), [0, 1, 2], lambda f: f)
+    assert max(f.shape[0] for f in frames) == 512  # under the limit, the same file decodes
 
 
 def test_unreadable_files(tmp_path):
