@@ -11,6 +11,7 @@ import logging
 import os
 import pathlib
 import sys
+import tempfile
 import time
 
 from omnijax.common.errors import CheckpointError, OmnijaxError, PromptError
@@ -212,10 +213,25 @@ def check_speak_path(args) -> None:
         raise PromptError(f"--speak {args.speak!r} is a folder; name the WAV file to write")
     if not out.parent.is_dir():
         raise PromptError(f"--speak {args.speak!r}: the folder {str(out.parent)!r} does not exist")
+    if out.exists() and not out.is_file():  # a device, a FIFO, a socket: never replaced by a file
+        raise PromptError(f"--speak {args.speak!r} is not a regular file (a device or a pipe?); name a WAV file")
+    inputs = [(f"--{flag}", path) for flag in ("image", "audio", "video") for path in getattr(args, flag, None) or ()]
+    for flag, path in inputs + [("--model", getattr(args, "model", None))]:
+        if path is not None and out.exists() and pathlib.Path(path).expanduser().exists() \
+                and os.path.samefile(out, pathlib.Path(path).expanduser()):
+            raise PromptError(f"--speak {args.speak!r} is also the {flag} input; name another file")
+    try:  # the folder takes a new file (the answer is written beside, then renamed)
+        fd, probe = tempfile.mkstemp(prefix=f".{out.name}.", suffix=".tmp", dir=out.parent)
+        os.close(fd)
+        os.unlink(probe)
+    except OSError as exc:
+        raise PromptError(f"--speak {args.speak!r}: cannot write in the folder {str(out.parent)!r}: "
+                          f"{exc.strerror or exc}") from None
     if getattr(args, "raw", False):
         raise PromptError("--raw continues plain text; --speak needs a chat prompt")
-    if args.max_speech_frames is not None and args.max_speech_frames < 1:
-        raise PromptError(f"--max-speech-frames must be >= 1, got {args.max_speech_frames}")
+    from omnijax.app.sampling import check_max_speech_frames
+
+    check_max_speech_frames(args.max_speech_frames, "--max-speech-frames")
 
 
 def run_generate(args) -> int:
@@ -248,12 +264,22 @@ def run_generate(args) -> int:
         print()
     print(f"[omnijax] {timing_line(result, time.perf_counter() - start)}", file=sys.stderr)
     if args.speak is not None:
-        from omnijax.app.wav import write_wav
-
-        path = write_wav(pathlib.Path(args.speak).expanduser(), result.audio, result.sample_rate)
-        print(f"[omnijax] wrote {path} ({len(result.audio) / result.sample_rate:.2f} s of speech, "
-              f"{len(result.audio_codes)} codec frames)", file=sys.stderr)
+        write_spoken(pathlib.Path(args.speak).expanduser(), result)
     return 0
+
+
+def write_spoken(path: pathlib.Path, result) -> None:
+    """The spoken answer of ``result`` as a WAV file at ``path`` (replaced whole or left as it was); a failure to
+    write (a full disk) is an OmnijaxError naming the file, after the text answer has been printed."""
+    from omnijax.app.wav import write_wav
+
+    try:
+        write_wav(path, result.audio, result.sample_rate)
+    except OSError as exc:
+        raise OmnijaxError(f"cannot write the spoken answer to {str(path)!r}: {exc.strerror or exc} (the text "
+                           f"answer is above)") from None
+    print(f"[omnijax] wrote {path} ({len(result.audio) / result.sample_rate:.2f} s of speech, "
+          f"{len(result.audio_codes)} codec frames)", file=sys.stderr)
 
 
 def timing_line(result, seconds: float) -> str:

@@ -55,6 +55,8 @@ FLOAT_LIMITS: dict[str, tuple[float, float]] = {
     "rope_local_base_freq": (0.0, 1e12), "factor": (0.0, 1e6), "query_pre_attn_scalar": (0.0, 1e9),
     "attn_logit_softcapping": (0.0, 1e9), "final_logit_softcapping": (0.0, 1e9),
 }
+# integer settings that are never null in a usable config (null: left unset by a broken export)
+NOT_NULL = frozenset({"vocab_size", "hidden_size", "num_hidden_layers", "num_attention_heads"})
 TOKEN_ID_LIMIT = 1 << 31
 MAX_DEPTH = 16
 
@@ -81,6 +83,8 @@ def check_token_ids(where: str, value: Any, source: str = "config.json") -> None
 
 
 def _check_value(key: str, where: str, value: Any) -> None:
+    if key in NOT_NULL and value is None:
+        raise _fail(where, value, "it has no value; every model states it")
     if key in INT_LIMITS and value is not None:
         lo, hi = INT_LIMITS[key]
         if not _is_int(value) or not lo <= value <= hi:

@@ -30,7 +30,7 @@ from omnijax.app.families import family_for_config
 from omnijax.app.generation import Engine
 from omnijax.app.model import abstract_model
 from omnijax.app.requests import GenerationResult, Request, RequestHandle
-from omnijax.app.sampling import SamplingParams, check_settings
+from omnijax.app.sampling import SamplingParams, check_max_speech_frames, check_settings
 from omnijax.app.scheduler import (DEFAULT_MAX_QUEUE, DEFAULT_MEDIA_CACHE_MB, DEFAULT_PREFIX_CACHE_MB, Scheduler)
 from omnijax.app.slots import DEFAULT_CHUNK, DEFAULT_SLOTS
 from omnijax.app.speech_events import AudioChunk, TextPiece
@@ -322,9 +322,7 @@ class Pipeline:
             raise PromptError("speak=True needs chat messages (the talker speaks the assistant's turn), not a raw "
                               "prompt")
         self.speech.voice_id(voice)
-        if max_speech_frames is not None and (isinstance(max_speech_frames, bool) or
-                                              not isinstance(max_speech_frames, int) or max_speech_frames < 1):
-            raise PromptError(f"max_speech_frames must be an integer >= 1, got {max_speech_frames!r}")
+        check_max_speech_frames(max_speech_frames)
 
     def speak_answer(self, prompt: PreparedPrompt, result: GenerationResult, *, voice: str | None = None,
                      temperature: float = 0.0, top_k: int = 0, top_p: float = 1.0, seed: int = 0,

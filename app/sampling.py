@@ -23,6 +23,7 @@ MAX_TOP_K = 2**31 - 1  # top_k is an int32 on device; values at or above the voc
 SEED_RANGE = (-(2**63), 2**63)  # what jax.random.key takes
 MAX_NEW_TOKENS = 1 << 24  # the longest context a config may state (app/config_limits.py)
 MAX_STOPS = 32
+MAX_SPEECH_FRAMES = 1 << 16  # codec frames of one spoken answer: 87 minutes at Qwen3-Omni's 12.5 frames a second
 MAX_STOP_CHARS = 256
 
 
@@ -95,6 +96,15 @@ def check_max_new_tokens(value) -> int:
     """``value`` as an int when it is a whole number >= 1, else SamplingError."""
     if not _is_int(value) or not 1 <= value <= MAX_NEW_TOKENS:
         raise SamplingError(f"max_new_tokens must be an integer in [1, {MAX_NEW_TOKENS}], got {value!r}")
+    return int(value)
+
+
+def check_max_speech_frames(value, name: str = "max_speech_frames") -> int | None:
+    """None (the default cap, 4096) or ``value`` as an int in [1, MAX_SPEECH_FRAMES]; SamplingError otherwise."""
+    if value is None:
+        return None
+    if not _is_int(value) or not 1 <= value <= MAX_SPEECH_FRAMES:
+        raise SamplingError(f"{name} must be an integer in [1, {MAX_SPEECH_FRAMES}], got {value!r}"[:300])
     return int(value)
 
 

@@ -53,8 +53,9 @@ def run_serve(args) -> int:
 
     if args.max_queue < 1:
         raise OmnijaxError(f"--max-queue must be >= 1, got {args.max_queue}")
-    if args.max_speech_frames is not None and args.max_speech_frames < 1:
-        raise OmnijaxError(f"--max-speech-frames must be >= 1, got {args.max_speech_frames}")
+    from omnijax.app.sampling import check_max_speech_frames
+
+    check_max_speech_frames(args.max_speech_frames, "--max-speech-frames")
     if args.api_key is not None and not args.api_key.strip():
         raise OmnijaxError("--api-key is empty (an unset variable?): give the key, or leave the flag out to serve "
                            "without one")

@@ -59,6 +59,7 @@ def fails_fast(folder, match):
     (lambda c: c["text_config"].update(num_attention_heads=0), r"text_config.num_attention_heads = 0"),
     (lambda c: c["text_config"].update(num_key_value_heads=3), r"not a multiple of text_config.num_key_value_heads"),
     (lambda c: c["text_config"].update(vocab_size=-5), r"vocab_size = -5"),
+    (lambda c: c["text_config"].update(vocab_size=None), r"text_config.vocab_size = None is not usable \(it has no"),
     (lambda c: c["text_config"].update(rms_norm_eps=float("nan")), r"rms_norm_eps"),
     (lambda c: c["vision_config"].update(image_size=10**6), r"vision_config.image_size"),
     (lambda c: c.update(image_token_index=2**40), r"image_token_index"),

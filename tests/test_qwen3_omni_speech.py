@@ -4,7 +4,9 @@ the waveform), streamed chunks against the whole answer, code2wav alone, voices,
 from __future__ import annotations
 
 import logging
+import os
 import shutil
+import stat
 
 import jax
 import numpy as np
@@ -14,7 +16,7 @@ from safetensors.numpy import load_file, save_file
 
 from omnijax.app.speech import FIRST_CHUNK_FRAMES
 from omnijax.app.speech_events import AudioChunk, TextPiece
-from omnijax.common.errors import CapabilityError, PromptError, SamplingError
+from omnijax.common.errors import CapabilityError, OmnijaxError, PromptError, SamplingError
 from omnijax.decoder.qwen3_omni.code2wav import chunk_samples
 
 from fixtures.qwen3_omni_speech_reference import load_full_model, reference_speech
@@ -214,8 +216,9 @@ def test_bad_requests_to_speak(qwen_speech_pipeline):
         pipe.generate([CASES["text"], CASES["text"]], speak=True)
     with pytest.raises(PromptError, match="chat messages"):
         pipe.generate("Once upon a time", speak=True)
-    with pytest.raises(PromptError, match="max_speech_frames"):
-        pipe.generate(CASES["text"], speak=True, max_speech_frames=0)
+    for frames in (0, 10**12, 2.0):
+        with pytest.raises(SamplingError, match="max_speech_frames must be an integer in"):
+            pipe.generate(CASES["text"], speak=True, max_speech_frames=frames)
 
 
 def test_new_lengths_inside_a_bucket_do_not_compile_again(qwen_speech_pipeline):
@@ -247,11 +250,43 @@ def test_cli_writes_the_spoken_answer_to_a_wav_file(tiny_qwen_full_dir, tiny_qwe
         assert (f.getframerate(), f.getnchannels(), f.getsampwidth()) == (24000, 1, 2)
         assert f.readframes(f.getnframes()) == pcm16_bytes(expected.audio)
     assert sorted(p.name for p in tmp_path.iterdir()) == ["answer.wav"]  # no temporary file left behind
+    fifo = tmp_path / "pipe.wav"
+    os.mkfifo(fifo)
+    spoken = out.read_bytes()
     for bad, message in [(["--voice", "ethan"], "--voice needs --speak"),
                          (["--speak", str(tmp_path / "missing" / "a.wav")], "does not exist"),
                          (["--speak", str(tmp_path)], "is a folder"),
+                         (["--speak", str(fifo)], "is not a regular file"),
+                         (["--speak", "/proc/answer.wav"], "cannot write in the folder '/proc'"),
+                         (["--speak", str(out), "--audio", str(out)], "is also the --audio input"),
+                         (["--speak", str(out), "--max-speech-frames", str(10**12)], "must be an integer in"),
                          (["--speak", str(out), "--voice", "alloy"], "unknown voice 'alloy'")]:
         assert main(args + bad) == 2
         assert message in capsys.readouterr().err
+    assert out.read_bytes() == spoken and stat.S_ISFIFO(fifo.stat().st_mode)  # nothing replaced
     assert main(["generate", "--model", str(tiny_qwen_dir), "--prompt", "Hi", "--speak", str(out)]) == 2
     assert "no talker" in capsys.readouterr().err
+
+
+def test_a_spoken_answer_that_cannot_be_written_is_a_clear_error(tmp_path, monkeypatch, capsys):
+    """A full disk while the WAV file is written: an OmnijaxError naming the file; what was there is kept and no
+    temporary file is left."""
+    import errno
+    import types
+
+    from omnijax.app import cli, wav
+
+    out = tmp_path / "answer.wav"
+    out.write_bytes(b"before")
+    result = types.SimpleNamespace(audio=np.zeros(2400, np.float32), sample_rate=24000, audio_codes=np.zeros((2, 4)))
+
+    def full(fd):
+        raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+
+    monkeypatch.setattr(wav.os, "fsync", full)
+    with pytest.raises(OmnijaxError, match="cannot write the spoken answer to .*answer.wav.*No space left on device"):
+        cli.write_spoken(out, result)
+    assert out.read_bytes() == b"before" and sorted(p.name for p in tmp_path.iterdir()) == ["answer.wav"]
+    monkeypatch.undo()
+    cli.write_spoken(out, result)
+    assert out.read_bytes()[:4] == b"RIFF" and "wrote" in capsys.readouterr().err
