@@ -83,17 +83,17 @@ def add_score_parser(sub) -> argparse.ArgumentParser:
     return score
 
 
-MAX_SCORE_FILE_BYTES = 64 << 20
-
-
 def read_text_file(path: str) -> str:
-    """The UTF-8 text of ``path`` (a regular file of at most 64 MB), else PromptError naming the problem."""
+    """The UTF-8 text of ``path`` (a regular file of at most 16 MiB: what ``score`` takes), else PromptError
+    naming the problem."""
+    from omnijax.preprocess.request_limits import MAX_SCORE_TEXT_BYTES
+
     file = pathlib.Path(path).expanduser()
     try:
         if not file.is_file():
             raise PromptError(f"{path!r} is not a readable file")
-        if file.stat().st_size > MAX_SCORE_FILE_BYTES:
-            raise PromptError(f"{path!r} is over {MAX_SCORE_FILE_BYTES >> 20} MB")
+        if file.stat().st_size > MAX_SCORE_TEXT_BYTES:
+            raise PromptError(f"{path!r} is over {MAX_SCORE_TEXT_BYTES >> 20} MiB")
         return file.read_bytes().decode("utf-8")
     except OSError as e:
         raise PromptError(f"{path!r} cannot be read: {e.strerror or e}") from e

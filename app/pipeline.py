@@ -38,7 +38,7 @@ from omnijax.app.vocabulary import check_vocabulary
 from omnijax.common.sharding import make_mesh
 from omnijax.preprocess.processor import PreparedPrompt
 from omnijax.preprocess.raw_prompt import raw_prompt_ids
-from omnijax.preprocess.request_limits import RequestBudget, check_text_size
+from omnijax.preprocess.request_limits import MAX_SCORE_TEXT_BYTES, RequestBudget, check_text_size
 
 log = logging.getLogger(__name__)
 
@@ -206,9 +206,10 @@ class Pipeline:
         bad = [type(t).__name__ for t in items if not isinstance(t, str)]
         if bad:
             raise PromptError(f"score takes texts (strings), got {bad[0]}")
+        check_text_size(items, MAX_SCORE_TEXT_BYTES, "the texts to score")  # windows: not the context's cap
         if self._scorer is None:
             self._scorer = Scorer(self.engine)
-        out = [self._scorer.score(self.prepare_raw(t).token_ids) for t in items]
+        out = [self._scorer.score(self.prepare_raw(t, MAX_SCORE_TEXT_BYTES).token_ids) for t in items]
         return out[0] if single else out
 
     def prompt_logits(self, messages) -> np.ndarray | list[np.ndarray]:
@@ -247,11 +248,12 @@ class Pipeline:
             return self.prepare_raw(messages)
         return self.processor.prepare(messages)
 
-    def prepare_raw(self, text: str) -> PreparedPrompt:
+    def prepare_raw(self, text: str, max_text_bytes: int | None = None) -> PreparedPrompt:
         """A raw-completion prompt: ``text`` tokenized as the tokenizer does by default (BOS as it is configured to
-        add), with no chat template. Media placeholder tokens are refused (a raw prompt carries no media)."""
+        add), with no chat template. Media placeholder tokens are refused (a raw prompt carries no media).
+        max_text_bytes: the text cap (default: a request's, from the context budget)."""
         if isinstance(text, str):
-            check_text_size([text], self.processor.budget.max_text_bytes, "the raw prompt")
+            check_text_size([text], max_text_bytes or self.processor.budget.max_text_bytes, "the raw prompt")
         ids = raw_prompt_ids(self.processor.tokenizer, text)
         for modality, token_id in self.config.media_token_ids:
             if np.any(ids == token_id):

@@ -31,6 +31,7 @@ from omnijax.common.errors import PromptError
 from omnijax.preprocess.media_limits import reduce_factor
 
 MAX_TEXT_BYTES = 1 << 20  # 1 MiB: 250k tokens of English, beyond every context budget omnijax serves on CPU
+MAX_SCORE_TEXT_BYTES = 16 << 20  # a text to score (in windows, not one context): 16 MiB (WikiText-103's test: 1.3)
 TEXT_BYTES_PER_TOKEN = 64  # no text averages more per token (a token of 31 spaces is 31 bytes)
 MAX_MEDIA_ITEMS = 64
 MAX_REQUEST_PIXELS = 128_000_000  # e.g. 8 images of 16 MP

@@ -78,6 +78,23 @@ def test_score_takes_text(gemma3_pipeline):
         with pytest.raises(PromptError, match=f"a text \\(a string\\) or a list of texts, got {name}"):
             gemma3_pipeline.score(bad)
     assert gemma3_pipeline.score("a").shape[0] == len(gemma3_pipeline.prepare_raw("a").token_ids) - 1
+    with pytest.raises(PromptError, match="the texts to score holds more than 16777216 bytes"):
+        gemma3_pipeline.score("a" * (16 << 20) + "b")
+
+
+def test_a_text_longer_than_a_request_is_scored_in_windows(gemma3_pipeline, monkeypatch):
+    """A text over a request's text cap (from the context budget; here lowered to 2,000 bytes) is scored whole:
+    windows, not one context."""
+    from omnijax.preprocess.request_limits import RequestBudget
+
+    monkeypatch.setattr(gemma3_pipeline.processor, "budget", RequestBudget(max_text_bytes=2000))
+    text = " ".join(TEXTS) * 20
+    assert len(text) > 2000
+    with pytest.raises(PromptError, match="bytes of text"):
+        gemma3_pipeline.generate(text, max_new_tokens=1)
+    logprobs = gemma3_pipeline.score(text)
+    ids = gemma3_pipeline.prepare_raw(text, 1 << 20).token_ids
+    assert logprobs.shape == (len(ids) - 1,) and np.isfinite(logprobs).all()
 
 
 def test_score_command_prints_the_perplexity(tiny_gemma3_dir, tmp_path, capsys, gemma3_pipeline):
