@@ -239,7 +239,7 @@ class SpeechEngine:
         return {k: self._put(v) for k, v in {
             "rows": pad(layout.rows, length, -1), "kinds": pad(layout.kinds, length, -1),
             "codec": pad(layout.codec, length, -1), "length": np.int32(layout.length), "rope_pos": rope,
-            "delta": np.int32(layout.rope_delta), "trailing_rows": pad(layout.trailing_rows, trailing, -1),
+            "delta": np.float32(layout.rope_delta), "trailing_rows": pad(layout.trailing_rows, trailing, -1),
             "trailing_kinds": pad(layout.trailing_kinds, trailing, -1),
             "trailing_length": np.int32(len(layout.trailing_rows))}.items()}
 
@@ -249,8 +249,7 @@ class SpeechEngine:
         tokens without its end token."""
         speaker = self.voice_id(voice)
         answer = np.asarray(answer_ids, np.int32)
-        layout = talker_input(prompt.token_ids, answer, self.cfg, speaker,
-                              image_grids=[item["grid"] for item in prompt.media.get("image", [])])
+        layout = talker_input(prompt.token_ids, answer, self.cfg, speaker, prompt.rope_media)
         if layout is None:
             return
         buckets = self.engine.buckets

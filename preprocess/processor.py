@@ -47,6 +47,8 @@ class PreparedPrompt:
     rope_positions: [axes, seq] float32 RoPE positions when they are not 0..seq-1 (e.g. 3-D MRoPE positions, whose
         temporal ones may be fractional for videos).
     rope_delta: added to the sequence position of every generated token to get its RoPE position.
+    rope_media: what ``rope_positions`` were computed from besides the token ids (a family's own record, e.g. the
+        media grids, for positions of another sequence built from this prompt); None when nothing.
     """
 
     token_ids: np.ndarray
@@ -54,6 +56,7 @@ class PreparedPrompt:
     bidirectional: np.ndarray
     rope_positions: np.ndarray | None = None
     rope_delta: float = 0
+    rope_media: Any = None
 
 
 @dataclasses.dataclass(frozen=True)

@@ -221,6 +221,38 @@ def test_bad_requests_to_speak(qwen_speech_pipeline):
             pipe.generate(CASES["text"], speak=True, max_speech_frames=frames)
 
 
+def test_a_spoken_answer_about_a_video_places_its_frames_and_sound(qwen_speech_pipeline, hf_qwen_full):
+    """A video with its sound beside an image and a clip (and an image in the system turn, which the talker does not
+    read): the talker's positions are transformers' rule on the talker's ids with the user turns' media, and the
+    answer is spoken."""
+    import torch
+
+    from omnijax.app.families.qwen3_omni.talker_input import talker_input
+
+    pipe = qwen_speech_pipeline
+    frames = np.random.default_rng(4).integers(0, 256, (4, 56, 72, 3), dtype=np.uint8)
+    video = {"type": "video", "video": frames, "fps": 2.0, "audio": (clip(3, 1.5), 16000)}
+    messages = [{"role": "system", "content": [{"type": "image", "image": image(6)}, _text("Be brief.")]},
+                {"role": "user", "content": [{"type": "image", "image": image(2)}, video,
+                                             {"type": "audio", "audio": clip(1, 0.7)},
+                                             _text("What happens?")]}]
+    prompt = pipe.prepare(messages)
+    answer = np.array([300, 301, 302], np.int32)
+    layout = talker_input(prompt.token_ids, answer, pipe.config.speech, 51, prompt.rope_media)
+    talker_ids = np.concatenate([prompt.token_ids[layout.rows[:-9]], [pipe.config.speech.tts["pad"]] * 9])
+    media = prompt.rope_media
+    frames_of = [item["features"].shape[1] for item in prompt.media["audio"]]  # the clips in prompt order
+    hf_qwen_full.talker.config.audio_config = hf_qwen_full.config.thinker_config.audio_config  # as generate needs
+    positions, delta = hf_qwen_full.talker.get_rope_index(
+        torch.as_tensor(talker_ids[None]), torch.as_tensor([media.image_grids[1]]),
+        torch.as_tensor([g for g, _ in media.videos]), torch.ones(1, len(talker_ids), dtype=torch.long), True,
+        torch.as_tensor(frames_of), torch.as_tensor([s for _, s in media.videos]))
+    np.testing.assert_array_equal(layout.rope_positions, positions[:, 0].numpy().astype(np.float32))
+    assert layout.rope_delta == pytest.approx(float(delta[0, 0]))
+    spoken = _speak(pipe, messages, max_speech_frames=12)
+    assert len(spoken.audio_codes) >= 1 and len(spoken.audio) > 0
+
+
 def test_new_lengths_inside_a_bucket_do_not_compile_again(qwen_speech_pipeline):
     pipe = qwen_speech_pipeline
     _speak(pipe, user("Say something nice."), max_speech_frames=40)

@@ -29,7 +29,7 @@ def test_the_talker_reads_the_user_turns_and_the_answer(qwen_speech_pipeline):
     prompt = pipe.prepare(CHAT)
     ids = prompt.token_ids
     answer = np.array([300, 301, 302, 303], np.int32)
-    layout = talker_input(ids, answer, cfg, 51, image_grids=[it["grid"] for it in prompt.media["image"]])
+    layout = talker_input(ids, answer, cfg, 51, prompt.rope_media)
     decode = pipe.processor.decode
     user = layout.rows[:-9]
     text = decode(ids[user].tolist())

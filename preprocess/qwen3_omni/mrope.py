@@ -149,6 +149,55 @@ def _interleave(video: np.ndarray, audio: np.ndarray) -> list[np.ndarray]:
     return chunks
 
 
+@dataclasses.dataclass(frozen=True)
+class MRopeMedia:
+    """What a prompt's 3-D positions are computed from besides its token ids, in prompt order (the arguments of
+    :func:`mrope_positions`): image grids, audio token counts (a video's sound where its video is) and videos as
+    (grid, seconds per temporal patch)."""
+
+    image_grids: tuple = ()
+    audio_lengths: tuple = ()
+    videos: tuple = ()
+
+    def blocks(self, ids: np.ndarray, cfg: "MRopeTokens") -> list[tuple[int, str, Any]]:
+        """(start index, kind, its value here) of each media item, in prompt order, from the blocks' start tokens
+        in ``ids`` (a video with its sound gives a "video" and an "audio" item at the same start). PromptError when
+        the blocks and the items do not match."""
+        items = {"image": iter(self.image_grids), "audio": iter(self.audio_lengths), "video": iter(self.videos)}
+        out = []
+
+        def take(kind: str, start: int) -> None:
+            value = next(items[kind], None)
+            if value is None:
+                raise PromptError(f"the prompt holds more {kind} blocks than the {kind} items given")
+            out.append((start, kind, value))
+
+        ids = np.asarray(ids)
+        for i in np.nonzero((ids == cfg.vision_start_token_id) | (ids == cfg.audio_start_token_id))[0]:
+            i = int(i)
+            following = int(ids[i + 1]) if i + 1 < len(ids) else None
+            if ids[i] == cfg.vision_start_token_id:
+                if following == cfg.image_token_id:
+                    take("image", i)
+                elif following in (cfg.video_token_id, cfg.audio_start_token_id):
+                    take("video", i)
+                    if following == cfg.audio_start_token_id:
+                        take("audio", i)
+            elif following == cfg.audio_token_id and not (i and ids[i - 1] == cfg.vision_start_token_id):
+                take("audio", i)
+        if any(next(rest, None) is not None for rest in items.values()):
+            raise PromptError("the prompt holds fewer media blocks than the media items given")
+        return out
+
+    def kept(self, ids: np.ndarray, cfg: "MRopeTokens", keep: np.ndarray) -> "MRopeMedia":
+        """The items whose blocks start where ``keep`` [len(ids)] is True."""
+        chosen = {"image": [], "audio": [], "video": []}
+        for start, kind, value in self.blocks(ids, cfg):
+            if keep[start]:
+                chosen[kind].append(value)
+        return MRopeMedia(tuple(chosen["image"]), tuple(chosen["audio"]), tuple(chosen["video"]))
+
+
 def mrope_positions(
     input_ids: np.ndarray,
     *,

@@ -26,7 +26,7 @@ from omnijax.preprocess.processor import MediaItems, Modality, Processor
 from omnijax.preprocess.qwen3_omni import audio_batch, image_batch
 from omnijax.preprocess.qwen3_omni.audio_features import WhisperFeatureConfig, batch_features
 from omnijax.preprocess.qwen3_omni.image import QwenImageConfig, process_images
-from omnijax.preprocess.qwen3_omni.mrope import MRopeTokens, audio_tokens_from_frames, mrope_positions
+from omnijax.preprocess.qwen3_omni.mrope import MRopeMedia, MRopeTokens, audio_tokens_from_frames, mrope_positions
 from omnijax.preprocess.qwen3_omni.video import QwenVideoConfig, seconds_per_grid, video_patches, video_replacement
 from omnijax.preprocess.request_limits import check_media_tokens
 from omnijax.preprocess.tokenizer import load_tokenizer
@@ -187,4 +187,5 @@ class Qwen3OmniProcessor(Processor):
         videos = [(g, s) for g, s, _ in media["video"].layouts] if "video" in media else []
         positions, delta = mrope_positions(ids, image_grids=grids, audio_lengths=audio_tokens, videos=videos,
                                            cfg=self.mrope)
-        return {"rope_positions": positions, "rope_delta": delta}
+        return {"rope_positions": positions, "rope_delta": delta,
+                "rope_media": MRopeMedia(tuple(grids), tuple(audio_tokens), tuple(videos))}

@@ -23,7 +23,7 @@ import dataclasses
 import numpy as np
 
 from omnijax.common.errors import PromptError
-from omnijax.preprocess.qwen3_omni.mrope import mrope_positions
+from omnijax.preprocess.qwen3_omni.mrope import MRopeMedia, mrope_positions
 
 # What a talker input position reads (``TalkerInput.kinds``).
 TEXT, HIDDEN, TTS_PAD, TTS_BOS, TTS_EOS = range(5)
@@ -41,7 +41,7 @@ class TalkerInput:
     kinds: np.ndarray
     codec: np.ndarray
     rope_positions: np.ndarray
-    rope_delta: int
+    rope_delta: float
     trailing_rows: np.ndarray
     trailing_kinds: np.ndarray
 
@@ -67,14 +67,11 @@ def assistant_start(prompt_ids: np.ndarray, im_start: int, assistant: int) -> in
     return int(hits[-1])
 
 
-def _run_starts(ids: np.ndarray, token: int) -> np.ndarray:
-    is_tok = ids == token
-    return np.nonzero(is_tok & ~np.concatenate([[False], is_tok[:-1]]))[0]
-
-
-def talker_input(prompt_ids, answer_ids, cfg, speaker_id: int, image_grids=()) -> TalkerInput | None:
+def talker_input(prompt_ids, answer_ids, cfg, speaker_id: int, rope_media: MRopeMedia | None = None
+                 ) -> TalkerInput | None:
     """The talker's input layout for a prompt and its spoken answer (``cfg``: the family's ``SpeechConfig``;
-    ``image_grids``: the prompt's image grids in order). None when the answer has no token to speak."""
+    ``rope_media``: what the prompt's positions were computed from, ``PreparedPrompt.rope_media``; None: no media).
+    None when the answer has no token to speak."""
     prompt = np.asarray(prompt_ids, np.int64)
     seq = np.concatenate([prompt, np.asarray(answer_ids, np.int64)])
     roles, codec, tts = cfg.roles, cfg.codec, cfg.tts
@@ -95,11 +92,10 @@ def talker_input(prompt_ids, answer_ids, cfg, speaker_id: int, image_grids=()) -
     mrope = cfg.talker_mrope
     in_user = np.zeros(len(prompt), bool)
     in_user[user] = True
-    grids = [g for g, s in zip(image_grids, _run_starts(prompt, mrope.image_token_id)) if in_user[s]]
-    audio_tokens = [int(np.argmax(np.append(ids[s:] != mrope.audio_token_id, True)))
-                    for s in _run_starts(ids, mrope.audio_token_id)]
-    positions, delta = mrope_positions(ids, image_grids=grids, audio_lengths=audio_tokens, cfg=mrope)
+    kept = (rope_media or MRopeMedia()).kept(prompt, mrope, in_user)  # the images, clips and videos of the user turns
+    positions, delta = mrope_positions(ids, image_grids=kept.image_grids, audio_lengths=kept.audio_lengths,
+                                       videos=kept.videos, cfg=mrope)
     return TalkerInput(rows=rows.astype(np.int32), kinds=kinds.astype(np.int32), codec=np.asarray(codes, np.int32),
-                       rope_positions=positions.astype(np.int32), rope_delta=int(delta),
+                       rope_positions=positions.astype(np.float32), rope_delta=float(delta),
                        trailing_rows=np.append(trailing, -1).astype(np.int32),
                        trailing_kinds=np.append(np.full(len(trailing), TEXT), TTS_EOS).astype(np.int32))
