@@ -244,6 +244,9 @@ def run_generate(args) -> int:
     check_settings(**sampling)  # ... and so does a bad setting
     model_settings(args)
     pipe = load_pipeline(args, max_batch=1)
+    from omnijax.app import program_clock
+
+    clock = program_clock.start()
     start = time.perf_counter()
     if args.speak is not None:
         sampling.update(speak=True, voice=args.voice, max_speech_frames=args.max_speech_frames)
@@ -262,7 +265,7 @@ def run_generate(args) -> int:
             if text is not None:
                 print(text, end="", flush=True)
         print()
-    print(f"[omnijax] {timing_line(result, time.perf_counter() - start)}", file=sys.stderr)
+    print(f"[omnijax] {timing_line(result, time.perf_counter() - start, clock.since())}", file=sys.stderr)
     if args.speak is not None:
         write_spoken(pathlib.Path(args.speak).expanduser(), result)
     return 0
@@ -282,12 +285,18 @@ def write_spoken(path: pathlib.Path, result) -> None:
           f"{len(result.audio_codes)} codec frames)", file=sys.stderr)
 
 
-def timing_line(result, seconds: float) -> str:
-    """``12 new tokens in 0.84 s (14.3 tokens/s, prompt 51 tokens, ended by eos)``."""
+def timing_line(result, seconds: float, preparation=None) -> str:
+    """``12 new tokens in 0.84 s (14.3 tokens/s, prompt 51 tokens, ended by eos)``, then, when programs were
+    prepared meanwhile (``preparation``: app/program_clock.py), ``, after 5.10 s preparing 23 programs
+    (compiled: ...)``: that time is not counted in the generation's seconds and tokens/s."""
     n = len(result.token_ids)
+    prepared = preparation is not None and preparation.programs > 0
+    if prepared:
+        seconds = max(seconds - preparation.seconds, 0.0)
     rate = f"{n / seconds:.1f} tokens/s, " if seconds > 0 else ""
-    return (f"{n} new token{'s' * (n != 1)} in {seconds:.2f} s ({rate}prompt {result.prompt_tokens} tokens, "
+    line = (f"{n} new token{'s' * (n != 1)} in {seconds:.2f} s ({rate}prompt {result.prompt_tokens} tokens, "
             f"ended by {result.finish_reason})")
+    return f"{line}, after {preparation.describe()}" if prepared else line
 
 
 def main(argv=None, commands: dict | None = None) -> int:

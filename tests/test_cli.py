@@ -49,7 +49,8 @@ def test_cli_matches_the_python_api(tiny_gemma3_dir, gemma3_pipeline, capsys):
     captured = capsys.readouterr()
     assert captured.out == expected + "\n"
     assert re.fullmatch(r"\[omnijax\] \d+ new tokens? in \d+\.\d\d s \([\d.]+ tokens/s, prompt \d+ tokens, "
-                        r"ended by (eos|length|stop)\)", captured.err.strip().splitlines()[-1])
+                        r"ended by (eos|length|stop)\)(, after \d+\.\d\d s preparing \d+ programs? \(.*\))?",
+                        captured.err.strip().splitlines()[-1])
 
 
 def test_cli_reports_bad_input_as_an_error_line(tmp_path):

@@ -64,7 +64,7 @@ def _child(home: pathlib.Path, script: str, *args) -> dict:
 
 
 def _cli(home: pathlib.Path, folder, *extra) -> dict:
-    return _child(home, CLI, "generate", "--model", folder, "--prompt", "Hello there", "--max-new-tokens", "4", *extra)
+    return _child(home, CLI, "generate", "--model", folder, "--prompt", "Hello there", "--max-new-tokens", "1", *extra)
 
 
 @pytest.mark.slow
@@ -124,3 +124,26 @@ def test_programs_a_killed_process_left_half_written_are_removed(tmp_path):
     cache.put("next", b"another program")
     assert cache.get("next") == b"another program" and cache.get("whole") == b"a complete program"
     assert mend(tmp_path) == 0
+
+
+def test_the_program_clock_counts_what_preparing_programs_took():
+    """The CLI's last line reports the time spent preparing programs apart from the answer (app/program_clock.py):
+    a new program is traced, lowered and compiled (or loaded) inside the interval, a program already prepared is
+    not counted again."""
+    import jax
+    import jax.numpy as jnp
+
+    from omnijax.app.program_clock import Preparation, start
+
+    clock = start()
+    f = jax.jit(lambda x: jnp.sin(x) * 3.0 + x.sum())
+    f(jnp.ones((7, 5))).block_until_ready()
+    first = clock.since()
+    assert first.programs >= 1 and first.seconds > 0
+    again = start()
+    f(jnp.ones((7, 5))).block_until_ready()
+    assert again.since().programs == 0
+    assert Preparation(1.5, 3, 3, 0).describe() == "1.50 s preparing 3 programs (loaded from the compilation cache)"
+    assert "compiled: a first run" in Preparation(5.0, 2, 0, 2).describe()
+    assert "1 compiled, 1 loaded" in Preparation(2.0, 2, 1, 1).describe()
+    assert "cache is off" in Preparation(2.0, 1, 0, 0).describe()

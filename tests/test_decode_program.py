@@ -1,8 +1,9 @@
 """The compiled decode step updates every layer's KV cache in place: no per-step copy of any cache buffer.
 
 A copy of every cache buffer at every generated token costs time proportional to the cache length; it appears when
-the compiler cannot order the cache write after the cache reads of the same step. Checked for a step over every
-slot and for a step over the first slot only (a lone request decodes at batch 1 while the other slots stay put), with short and long caches.
+the compiler cannot order the cache write after the cache reads of the same step. Checked for a step over the first
+slot only (a lone request decodes at batch 1 while the other slots stay put) on a long cache, and for a step over
+every slot on a short one: each kind of step and each kind of cache read once.
 """
 
 import pytest
@@ -10,7 +11,7 @@ import pytest
 from omnijax.app.scheduler import Scheduler
 
 
-@pytest.mark.parametrize("rows, context", [(1, 256), (4, 256), (1, 1024), (4, 1024)])
+@pytest.mark.parametrize("rows, context", [(4, 256), (1, 1024)])
 def test_decode_step_writes_the_cache_in_place(gemma3_pipeline, rows, context):
     """Short caches are read whole, long ones (over 512 slots) in blocks as far as they are held."""
     engine = gemma3_pipeline.engine
