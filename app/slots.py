@@ -63,12 +63,14 @@ class SlotState(NamedTuple):
 
 
 def empty_state(slots: int) -> SlotState:
-    zeros = jnp.zeros((slots,), jnp.int32)
-    key = jax.random.key_data(jax.random.key(0))
-    return SlotState(zeros, zeros, jnp.zeros((slots,), bool), zeros, jnp.zeros((slots,), jnp.float32),
-                     jnp.ones((slots,), bool),
-                     {"temperature": jnp.zeros((slots,), jnp.float32), "top_k": zeros,
-                      "top_p": jnp.ones((slots,), jnp.float32), "key": jnp.broadcast_to(key, (slots, *key.shape))})
+    """Every slot idle, as host arrays (one array per field: each becomes a buffer of its own on the device, and no
+    program is compiled for them); an idle slot's values never reach an answer (its key: zeros, threefry's key(0))."""
+    key = jax.eval_shape(lambda: jax.random.key_data(jax.random.key(0)))
+    zeros = lambda dtype: np.zeros((slots,), dtype)  # noqa: E731
+    return SlotState(zeros(np.int32), zeros(np.int32), zeros(bool), zeros(np.int32), zeros(np.float32),
+                     np.ones((slots,), bool),
+                     {"temperature": zeros(np.float32), "top_k": zeros(np.int32),
+                      "top_p": np.ones((slots,), np.float32), "key": np.zeros((slots, *key.shape), key.dtype)})
 
 
 def round_context(n: int) -> int:
@@ -168,7 +170,7 @@ class Slots:
                       "k": tuple(zeros(a, KEY_AXES) for a in shapes["k"]),
                       "v": tuple(zeros(a, VALUE_AXES) for a in shapes["v"])}
         replicated = jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec())
-        self.state = jax.tree.map(lambda a: jax.device_put(jnp.copy(a), replicated), empty_state(self.slots))
+        self.state = jax.tree.map(lambda a: jax.device_put(a, replicated), empty_state(self.slots))
         self._programs(jax.tree.map(lambda a: a.sharding, self.cache), jax.tree.map(lambda a: a.sharding, self.state))
 
     def cache_bytes(self) -> int:

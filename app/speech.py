@@ -171,7 +171,8 @@ class SpeechEngine:
                            special[None, 0], layout["delta"][None])
 
     def _frames_impl(self, params, state: TalkerState, limit, key, values, *, chunk, mode):
-        """Up to ``min(chunk, limit)`` frames -> (codes [B, chunk, G] (the first ``count`` are real), count, state)."""
+        """Up to ``min(chunk, limit)`` frames -> (codes [B, chunk, G] (the first ``count`` are real), count, state).
+        ``speak`` passes one ``chunk`` (the longest) and the frames it wants as ``limit``: one program for all."""
         talker = self._speech(params).talker
         b = state.code0.shape[0]
         groups = talker.cfg.num_code_groups
@@ -273,9 +274,9 @@ class SpeechEngine:
                 cache_len = bucket_for(need, buckets)
                 with use_mesh(mesh):
                     state = self._grow(state, cache_len=cache_len)
-            with use_mesh(mesh):
-                codes, count, state = self._frames(self.engine.params, state, jnp.int32(max_frames - frames), key,
-                                                   values, chunk=size, mode=mode)
+            with use_mesh(mesh):  # one program for every chunk: its frame count is data (a short first one too)
+                codes, count, state = self._frames(self.engine.params, state, jnp.int32(min(size, max_frames - frames)),
+                                                   key, values, chunk=self.chunk, mode=mode)
             count = int(host_array(count))
             if count:
                 samples, stream = self._vocode_chunk(stream, codes, frames, count)
@@ -301,7 +302,7 @@ class SpeechEngine:
         while frames < len(codes):
             size = self.first_chunk if frames == 0 else self.chunk
             part = codes[frames:frames + size]
-            padded = np.zeros((1, size, codes.shape[1]), np.int32)
+            padded = np.zeros((1, self.chunk, codes.shape[1]), np.int32)  # one width: one program
             padded[0, :len(part)] = part
             samples, stream = self._vocode_chunk(stream, self._put(padded), frames, len(part))
             yield samples

@@ -157,13 +157,29 @@ def float32_perplexity(gguf_pipe):
     return ref
 
 
-def quantized_perplexity(real_gguf, mode: str, products: str, monkeypatch) -> float:
-    """The perplexity with ``mode`` weights whose products with many rows (the text's prompt) run as ``products``
-    (common/matmul_policy.py; forced, so that every CPU computes the same numbers)."""
-    from omnijax.app.scoring import perplexity
+@pytest.fixture(scope="module")
+def quantized_pipes(real_gguf):
+    """mode -> the GGUF loaded with ``quantize=mode`` (each loaded once for the module)."""
+    pipes = {}
+
+    def get(mode: str) -> Pipeline:
+        if mode not in pipes:
+            pipes[mode] = Pipeline.from_pretrained(real_gguf, quantize=mode)
+        return pipes[mode]
+
+    yield get
+    for pipe in pipes.values():
+        pipe.close()
+
+
+def quantized_perplexity(pipe: Pipeline, products: str, monkeypatch) -> float:
+    """The perplexity with ``pipe``'s quantized weights whose products with many rows (the text's prompt) run as
+    ``products`` (common/matmul_policy.py; forced, so that every CPU computes the same numbers; read when the
+    scoring program is traced, so a new Scorer on the same weights)."""
+    from omnijax.app.scoring import Scorer, perplexity
 
     monkeypatch.setenv("OMNIJAX_NARROW_PRODUCTS", products)
-    return perplexity([Pipeline.from_pretrained(real_gguf, quantize=mode).score(HELD_OUT)])
+    return perplexity([Scorer(pipe.engine).score(pipe.prepare_raw(HELD_OUT).token_ids)])
 
 
 @pytest.mark.parametrize("mode, products, bound", [
@@ -171,8 +187,9 @@ def quantized_perplexity(real_gguf, mode: str, products: str, monkeypatch) -> fl
     ("int8", "bfloat16", 0.02),  # and the activations rounded to bfloat16 (the default where bf16 products are fast)
     ("int4", "float32", 0.03),  # int4 keeps the tensors the file stores above 4 bits (Q5_0, Q6_K, Q8_0) at int8
 ])
-def test_quantized_perplexity_stays_near_float32(real_gguf, float32_perplexity, monkeypatch, mode, products, bound):
-    got = quantized_perplexity(real_gguf, mode, products, monkeypatch)
+def test_quantized_perplexity_stays_near_float32(quantized_pipes, float32_perplexity, monkeypatch, mode, products,
+                                                 bound):
+    got = quantized_perplexity(quantized_pipes(mode), products, monkeypatch)
     print(f"\nperplexity float32 {float32_perplexity:.4f}, {mode} with {products} products {got:.4f} "
           f"({got / float32_perplexity - 1:+.2%})")
     assert abs(got / float32_perplexity - 1) <= bound
