@@ -91,6 +91,8 @@ class Modality:
     independent: ``process`` of several items gives what it gives for each alone, one after the other (False when
         items are padded to the longest of the prompt): then items are processed one at a time, and the rest is
         not decoded once the prompt's media are over the context budget.
+    tokens_for_seconds: (audio) the fewest soft tokens a clip of so many seconds takes, when it follows from the
+        length alone: a prompt whose clips cannot fit the context is refused from their headers, before decoding.
     """
 
     token_id: int
@@ -98,6 +100,7 @@ class Modality:
     collate: Callable[[list], dict[str, np.ndarray]]
     bidirectional: bool = False
     independent: bool = True
+    tokens_for_seconds: Callable[[float], int] | None = None
 
 
 def refusal(kind: str, count: int, accepted: tuple[str, ...]) -> str:
@@ -136,8 +139,10 @@ class Processor:
         for kind, found in sources.items():
             if found and kind not in self.modalities:
                 raise PromptError(refusal(kind, len(found), tuple(self.modalities)))
+        audio = self.modalities.get("audio")
         check_media_budget(sources, self.budget, frozenset(m for m, modality in self.modalities.items()
-                                                           if not modality.independent))
+                                                           if not modality.independent),
+                           audio.tokens_for_seconds if audio is not None else None)
         messages = self.load_media(messages)
         media = self.process_media(messages)
         ids = encode_prompt(self.tokenizer, self.expand(render_chat(self.tokenizer, messages), media))

@@ -24,6 +24,7 @@ import os
 import pathlib
 import stat
 import warnings
+from typing import Callable
 
 import numpy as np
 
@@ -147,9 +148,12 @@ def audio_seconds(source, sampling_rate: int = 16000) -> float:
         return 0.0
 
 
-def check_media_budget(sources: dict[str, list], budget: RequestBudget, padded: frozenset[str] = frozenset()) -> None:
+def check_media_budget(sources: dict[str, list], budget: RequestBudget, padded: frozenset[str] = frozenset(),
+                       audio_tokens: Callable[[float], int] | None = None) -> None:
     """PromptError when the media ``sources`` (modality -> items) of one request are over ``budget``: too many
-    items, too many pixels or seconds together. ``padded``: modalities whose items are padded to the longest."""
+    items, too many pixels or seconds together, or (``audio_tokens``: the fewest soft tokens a clip of so many
+    seconds takes) clips whose tokens alone cannot fit the context. ``padded``: modalities whose items are padded
+    to the longest. All from headers and shapes, before anything is decoded."""
     count = sum(len(items) for items in sources.values())
     if count > budget.max_media_items:
         raise PromptError(f"the request holds {count} media items; at most {budget.max_media_items} are accepted "
@@ -168,6 +172,11 @@ def check_media_budget(sources: dict[str, list], budget: RequestBudget, padded: 
             how = " (counting each clip as long as the longest, to which they are padded)" if "audio" in padded else ""
             raise PromptError(f"the audio of the request lasts {seconds:.1f} s together{how}; at most "
                               f"{budget.max_audio_seconds:g} s are accepted per request")
+        if audio_tokens is not None and budget.max_tokens is not None:
+            tokens = sum(audio_tokens(s) for s in clips)
+            if tokens >= budget.max_tokens:
+                raise PromptError(f"the audio of the request ({sum(clips):.1f} s) takes at least {tokens} tokens; the "
+                                  f"context budget is {budget.max_tokens} tokens: send shorter audio")
 
 
 def check_media_tokens(tokens: int, budget: RequestBudget, done: int, total: int) -> None:

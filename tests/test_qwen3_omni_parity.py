@@ -6,7 +6,7 @@ import pytest
 import torch
 from PIL import Image
 
-from omnijax.common.errors import MediaError
+from omnijax.common.errors import MediaError, PromptError
 from omnijax.app.pipeline import Pipeline
 
 pytestmark = pytest.mark.reference
@@ -144,6 +144,28 @@ def test_audio_longer_than_the_limit(tiny_qwen_dir):
     with pytest.raises(MediaError, match="2.5.*2"):
         pipe.generate(user(clip(1, 2.5), "Hi"))
     assert pipe.generate(user(clip(1, 1.5), "Hi"), max_new_tokens=2).token_ids
+
+
+def test_audio_over_the_context_is_refused_from_its_header(qwen_pipeline, tmp_path, monkeypatch):
+    """A clip whose tokens alone cannot fit the context (its length from the file's header, 13 tokens a second):
+    refused before it is decoded, whatever its rate and channels; a clip that fits still loads."""
+    import soundfile
+
+    from omnijax.preprocess.qwen3_omni import processor as qwen_processor
+
+    context = qwen_pipeline.processor.budget.max_tokens
+    seconds = context / 13 + 10
+    path = tmp_path / "long.wav"
+    with soundfile.SoundFile(str(path), "w", samplerate=8000, channels=2, subtype="PCM_16") as f:
+        f.write(np.zeros((int(seconds * 8000), 2), np.int16))
+    monkeypatch.setattr(qwen_processor, "load_audio", lambda *a, **k: pytest.fail("decoded"))
+    with pytest.raises(PromptError, match=f"takes at least .* tokens; the context budget is {context} tokens"):
+        qwen_pipeline.prepare([{"role": "user", "content": [{"type": "audio", "audio": str(path)},
+                                                             {"type": "text", "text": "Hi"}]}])
+    monkeypatch.undo()
+    assert qwen_pipeline.processor.fewest_audio_tokens(1.0) <= len(
+        np.flatnonzero(qwen_pipeline.prepare(user(clip(1, 1.0), "Hi")).token_ids
+                       == qwen_pipeline.config.media_token_id("audio")))
 
 
 def test_typed_placeholders_are_plain_text(qwen_pipeline):

@@ -78,7 +78,8 @@ class Qwen3OmniProcessor(Processor):
                               functools.partial(image_batch.collate, vision=vision, max_pixels=max_pixels)),
             "audio": Modality(audio_token_id, self.process_clips,
                               functools.partial(audio_batch.collate, audio=audio, max_frames=max_frames),
-                              independent=False)}  # the clips of a prompt are padded to the longest
+                              independent=False,  # the clips of a prompt are padded to the longest
+                              tokens_for_seconds=self.fewest_audio_tokens)}
         if self.video_token is not None:
             if None in self.tokens.values():
                 raise CheckpointError("the tokenizer lacks <|audio_start|> / <|audio_end|>, which videos need")
@@ -95,6 +96,11 @@ class Qwen3OmniProcessor(Processor):
         merge = self.image_cfg.merge_size ** 2
         return MediaItems([{"patches": pixels[starts[i]:starts[i + 1]], "grid": grids[i]} for i in range(len(grids))],
                           [int(np.prod(g)) // merge for g in grids], grids)
+
+    def fewest_audio_tokens(self, seconds: float) -> int:
+        """The fewest soft tokens a clip of ``seconds`` takes (its mel frames rounded down)."""
+        frames = int(seconds * self.audio_cfg.sampling_rate) // self.audio_cfg.hop_length
+        return int(audio_tokens_from_frames(max(frames, 1), self.n_window))
 
     def process_clips(self, sources: list) -> MediaItems:
         """{"features": [n_mels, frames]} per clip (its valid frames); the soft-token count is also the layout."""
