@@ -336,6 +336,7 @@ class Pipeline:
         if self.speech is None:
             raise CapabilityError(f"{self.name} ({self.family}) has no talker: it cannot answer aloud")
         self.speech.voice_id(voice)
+        check_max_speech_frames(max_speech_frames)
         return self._speak(prompt, result, voice, sampling, max_speech_frames)
 
     def attach_audio(self, result: GenerationResult, chunks: list[AudioChunk]) -> None:

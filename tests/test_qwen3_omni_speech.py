@@ -219,6 +219,10 @@ def test_bad_requests_to_speak(qwen_speech_pipeline):
     for frames in (0, 10**12, 2.0):
         with pytest.raises(SamplingError, match="max_speech_frames must be an integer in"):
             pipe.generate(CASES["text"], speak=True, max_speech_frames=frames)
+    prompt = pipe.prepare(CASES["text"])
+    answer = pipe.generate_prepared([prompt], max_new_tokens=2)[0]
+    with pytest.raises(SamplingError, match="max_speech_frames must be an integer in"):
+        pipe.speak_answer(prompt, answer, max_speech_frames=10**12)
 
 
 def test_a_spoken_answer_about_a_video_places_its_frames_and_sound(qwen_speech_pipeline, hf_qwen_full):
