@@ -66,13 +66,9 @@ def resample(samples_N: np.ndarray, source_rate: float, target_rate: int) -> np.
     trimmed to length). Equal rates return the input."""
     if source_rate == target_rate:
         return samples_N
-    import soxr
-
-    n_out = int(np.ceil(samples_N.shape[-1] * (float(target_rate) / source_rate)))
-    out = soxr.resample(samples_N, source_rate, target_rate, quality="soxr_hq")
-    if out.shape[-1] < n_out:
-        out = np.pad(out, (0, n_out - out.shape[-1]))
-    return np.asarray(out[:n_out], dtype=samples_N.dtype)
+    stream = MonoStream(source_rate, target_rate)  # one resampler: the whole clip as one block
+    stream.add(samples_N[None])
+    return stream.finish()
 
 
 class MonoStream:
