@@ -18,6 +18,7 @@ from typing import Iterator
 import numpy as np
 
 from omnijax.app.sampling import SamplingParams
+from omnijax.common.interruptible import get_item, wait_event
 from omnijax.preprocess.processor import PreparedPrompt
 
 log = logging.getLogger(__name__)
@@ -106,7 +107,7 @@ class RequestHandle:
         """Token events as they are generated; the iteration ends when the request ends (an engine error is raised
         here). ``timeout``: the longest wait for one event (``queue.Empty`` past it)."""
         while True:
-            item = self._events.get(timeout=timeout)
+            item = get_item(self._events, timeout)
             if item is None:
                 if self._error is not None:
                     raise self._error
@@ -132,7 +133,7 @@ class RequestHandle:
 
     def result(self, timeout: float | None = None) -> GenerationResult:
         """Wait for the end; the GenerationResult (an engine error is raised here)."""
-        if not self._done.wait(timeout):
+        if not wait_event(self._done, timeout):
             raise TimeoutError("the request has not finished")
         if self._error is not None:
             raise self._error

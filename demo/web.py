@@ -34,6 +34,7 @@ import numpy as np
 
 from omnijax.app.speech_events import AudioChunk
 from omnijax.common.errors import OmnijaxError, PromptError
+from omnijax.common.interruptible import wait_event
 from omnijax.demo.body_limit import BodyLimit
 from omnijax.demo.host_check import HostCheck, allowed_names
 from omnijax.demo.interrupts import terminate_as_interrupt
@@ -399,7 +400,7 @@ def _serve(args, block: bool) -> gr.Blocks:
     if not block:
         return demo
     try:
-        threading.Event().wait()
+        wait_event(threading.Event())  # until Ctrl-C (or SIGTERM)
     except KeyboardInterrupt:
         pass
     finally:

@@ -242,17 +242,19 @@ def caption_command() -> list[str]:
 
 
 # ``omnijax caption`` whose fifth row waits until a signal ends the run: the first four rows are written, then the
-# run holds still, so a signal sent once four rows are there always lands mid-run.
+# run holds still, so a signal sent once four rows are there always lands mid-run. It waits as a row's caption is
+# waited for (common/interruptible.py), which a signal delivered to any of the process's threads ends.
 PAUSED_CAPTION = """
 import sys, threading
 import omnijax.demo.caption as caption
+from omnijax.common.interruptible import wait_event
 from omnijax.demo.cli import main
 next_row = caption.InFlight.next_row
 calls = []
 def paused_next_row(self):
     calls.append(1)
     if len(calls) == 5:
-        threading.Event().wait()
+        wait_event(threading.Event())
     return next_row(self)
 caption.InFlight.next_row = paused_next_row
 sys.exit(main(["caption", *sys.argv[1:]]))
@@ -269,10 +271,21 @@ def jax_cache(tmp_path_factory):
 def start_cli(args, tmp_path, jax_cache, *, paused: bool = False, env_extra: dict | None = None) -> subprocess.Popen:
     env = dict(os.environ, **(env_extra or {}), OMNIJAX_HOME=str(tmp_path / "home"), PYTHONPATH=str(ROOT),
                JAX_COMPILATION_CACHE_DIR=str(jax_cache), JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS="0",
-               JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES="0")
+               JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES="0", PYTHONFAULTHANDLER="1")
     command = ["-c", PAUSED_CAPTION] if paused else caption_command()
     return subprocess.Popen([sys.executable, *command, *args], env=env, cwd=tmp_path, text=True,
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+
+
+def finish(proc, timeout: float) -> str:
+    """The child's stderr once it exits; if it is still running after ``timeout`` seconds, fail with every thread's
+    stack (SIGABRT makes the fault handler print them)."""
+    try:
+        return proc.communicate(timeout=timeout)[1]
+    except subprocess.TimeoutExpired:
+        proc.send_signal(signal.SIGABRT)
+        err = proc.communicate(timeout=60)[1]
+        pytest.fail(f"the run had not exited after {timeout} s; its threads:\n{err[-6000:]}")
 
 
 def count_lines(path) -> int:
@@ -329,7 +342,7 @@ def test_ctrl_c_then_rerun_with_the_default_model(tmp_path, jax_cache):
             "--max-new-tokens", str(MAX_NEW)]
     proc = start_cli(args, tmp_path, jax_cache, paused=True)
     stop_after_rows(proc, out, 4, signal.SIGINT)
-    _, err = proc.communicate(timeout=60)
+    err = finish(proc, 60)
     assert proc.returncode == 130, err[-2000:]
     assert "embedded default model" in err and "[omnijax] interrupted:" in err and "Traceback" not in err
     written = parse_rows(out.read_bytes())
@@ -337,7 +350,7 @@ def test_ctrl_c_then_rerun_with_the_default_model(tmp_path, jax_cache):
     assert len(written.rows) == 4
     assert not (out.parent / (out.name + ".lock")).exists()
     proc = start_cli(args, tmp_path, jax_cache)
-    _, err = proc.communicate(timeout=120)
+    err = finish(proc, 120)
     assert proc.returncode == 0, err[-2000:]
     assert f"{len(images) - len(written.rows)} done, 0 failed, 0 skipped, {len(written.rows)} already" in err
     rows = rows_by_path(out)
