@@ -15,6 +15,7 @@ import tempfile
 import time
 
 from omnijax.common.errors import CheckpointError, OmnijaxError, PromptError
+from omnijax.preprocess.video_size import VIDEO_SIZES
 
 DTYPES = ("float32", "bfloat16", "float16")
 QUANTIZE_CHOICES = ("none", "int8", "int4")
@@ -37,6 +38,10 @@ def add_model_flags(p: argparse.ArgumentParser) -> None:
                    help="store the decoder's weight matrices as int8 (per output channel) or int4 (groups of 32); "
                         "default none")
     p.add_argument("--model-axis", type=int, default=None, help="devices that shard the weights (default: all)")
+    p.add_argument("--video-size", default="processor", choices=list(VIDEO_SIZES),
+                   help="frame size bounds of videos where the processor overrides the checkpoint's saved video size "
+                        "(Qwen3-Omni): the processor's default, as transformers resizes them (default), or the "
+                        "checkpoint's own")
     p.add_argument("--no-compilation-cache", action="store_true",
                    help="do not keep compiled programs in $OMNIJAX_HOME/jax-cache for the next run")
 
@@ -166,7 +171,10 @@ def model_settings(args) -> dict:
         raise SettingError(f"--dtype {dtype!r} is not one of {', '.join(DTYPES)}")
     if quantize not in QUANTIZE_CHOICES:
         raise SettingError(f"--quantize {quantize!r} is not one of {', '.join(QUANTIZE_CHOICES)}")
-    return {"dtype": dtype, "quantize": None if quantize == "none" else quantize}
+    video_size = getattr(args, "video_size", "processor")
+    if video_size not in VIDEO_SIZES:
+        raise SettingError(f"--video-size {video_size!r} is not one of {', '.join(VIDEO_SIZES)}")
+    return {"dtype": dtype, "quantize": None if quantize == "none" else quantize, "video_size": video_size}
 
 
 def messages_from(args) -> list[dict] | str:

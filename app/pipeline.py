@@ -39,6 +39,7 @@ from omnijax.common.sharding import make_mesh
 from omnijax.preprocess.processor import PreparedPrompt
 from omnijax.preprocess.raw_prompt import raw_prompt_ids
 from omnijax.preprocess.request_limits import MAX_SCORE_TEXT_BYTES, RequestBudget, check_text_size
+from omnijax.preprocess.video_size import VIDEO_SIZES
 
 log = logging.getLogger(__name__)
 
@@ -58,7 +59,7 @@ MAX_PROMPT_LOGITS_BYTES = 4 << 30  # the logits one prompt_logits call returns
 
 def check_load_settings(dtype, model_axis, max_context, max_audio_seconds, max_batch=DEFAULT_SLOTS,
                         chunk=DEFAULT_CHUNK, max_queue=DEFAULT_MAX_QUEUE, prefix_cache_mb=0.0,
-                        media_cache_mb=0.0) -> None:
+                        media_cache_mb=0.0, video_size="processor") -> None:
     """SettingError naming the first ``from_pretrained`` argument of the wrong type or out of range."""
     if dtype not in _JAX_DTYPES:
         raise SettingError(f"unsupported dtype {dtype!r}; use one of {', '.join(sorted(_JAX_DTYPES))}")
@@ -77,6 +78,8 @@ def check_load_settings(dtype, model_axis, max_context, max_audio_seconds, max_b
             or not math.isfinite(max_audio_seconds) or not 0 < max_audio_seconds <= MAX_AUDIO_SECONDS_SETTING):
         raise SettingError(f"max_audio_seconds must be None or a number in (0, {MAX_AUDIO_SECONDS_SETTING:g}], got "
                            f"{max_audio_seconds!r}")
+    if video_size not in VIDEO_SIZES:
+        raise SettingError(f"video_size must be one of {', '.join(map(repr, VIDEO_SIZES))}, got {video_size!r}")
 
 
 class Pipeline:
@@ -127,7 +130,7 @@ class Pipeline:
                         max_audio_seconds: float | None = None, max_batch: int = DEFAULT_SLOTS,
                         chunk: int = DEFAULT_CHUNK, prefix_cache_mb: float = DEFAULT_PREFIX_CACHE_MB,
                         media_cache_mb: float = DEFAULT_MEDIA_CACHE_MB,
-                        max_queue: int = DEFAULT_MAX_QUEUE) -> "Pipeline":
+                        max_queue: int = DEFAULT_MAX_QUEUE, video_size: str = "processor") -> "Pipeline":
         """Load a local Hugging Face checkpoint folder, a GGUF file, or a folder holding one GGUF file (``path=None``:
         the embedded default model).
 
@@ -142,10 +145,12 @@ class Pipeline:
         (families with audio input). The serving engine: ``max_batch`` requests decode together (each holds a
         cache of ``max_context`` tokens), prompts are prefilled in chunks of up to ``chunk`` tokens, the prefix
         and media caches keep up to ``prefix_cache_mb`` / ``media_cache_mb`` (0: off), and at most
-        ``max_queue`` requests wait for a slot.
+        ``max_queue`` requests wait for a slot. video_size: the frame size bounds of videos where the family's
+        processor overrides its saved video processor's (Qwen3-Omni): "processor" (default: as transformers'
+        processor resizes them when no size is passed) or "checkpoint" (the saved ``size``).
         """
         check_load_settings(dtype, model_axis, max_context, max_audio_seconds, max_batch, chunk, max_queue,
-                            prefix_cache_mb, media_cache_mb)
+                            prefix_cache_mb, media_cache_mb, video_size)
         quantize = check_quantize(quantize)
         enable_compilation_cache()
         if path is None:
@@ -161,7 +166,7 @@ class Pipeline:
             raise CheckpointError(f"config.json is not a valid {spec.name} config: {e!r}") from e
         if ckpt.eos_ids is not None:
             cfg = dataclasses.replace(cfg, eos_ids=ckpt.eos_ids)
-        processor = spec.make_processor(ckpt.folder, cfg, max_audio_seconds=max_audio_seconds,
+        processor = spec.make_processor(ckpt.folder, cfg, max_audio_seconds=max_audio_seconds, video_size=video_size,
                                         **ckpt.processor_kwargs)
         check_vocabulary(processor.tokenizer, cfg.decoder.vocab_size, tuple(t for _, t in cfg.media_token_ids),
                          cfg.eos_ids, str(ckpt.path))

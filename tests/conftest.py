@@ -248,11 +248,15 @@ def hf_qwen_processor(tiny_qwen_dir):
     return qc.load_processor(tiny_qwen_dir)
 
 
+# The tiny Qwen3-Omni folders have 4-pixel patches: at the processor's default video frame size (over 131,072 pixels
+# a frame) a frame would take thousands of tokens, so their pipelines size videos by the saved video processor
+# settings (256 .. 4,096 pixels), and the video tests pass that size to transformers. The default size has its own
+# tests (tests/test_qwen3_omni_video_size.py), on a variant with the published 16-pixel patches.
 @pytest.fixture(scope="session")
 def qwen_pipeline(tiny_qwen_dir):
     from omnijax.app.pipeline import Pipeline
 
-    return Pipeline.from_pretrained(tiny_qwen_dir)
+    return Pipeline.from_pretrained(tiny_qwen_dir, video_size="checkpoint")
 
 
 @pytest.fixture(scope="session")
@@ -260,7 +264,7 @@ def qwen_speech_pipeline(tiny_qwen_full_dir):
     """``tiny_qwen_full_dir`` loaded with its talker and code2wav: it can answer aloud."""
     from omnijax.app.pipeline import Pipeline
 
-    return Pipeline.from_pretrained(tiny_qwen_full_dir)
+    return Pipeline.from_pretrained(tiny_qwen_full_dir, video_size="checkpoint")
 
 
 @pytest.fixture(scope="session")

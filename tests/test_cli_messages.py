@@ -101,3 +101,22 @@ def test_benchmark_without_pytorch_says_what_to_install():
     assert proc.returncode == 2
     assert "Traceback" not in proc.stderr and "pip install -e '.[test]'" in proc.stderr
     assert len(proc.stderr.strip().splitlines()) == 1
+
+
+@pytest.mark.parametrize("flags, expected", [([], "processor"), (["--video-size", "checkpoint"], "checkpoint")])
+def test_the_video_size_flag_reaches_the_loader(monkeypatch, flags, expected):
+    from omnijax.app.cli import load_pipeline, parser
+
+    class Loaded(Exception):
+        pass
+
+    seen = {}
+
+    def from_pretrained(folder, **kwargs):
+        seen.update(kwargs)
+        raise Loaded
+
+    monkeypatch.setattr("omnijax.app.pipeline.Pipeline.from_pretrained", from_pretrained)
+    with pytest.raises(Loaded):
+        load_pipeline(parser().parse_args(["generate", "--prompt", "Hi", *flags]))
+    assert seen["video_size"] == expected

@@ -79,7 +79,7 @@ class FamilySpec:
     weight_map: ModelConfig -> {param path: TensorSpec} for the whole model (paths start with "decoder"/"encoders").
     unused_keys: (ModelConfig, config dict) -> regexes of checkpoint keys present on disk that the model ignores.
     key_aliases: (regex, replacement) rewrites from other published key spellings to the canonical one.
-    make_processor: (checkpoint folder, ModelConfig, *, max_audio_seconds, ...) -> Processor: the family's
+    make_processor: (checkpoint folder, ModelConfig, *, max_audio_seconds, video_size, ...) -> Processor: the family's
         processor, given what it needs from the model config as plain values (placeholder ids, tokens per image,
         the encoders' input layouts); it checks the processor's settings against the encoder configs.
     gguf: how the GGUF files this family reads become its checkpoints (their ``general.architecture`` and config),

@@ -14,7 +14,7 @@ def no_encoders(cfg: ModelConfig, *, rngs) -> dict:
 
 
 def make_text_processor(folder: pathlib.Path, cfg: ModelConfig, *, max_audio_seconds: float | None = None,
-                        tokenizer=None) -> TextProcessor:
+                        video_size: str = "processor", tokenizer=None) -> TextProcessor:
     """The chat template and tokenizer of ``folder``, or ``tokenizer`` when one is already built (e.g. from a GGUF
-    file's metadata); a text-only model takes no audio: ``max_audio_seconds`` has no effect."""
+    file's metadata); a text-only model takes no media: ``max_audio_seconds`` and ``video_size`` have no effect."""
     return TextProcessor(folder, tokenizer=tokenizer)

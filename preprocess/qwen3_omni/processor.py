@@ -38,13 +38,16 @@ DEFAULT_MAX_AUDIO_SECONDS = 1200.0
 class Qwen3OmniProcessor(Processor):
     """image_token_id, audio_token_id: the model's placeholder ids; thinker_config: the thinker's config.json section
     (the MRoPE token ids and constants); vision, audio: the towers' input layouts; max_audio_seconds: the longest
-    clip accepted (default 1200 s)."""
+    clip accepted (default 1200 s); video_size: whose frame size bounds videos take, "processor" (default: what
+    transformers' processor gives them) or "checkpoint" (the saved video processor's; see
+    preprocess/qwen3_omni/video.py)."""
 
     roles = ("system", "user", "assistant", "tool")  # the roles its chat template knows
 
     def __init__(self, folder: pathlib.Path, *, image_token_id: int, audio_token_id: int, thinker_config: dict,
                  vision: image_batch.VisionInput, audio: audio_batch.AudioInput,
-                 max_audio_seconds: float | None = None, video_token_id: int | None = None):
+                 max_audio_seconds: float | None = None, video_token_id: int | None = None,
+                 video_size: str = "processor"):
         tokenizer = load_tokenizer(folder)
         self.image_cfg = QwenImageConfig.from_folder(folder)
         self.audio_cfg = WhisperFeatureConfig.from_folder(folder)
@@ -61,7 +64,7 @@ class Qwen3OmniProcessor(Processor):
         th.setdefault("audio_start_token_id", vocab.get("<|audio_start|>"))
         th.setdefault("video_token_id", vocab.get("<|video_pad|>", -1))
         self.mrope = MRopeTokens.from_thinker_config(th)
-        self.video_cfg = QwenVideoConfig.from_folder(folder, self.image_cfg)
+        self.video_cfg = QwenVideoConfig.from_folder(folder, self.image_cfg, video_size)
         self.video_token = inv.get(video_token_id) if video_token_id is not None else None
         self.tokens = {"video": self.video_token, "audio": self.audio_token,
                        "audio_start": inv.get(th["audio_start_token_id"]),

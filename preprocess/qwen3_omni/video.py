@@ -2,13 +2,13 @@
 sound track interleaved in time (transformers' ``Qwen2VLVideoProcessor`` + ``Qwen3OmniMoeProcessor``).
 
 Settings (:class:`QwenVideoConfig`): the checkpoint's video processor section (``processor_config.json``'s
-``"video_processor"`` or ``video_preprocessor_config.json``), else its image processor settings with
-``Qwen3OmniMoeProcessor``'s default video size (128 x 32 x 32 .. 768 x 32 x 32 pixels a frame). A file is sampled
-at the part's ``fps``, else the config's ``fps``, else 2 frames a second (qwen-omni-utils' default), clamped to
-``[min_frames, max_frames]`` (``Qwen2VLVideoProcessor.sample_frames``). transformers' ``Qwen3OmniMoeProcessor``
-passes its own default size to the video processor whenever the caller names none; omnijax takes the
-checkpoint's video processor settings (the pixel budget is the checkpoint's to state) and that default only when
-the checkpoint has none.
+``"video_processor"`` or ``video_preprocessor_config.json``), else its image processor settings. Frame size: by
+default (``size="processor"``) the pixel bounds ``Qwen3OmniMoeProcessor`` gives its video processor whenever the
+caller names no size, 128 x 32 x 32 .. 768 x 32 x 32 pixels a frame (``PROCESSOR_VIDEO_SIZE``), in place of the
+video processor's saved ``size``: a video's prompt is then the one transformers makes from the same checkpoint by
+default. ``size="checkpoint"`` keeps the saved bounds (as the video processor alone, or a caller passing that
+``size``, resizes). A file is sampled at the part's ``fps``, else the config's ``fps``, else 2 frames a second
+(qwen-omni-utils' default), clamped to ``[min_frames, max_frames]`` (``Qwen2VLVideoProcessor.sample_frames``).
 
 Frames (all of one size): ``smart_resize`` to multiples of patch x merge (torchvision's uint8 bicubic,
 preprocess/resize_uint8.py), fused rescale + normalize (preprocess/video_pixels.py), the frame count padded to a
@@ -36,6 +36,7 @@ from omnijax.preprocess.processor_config import PROCESSOR_CONFIG_NAME, read_json
 from omnijax.preprocess.qwen3_omni.image import QwenImageConfig, smart_resize
 from omnijax.preprocess.video_pixels import rescale_normalize_frames
 from omnijax.preprocess.video_sampling import qwen_frame_indices
+from omnijax.preprocess.video_size import VIDEO_SIZES
 from omnijax.preprocess.video_source import Video
 
 PROCESSOR_VIDEO_SIZE = {"shortest_edge": 128 * 32 * 32, "longest_edge": 768 * 32 * 32}
@@ -68,18 +69,28 @@ class QwenVideoConfig:
         return cls(pixels, fps, num_frames, min_frames, max_frames)
 
     @classmethod
-    def from_folder(cls, path: str | os.PathLike, image_cfg: QwenImageConfig) -> "QwenVideoConfig":
-        """The folder's video processor settings (module docstring); ``image_cfg`` when it has none."""
+    def from_folder(cls, path: str | os.PathLike, image_cfg: QwenImageConfig,
+                    size: str = "processor") -> "QwenVideoConfig":
+        """The folder's video processor settings (``image_cfg`` when it has none), its frames bounded by
+        ``size``'s pixel bounds (module docstring)."""
+        if size not in VIDEO_SIZES:
+            raise ValueError(f"video size {size!r} is not one of {', '.join(VIDEO_SIZES)}")
         folder = pathlib.Path(path)
         processor_file, video_file = folder / PROCESSOR_CONFIG_NAME, folder / VIDEO_CONFIG_NAME
-        if processor_file.is_file():
-            section = read_json(processor_file)
-            if isinstance(section, dict) and isinstance(section.get("video_processor"), dict):
-                return cls.from_dict(section["video_processor"], f"{processor_file} ['video_processor']")
-        if video_file.is_file():
-            return cls.from_dict(read_json(video_file), str(video_file))
-        return cls(dataclasses.replace(image_cfg, min_pixels=PROCESSOR_VIDEO_SIZE["shortest_edge"],
-                                       max_pixels=PROCESSOR_VIDEO_SIZE["longest_edge"]))
+        section = read_json(processor_file) if processor_file.is_file() else None
+        if isinstance(section, dict) and isinstance(section.get("video_processor"), dict):
+            cfg = cls.from_dict(section["video_processor"], f"{processor_file} ['video_processor']")
+        elif video_file.is_file():
+            cfg = cls.from_dict(read_json(video_file), str(video_file))
+        else:  # no saved video size: the processor's whichever is asked
+            return cls(image_cfg).with_processor_size()
+        return cfg.with_processor_size() if size == "processor" else cfg
+
+    def with_processor_size(self) -> "QwenVideoConfig":
+        """These settings with ``Qwen3OmniMoeProcessor``'s default frame size bounds."""
+        return dataclasses.replace(self, pixels=dataclasses.replace(
+            self.pixels, min_pixels=PROCESSOR_VIDEO_SIZE["shortest_edge"],
+            max_pixels=PROCESSOR_VIDEO_SIZE["longest_edge"]))
 
     def frame_indices(self, total_frames: int, video_fps: float, fps: float | None) -> list[int]:
         """The frames of a file to keep: at ``fps`` (the part's), else the config's rate or count, else 2 a second."""

@@ -123,10 +123,10 @@ def unused_keys(cfg: ModelConfig, hf: dict) -> list[str]:
     return patterns
 
 
-def make_processor(folder: pathlib.Path, cfg: ModelConfig, *, max_audio_seconds: float | None = None
-                   ) -> Gemma3Processor:
-    """Gemma 3 prompts (preprocess/gemma3/processor.py); Gemma 3 takes no audio: ``max_audio_seconds`` has no
-    effect."""
+def make_processor(folder: pathlib.Path, cfg: ModelConfig, *, max_audio_seconds: float | None = None,
+                   video_size: str = "processor") -> Gemma3Processor:
+    """Gemma 3 prompts (preprocess/gemma3/processor.py); Gemma 3 takes no audio or video: ``max_audio_seconds``
+    and ``video_size`` have no effect."""
     vision, mm_tokens = cfg.encoder_config("image")
     return Gemma3Processor(folder, image_token_id=cfg.media_token_id("image"), tokens_per_image=mm_tokens,
                            pixel_shape=(vision.num_channels, vision.image_size, vision.image_size))

@@ -321,10 +321,11 @@ def check_image_config(cfg: Gemma4VisionConfig, image_cfg: Gemma4ImageConfig) ->
                               f"beyond the vision tower's {cfg.position_embedding_size} learned positions")
 
 
-def make_processor(folder: pathlib.Path, cfg: ModelConfig, *, max_audio_seconds: float | None = None
-                   ) -> Gemma4Processor:
+def make_processor(folder: pathlib.Path, cfg: ModelConfig, *, max_audio_seconds: float | None = None,
+                   video_size: str = "processor") -> Gemma4Processor:
     """The checkpoint's processor (preprocess/gemma4/processor.py), its image settings checked against the vision
-    tower."""
+    tower. Gemma 4's processor sizes videos by the saved video processor's settings alone, so ``video_size`` has no
+    effect."""
     processor = Gemma4Processor(
         folder, token_ids={m: cfg.media_token_id(m) for m in cfg.modalities},
         image_bidirectional=any(layer.attention.mask.media_bidirectional for layer in cfg.decoder.layers),

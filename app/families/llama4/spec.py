@@ -254,10 +254,11 @@ def unused_keys(cfg: ModelConfig, hf: dict) -> list[str]:
 
 # ---- prompts --------------------------------------------------------------------------------------------------
 
-def make_processor(folder: pathlib.Path, cfg: ModelConfig, *, max_audio_seconds: float | None = None
-                   ) -> Llama4Processor:
+def make_processor(folder: pathlib.Path, cfg: ModelConfig, *, max_audio_seconds: float | None = None,
+                   video_size: str = "processor") -> Llama4Processor:
     """Llama 4 prompts (preprocess/llama4/processor.py), the processor's tiles checked against the vision tower
-    (tile size, tokens per tile). Llama 4 takes no audio: ``max_audio_seconds`` has no effect."""
+    (tile size, tokens per tile). Llama 4 takes no audio or video: ``max_audio_seconds`` and ``video_size`` have no
+    effect."""
     if "image" not in cfg.modalities:
         return Llama4Processor(folder, image_token_id=None)
     processor = Llama4Processor(folder, image_token_id=cfg.media_token_id("image"))

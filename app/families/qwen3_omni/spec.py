@@ -131,15 +131,15 @@ def unused_keys(cfg: ModelConfig, hf: dict) -> list[str]:
     return patterns
 
 
-def make_processor(folder: pathlib.Path, cfg: ModelConfig, *, max_audio_seconds: float | None = None
-                   ) -> Qwen3OmniProcessor:
+def make_processor(folder: pathlib.Path, cfg: ModelConfig, *, max_audio_seconds: float | None = None,
+                   video_size: str = "processor") -> Qwen3OmniProcessor:
     """Qwen3-Omni prompts (preprocess/qwen3_omni/processor.py): the thinker config's MRoPE token ids and the towers'
     input layouts."""
     return Qwen3OmniProcessor(
         folder, image_token_id=cfg.media_token_id("image"), audio_token_id=cfg.media_token_id("audio"),
         thinker_config=thinker_config(read_json(folder, "config.json")),
         vision=vision_input(cfg.encoder_config("image")), audio=audio_input(cfg.encoder_config("audio")),
-        max_audio_seconds=max_audio_seconds, video_token_id=cfg.media_token_id("video"))
+        max_audio_seconds=max_audio_seconds, video_token_id=cfg.media_token_id("video"), video_size=video_size)
 
 
 SPEC = FamilySpec(
