@@ -1,10 +1,9 @@
-"""One loaded model on its mesh: parameters, jitted media encoding, and a bucketed prefill of whole prompts.
+"""One loaded model on its mesh: parameters, shape buckets and jitted media encoding.
 
-The model's forward lives in decoder/model.py; this module owns running it on shape budgets: prompts are
-right-padded to a bucket length, the KV cache length is a bucket too, and media inputs are bucketed on the host
-(the processor's ``collate``, one function per modality). ``prefill`` runs a batch of whole prompts (the speech
-path); generation, and the logits at every prompt position (``Pipeline.prompt_logits``), run on the slots of
-app/slots.py, driven by app/scheduler.py.
+The model's forward lives in decoder/model.py. Generation, the logits at every prompt position
+(``Pipeline.prompt_logits``) and scoring run on the slots of app/slots.py, driven by app/scheduler.py; media inputs
+are bucketed on the host (the processor's ``collate``, one function per modality) and encoded here. ``make_batch``
+right-pads whole prompts to a bucket length for the speech path (app/speech.py).
 """
 
 from __future__ import annotations
@@ -18,10 +17,8 @@ import numpy as np
 from flax import nnx
 
 from omnijax.app.families.spec import ModelConfig
-from omnijax.common.errors import PromptError
 from omnijax.common.sharding import named_sharding, put, use_mesh
 from omnijax.decoder.attention_op import BACKENDS
-from omnijax.decoder.model import DecoderModel, Media, Prompt
 from omnijax.preprocess.processor import PreparedPrompt
 
 # Prompt and cache lengths: powers of two and the halfway points between them (at most a third is padding).
@@ -80,20 +77,9 @@ def make_batch(prompts: list[PreparedPrompt], length: int, pad_id: int, rope_axe
     return Batch(tokens, bidir, rope_pos, deltas, lengths, media)
 
 
-@dataclasses.dataclass
-class Prefilled:
-    """A prefilled batch: the host batch, its bucket sizes, the last positions' logits [B, V] (or [B, L, V]) and the
-    cache (device arrays)."""
-
-    batch: Batch
-    length: int
-    cache_len: int
-    logits: jax.Array
-    cache: dict
-
-
 class Engine:
-    """Compiled prefill/decode for one loaded model. ``params`` is the plain pytree of (sharded) arrays."""
+    """One loaded model: its config, parameters (the plain pytree of (sharded) arrays), mesh, context budget and
+    shape buckets, and its media encoders compiled per modality."""
 
     def __init__(self, cfg: ModelConfig, graphdef: nnx.GraphDef, params: dict, mesh, *, collate: dict, dtype,
                  max_context: int | None = None, buckets: tuple[int, ...] = DEFAULT_BUCKETS,
@@ -114,8 +100,6 @@ class Engine:
         self.eos_ids = jnp.asarray(cfg.eos_ids or (-1,), jnp.int32)
         self._collate = dict(collate)  # host-side batching per modality: media items -> bucketed arrays
         self._encode = jax.jit(self._encode_impl, static_argnames=("modality",))
-        self._prefill = jax.jit(self._prefill_impl, static_argnames=("cache_len", "all_logits"))
-        self._rope = jax.jit(lambda params, pos_ABL: self.model(params).decoder.rope_tables(pos_ABL))
 
     # ---- jitted bodies -------------------------------------------------------------------------------------
     def model(self, params):
@@ -125,33 +109,9 @@ class Engine:
     def _encode_impl(self, params, inputs, *, modality):
         return tuple(self.model(params).encoders[self.cfg.encoder_of(modality)](inputs))
 
-    def _prefill_impl(self, params, tokens_BL, lengths_B, bidir_BL, rope_pos_ABL, rope, media, *, cache_len,
-                      all_logits=False):
-        dec = self.model(params).decoder
-        prompt = Prompt(tokens_BL, lengths_B, rope_pos_ABL, bidir_BL,
-                        {self.cfg.media_token_id(m): Media(*out) for m, out in media.items()},
-                        self.cfg.deepstack_ids(media))
-        return dec.prefill(prompt, cache_len=cache_len, cache_dtype=self.dtype, all_logits=all_logits, rope=rope,
-                           attention=self.attention)
-
     # ---- host side -----------------------------------------------------------------------------------------
     def put(self, array: np.ndarray, axes: tuple) -> jax.Array:
         return put(array, named_sharding(axes, array.shape, self.mesh))
-
-    def plan(self, prompts: list[PreparedPrompt], max_new_tokens: int) -> tuple[int, int]:
-        """(bucketed prompt length, cache length) for these prompts; raises PromptError if they do not fit."""
-        longest = max(len(p.token_ids) for p in prompts)
-        if longest == 0:
-            raise PromptError("the prompt is empty")
-        if longest >= self.max_context:
-            raise PromptError(f"the prompt has {longest} tokens; the context budget is {self.max_context} tokens "
-                              f"(prompt plus at least one new token)")
-        if max_new_tokens < 1:
-            raise PromptError(f"max_new_tokens must be >= 1, got {max_new_tokens}")
-        if longest + max_new_tokens > self.max_context:
-            raise PromptError(f"the prompt has {longest} tokens and max_new_tokens is {max_new_tokens}: "
-                              f"{longest + max_new_tokens} exceeds the context budget of {self.max_context} tokens")
-        return bucket_for(longest, self.buckets), bucket_for(longest + max_new_tokens, self.buckets)
 
     def encode(self, media: dict[str, list]) -> dict:
         """{modality: encoder output tuple (features [R, D], valid [R], extras)} for {modality: media items}."""
@@ -162,19 +122,6 @@ class Engine:
             out[modality] = self._encode(self.params, inputs, modality=modality)
         return out
 
-    def prefill(self, prompts: list[PreparedPrompt], max_new_tokens: int, *, all_logits: bool = False) -> Prefilled:
-        length, cache_len = self.plan(prompts, max_new_tokens)
-        batch = make_batch(prompts, length, self.cfg.pad_id, self.cfg.decoder.rope_axes)
-        with use_mesh(self.mesh):
-            media = self.encode(batch.media)
-            rope_pos = self.put(batch.rope_pos, (None, "batch", "length"))
-            logits, cache = self._prefill(self.params, self.put(batch.tokens, ("batch", "length")),
-                                          self.put(batch.lengths, ("batch",)),
-                                          self.put(batch.bidirectional, ("batch", "length")), rope_pos,
-                                          self._rope(self.params, rope_pos), media, cache_len=cache_len,
-                                          all_logits=all_logits)
-        return Prefilled(batch, length, cache_len, logits, cache)
-
     def compilations(self) -> int:
         """How many programs the jitted entry points have compiled so far."""
-        return sum(f._cache_size() for f in (self._encode, self._prefill, self._rope))
+        return self._encode._cache_size()

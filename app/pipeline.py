@@ -213,7 +213,7 @@ class Pipeline:
             raise PromptError(f"score takes texts (strings), got {bad[0]}")
         check_text_size(items, MAX_SCORE_TEXT_BYTES, "the texts to score")  # windows: not the context's cap
         if self._scorer is None:
-            self._scorer = Scorer(self.engine)
+            self._scorer = Scorer(self)
         out = [self._scorer.score(self.prepare_raw(t, MAX_SCORE_TEXT_BYTES).token_ids) for t in items]
         return out[0] if single else out
 

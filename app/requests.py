@@ -34,7 +34,9 @@ class GenerationResult:
     submission to the last token; first_token_seconds: from submission to the first token. A spoken answer
     (``speak=True``) adds audio (float32 mono samples in [-1, 1]), sample_rate (Hz) and audio_codes (int32 [frames,
     code groups], the codec codes the audio was made from); None otherwise. prompt_logits: float32 [prompt tokens,
-    vocab], the logits at every prompt position, for a request that asked for them (``Request.prompt_logits``)."""
+    vocab], the logits at every prompt position, for a request that asked for them (``Request.prompt_logits``);
+    prompt_logprobs: float32 [prompt tokens - 1], the natural-log probability of each prompt token after the first
+    given those before it (``Request.prompt_logprobs``)."""
 
     text: str
     token_ids: list[int]
@@ -47,13 +49,16 @@ class GenerationResult:
     sample_rate: int | None = None
     audio_codes: np.ndarray | None = None
     prompt_logits: np.ndarray | None = None
+    prompt_logprobs: np.ndarray | None = None
 
 
 @dataclasses.dataclass(frozen=True)
 class Request:
     """One prompt to answer. ``ignore_eos``: generate exactly ``max_new_tokens`` (end ids do not end it);
     ``stop``: stop strings (checked by ``check_stops``); ``prompt_logits``: also return the logits at every prompt
-    position (the whole prompt is prefilled, none of it taken from the prefix cache)."""
+    position; ``prompt_logprobs``: also return each prompt token's log-probability given the ones before it
+    (computed on the device: one float per token comes back). With either, the whole prompt is prefilled (none of
+    it taken from the prefix cache) and kept out of the prefix cache."""
 
     prompt: PreparedPrompt
     max_new_tokens: int
@@ -61,6 +66,12 @@ class Request:
     stop: tuple[str, ...] = ()
     ignore_eos: bool = False
     prompt_logits: bool = False
+    prompt_logprobs: bool = False
+
+    @property
+    def whole_prompt(self) -> bool:
+        """Whether every prompt position runs through the model (what the prompt's logits need)."""
+        return self.prompt_logits or self.prompt_logprobs
 
 
 @dataclasses.dataclass(frozen=True)

@@ -70,6 +70,7 @@ class Live:
     keep_at: set = dataclasses.field(default_factory=set)  # chunk ends whose keys / values become prefix entries
     media: dict = dataclasses.field(default_factory=dict)  # placeholder id -> (features [R, D], extras [E, R, D])
     logit_rows: list = dataclasses.field(default_factory=list)  # host logits of each chunk (prompt_logits)
+    logprob_rows: list = dataclasses.field(default_factory=list)  # device log-probabilities of each chunk
     generated: int = 0
     cached: int = 0
     first_token: float | None = None
@@ -303,11 +304,13 @@ class Scheduler:
         live.ids = key_ids(prompt.token_ids, placeholders)
         n = len(live.ids)
         start = 0
-        entry = None if live.request.prompt_logits else self.prefix.lookup(live.ids)
+        whole = live.request.whole_prompt
+        entry = None if whole else self.prefix.lookup(live.ids)
         if entry is not None:
             self.slots.restore(live.slot, entry.saved, entry.length)
             start = live.cached = entry.length
-        points = prefix_points(start, n, prompt.bidirectional, PREFIX_EVERY) if self.prefix.enabled else ()
+        points = prefix_points(start, n, prompt.bidirectional, PREFIX_EVERY) if self.prefix.enabled and not whole \
+            else ()
         live.keep_at = {p for p in points if p >= MIN_PREFIX_TOKENS}
         live.chunks = plan_chunks(start, n, prompt.bidirectional, self.chunk, tuple(live.keep_at))
         if not live.chunks:  # the whole prompt was cached, with its logits
@@ -363,12 +366,17 @@ class Scheduler:
                                            self._chunk_media(live, a, b), bucket_for(b - a, self.engine.buckets))
         if live.request.prompt_logits:
             live.logit_rows.append(host_array(self.slots.head(hidden))[0, :b - a])
+        if live.request.prompt_logprobs:  # position t scores token t + 1 (past the prompt: a pad, cut off at the end)
+            following = ids[a + 1:b + 1]
+            targets = np.full(hidden.shape[1], self.engine.cfg.pad_id, np.int32)
+            targets[:len(following)] = following
+            live.logprob_rows.append(self.slots.logprobs(hidden, targets)[0, :b - a])
         if live.chunks:
             if b in live.keep_at:
                 self._keep_prefix(live, b, None)
             return None
         n = len(ids)
-        if self.prefix.enabled and n >= MIN_PREFIX_TOKENS and live.cached < n:
+        if self.prefix.enabled and n >= MIN_PREFIX_TOKENS and live.cached < n and not live.request.whole_prompt:
             self._keep_prefix(live, n, logits)
         self._insert(live, logits)
 
@@ -415,7 +423,8 @@ class Scheduler:
         if live.answer.done or live.generated >= live.request.max_new_tokens:
             if live.answer.finish_reason == "stop":
                 self.slots.release(live.slot)  # the device does not know stop strings: it may still be active
-            elif self.prefix.enabled:  # the device ended it (end id or last token): its row holds the whole turn
+            elif self.prefix.enabled and not live.request.whole_prompt:  # the device ended it (end id or last
+                # token): its row holds the whole turn
                 self._keep_turn(live)
             self._end(live, None)
 
@@ -454,5 +463,7 @@ class Scheduler:
             text=live.answer.text, token_ids=live.answer.token_ids, prompt_tokens=prompt_tokens,
             finish_reason=reason, seconds=now - live.handle.submitted, cached_tokens=live.cached,
             first_token_seconds=None if live.first_token is None else live.first_token - live.handle.submitted,
-            prompt_logits=np.concatenate(live.logit_rows) if live.request.prompt_logits else None))
+            prompt_logits=np.concatenate(live.logit_rows) if live.request.prompt_logits else None,
+            prompt_logprobs=np.concatenate([host_array(r) for r in live.logprob_rows])[:prompt_tokens - 1]
+            if live.request.prompt_logprobs else None))
 

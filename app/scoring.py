@@ -2,22 +2,21 @@
 
 A text's token ids are cut into windows of at most ``window`` tokens; the first window scores every token after its
 first, each later one starts ``window - stride`` tokens before the first token it scores (those earlier tokens are
-its context only). Each window runs as one prompt through the decoder, whose ``token_logprobs`` builds the
-log-softmax at the next token on the device, a few positions at a time, so only [1, window] floats come back.
+its context only). Each window is a request to the serving engine that asks for its prompt's log-probabilities
+(``Request.prompt_logprobs``): it is prefilled in chunks by the same programs as every prompt, and the
+log-softmax at each next token is taken on the device, so only one float per token comes back. The windows of a
+text run side by side on the engine's slots.
 """
 
 from __future__ import annotations
 
 import math
 
-import jax
-import jax.numpy as jnp
 import numpy as np
-from flax import nnx
 
+from omnijax.app.requests import Request
 from omnijax.common.errors import PromptError
-from omnijax.common.sharding import host_array, use_mesh
-from omnijax.decoder.model import Prompt
+from omnijax.preprocess.processor import PreparedPrompt
 
 DEFAULT_WINDOW = 1024
 
@@ -40,39 +39,16 @@ def windows(n: int, window: int, stride: int) -> list[tuple[int, int, int]]:
 
 
 class Scorer:
-    """Token log-probabilities of prepared token ids with an engine's loaded model (its parameters, mesh and
-    shape buckets), one window per compiled call."""
+    """Token log-probabilities of prepared token ids with a pipeline's serving engine (its scheduler, and its
+    ``_wait``, which drives the engine where it has no thread of its own)."""
 
-    def __init__(self, engine, window: int | None = None):
-        self.engine = engine
-        self.window = min(window or DEFAULT_WINDOW, engine.max_context - 1)
+    def __init__(self, pipe, window: int | None = None):
+        self.pipe = pipe
+        context = pipe.scheduler.context
+        self.window = min(window or DEFAULT_WINDOW, context - 1)  # a request holds its prompt and one new token
         if self.window < 2:
-            raise PromptError(f"the context budget of {engine.max_context} tokens is too small to score text")
+            raise PromptError(f"the context budget of {context} tokens is too small to score text")
         self.stride = max(1, self.window // 2)
-        self._logprobs = jax.jit(self._impl, static_argnames=("cache_len",))
-
-    def _impl(self, params, tokens_BL, lengths_B, rope_pos_ABL, *, cache_len):
-        engine = self.engine
-        dec = nnx.merge(engine.graphdef, params).decoder
-        prompt = Prompt(tokens_BL, lengths_B, rope_pos_ABL, jnp.zeros(tokens_BL.shape, bool), {}, ())
-        return dec.token_logprobs(prompt, cache_len=cache_len, cache_dtype=engine.dtype,
-                                  attention=engine.attention)
-
-    def _window(self, ids: np.ndarray) -> np.ndarray:
-        """[len(ids)] float32: position t holds log p(ids[t + 1] | ids[:t + 1]) (the last is meaningless)."""
-        from omnijax.app.generation import bucket_for
-
-        engine = self.engine
-        length = bucket_for(len(ids), engine.buckets)
-        tokens = np.full((1, length), engine.cfg.pad_id, np.int32)
-        tokens[0, :len(ids)] = ids
-        rope = np.zeros((engine.cfg.decoder.rope_axes, 1, length), np.int32)
-        rope[:, 0, :len(ids)] = np.arange(len(ids))
-        with use_mesh(engine.mesh):
-            out = self._logprobs(engine.params, engine.put(tokens, ("batch", "length")),
-                                 engine.put(np.array([len(ids)], np.int32), ("batch",)),
-                                 engine.put(rope, (None, "batch", "length")), cache_len=length)
-        return host_array(out)[0, :len(ids)]
 
     def score(self, ids: np.ndarray) -> np.ndarray:
         """float32 [len(ids) - 1]: the natural-log probability of each token after the first given those before."""
@@ -80,9 +56,23 @@ class Scorer:
         if len(ids) < 2:
             return np.zeros((0,), np.float32)
         out = np.empty(len(ids) - 1, np.float32)
-        for start, end, first in windows(len(ids), self.window, self.stride):
-            logp = self._window(ids[start:end])  # position t scores token start + t + 1
-            out[first - 1:end - 1] = logp[first - 1 - start:end - 1 - start]
+        plan = windows(len(ids), self.window, self.stride)
+        wave = self.pipe.scheduler.slots.slots  # windows in flight at once
+        for i in range(0, len(plan), wave):
+            part = plan[i:i + wave]
+            handles = []
+            try:
+                for start, end, _ in part:
+                    prompt = PreparedPrompt(ids[start:end], {}, np.zeros(end - start, bool))
+                    handles.append(self.pipe.scheduler.submit(Request(prompt, 1, ignore_eos=True,
+                                                                      prompt_logprobs=True)))
+            except BaseException:
+                for h in handles:
+                    h.cancel()
+                raise
+            for (start, end, first), result in zip(part, self.pipe._wait(handles)):
+                logp = result.prompt_logprobs  # position t scores token start + t + 1
+                out[first - 1:end - 1] = logp[first - 1 - start:end - 1 - start]
         return out
 
 

@@ -7,7 +7,8 @@ generated, whether it is active, its sampling settings). The programs, all on fi
 
 - ``extend``: a chunk of one request's prompt (a bucketed length) attends to its row and is written into it (its
   logits at the last token, and its last layer's output at every token, which ``head`` turns into the logits at
-  every token for ``Pipeline.prompt_logits``); its media come as one feature row per token (``ChunkMedia``), so a
+  every token for ``Pipeline.prompt_logits``, and ``logprobs`` into each next prompt token's log-probability for
+  scoring); its media come as one feature row per token (``ChunkMedia``), so a
   chunk length is one program whatever media the chunk holds;
 - ``insert``: the first token of a prefilled request, drawn from the prompt's last logits, makes its slot active;
 - ``decode``: one token for every active slot of the first ``rows`` slots (rows: a power of two, so a lone request
@@ -28,6 +29,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from omnijax.app.sampling import SamplingParams, choose_rows, row_settings
+from omnijax.common.matmul_policy import narrow_products, products_setting
 from omnijax.common.sharding import named_sharding, use_mesh
 from omnijax.decoder.kv_cache import KEY_AXES, VALUE_AXES, init_cache, restore_row, snapshot_row
 from omnijax.decoder.model import Chunk
@@ -112,11 +114,13 @@ class Slots:
         one = None if state_sharding is None else jax.sharding.NamedSharding(self.engine.mesh,
                                                                                jax.sharding.PartitionSpec())
         out = lambda *shardings: None if cache_sharding is None else shardings  # noqa: E731
-        self._extend = jax.jit(self._extend_impl, donate_argnames=("cache",),
+        self._extend = jax.jit(self._extend_impl, static_argnames=("products",), donate_argnames=("cache",),
                                out_shardings=out(one, one, cache_sharding))
-        self._head = jax.jit(lambda params, hidden: self.engine.model(params).decoder.logits(hidden))
+        self._head = jax.jit(self._head_impl, static_argnames=("products",))
+        self._logprobs = jax.jit(self._logprobs_impl, static_argnames=("products",))
         self._insert = jax.jit(self._insert_impl, donate_argnames=("state",), out_shardings=out(state_sharding, one))
-        self._decode = jax.jit(self._decode_impl, static_argnames=("rows",), donate_argnames=("cache", "state"),
+        self._decode = jax.jit(self._decode_impl, static_argnames=("rows", "products"),
+                               donate_argnames=("cache", "state"),
                                out_shardings=out(one, one, state_sharding, cache_sharding))
         self._release = jax.jit(lambda state, slot: state._replace(active=state.active.at[slot].set(False)),
                                 donate_argnames=("state",), out_shardings=None if state_sharding is None
@@ -127,10 +131,19 @@ class Slots:
 
     # ---- jitted bodies -------------------------------------------------------------------------------------
     def _extend_impl(self, params, cache, tokens, count, start, row, rope_pos, bidirectional, media, is_media,
-                     deepstack):
+                     deepstack, *, products):
         dec = self.engine.model(params).decoder
-        return dec.extend(Chunk(tokens, count, start, row, rope_pos, bidirectional, media, is_media, deepstack),
-                          cache)
+        with narrow_products(products):
+            return dec.extend(Chunk(tokens, count, start, row, rope_pos, bidirectional, media, is_media, deepstack),
+                              cache)
+
+    def _head_impl(self, params, hidden, *, products):
+        with narrow_products(products):
+            return self.engine.model(params).decoder.logits(hidden)
+
+    def _logprobs_impl(self, params, hidden, targets, *, products):
+        with narrow_products(products):
+            return self.engine.model(params).decoder.next_token_logprobs(hidden, targets)
 
     def _insert_impl(self, state: SlotState, slot, logits_1V, settings, max_new, delta, eos_on, eos_ids):
         token = choose_rows(logits_1V, {k: v[None] for k, v in settings.items()}, jnp.zeros((1,), jnp.int32))[0]
@@ -140,12 +153,13 @@ class Slots:
                          put(state.remaining, max_new - 1), put(state.delta, delta), put(state.eos_on, eos_on),
                          {k: put(state.settings[k], v) for k, v in settings.items()}), token
 
-    def _decode_impl(self, params, cache, state: SlotState, eos_ids, *, rows):
+    def _decode_impl(self, params, cache, state: SlotState, eos_ids, *, rows, products):
         dec = self.engine.model(params).decoder
         token, active = state.token[:rows], state.active[:rows]
         pos = cache["length"][:rows] + state.delta[:rows]
-        logits, cache = dec.step(token, jnp.broadcast_to(pos[None], (dec.spec.rope_axes, rows)), cache,
-                                 active_B=active)
+        with narrow_products(products):
+            logits, cache = dec.step(token, jnp.broadcast_to(pos[None], (dec.spec.rope_axes, rows)), cache,
+                                     active_B=active)
         index = state.index[:rows] + 1
         nxt = choose_rows(logits, {k: v[:rows] for k, v in state.settings.items()}, index)
         remaining = state.remaining[:rows]
@@ -212,14 +226,22 @@ class Slots:
         rows, is_media, deep = self._media_inputs(media, count, length)
         with use_mesh(self.engine.mesh):
             logits, hidden, self.cache = self._extend(self.engine.params, self.cache, tok, np.int32(count),
-                                                      np.int32(start), np.int32(row), pos, bid, rows, is_media, deep)
+                                                      np.int32(start), np.int32(row), pos, bid, rows, is_media, deep,
+                                                      products=products_setting())
         return logits, hidden
 
     def head(self, hidden: jax.Array) -> jax.Array:
         """The logits [1, T, V] (float32, device) of ``extend``'s last-layer output: the final norm and the output
         matrix, as the chunk program applies them at its last token."""
         with use_mesh(self.engine.mesh):
-            return self._head(self.engine.params, hidden)
+            return self._head(self.engine.params, hidden, products=products_setting())
+
+    def logprobs(self, hidden: jax.Array, targets: np.ndarray) -> jax.Array:
+        """float32 [1, T] (device): at each position of ``extend``'s last-layer output [1, T, D], the natural-log
+        probability of ``targets`` [T] (the prompt's next token there; its value past the prompt means nothing)."""
+        with use_mesh(self.engine.mesh):
+            return self._logprobs(self.engine.params, hidden, np.asarray(targets, np.int32)[None],
+                                  products=products_setting())
 
     def insert(self, slot: int, logits_1V: jax.Array, sampling: SamplingParams, max_new: int, delta: int,
                eos_on: bool) -> jax.Array:
@@ -232,7 +254,8 @@ class Slots:
         """One step of the first ``rows`` slots -> (tokens [rows], which rows were active) as device arrays."""
         with use_mesh(self.engine.mesh):
             token, active, self.state, self.cache = self._decode(self.engine.params, self.cache, self.state,
-                                                                 self.engine.eos_ids, rows=rows)
+                                                                 self.engine.eos_ids, rows=rows,
+                                                                 products=products_setting())
         return token, active
 
     def release(self, slot: int) -> None:
@@ -260,5 +283,5 @@ class Slots:
             jax.block_until_ready(self.decode(rows))
 
     def compilations(self) -> int:
-        return sum(f._cache_size() for f in (self._extend, self._head, self._insert, self._decode, self._release,
-                                             self._snapshot, self._restore))
+        return sum(f._cache_size() for f in (self._extend, self._head, self._logprobs, self._insert, self._decode,
+                                             self._release, self._snapshot, self._restore))

@@ -25,7 +25,7 @@ import time
 import numpy as np
 
 from bench.checkpoints import bench_checkpoint
-from bench.prefill_scaling import scaling_figures
+from bench.chunk_scaling import scaling_figures
 
 NEW_TOKENS = 64
 
@@ -314,9 +314,11 @@ def markdown(report: dict) -> str:
     r = report
     rm = r["ratios_of_medians"]
     sys_names = [s for s in r["systems"]]
-    sc = r["prefill_scaling"]
+    sc = r["chunk_scaling"]
     kv = sc["kv_cache_32k"]
-    temps = " / ".join(f"{m['temp_bytes'] / 1e6:.0f}" for m in sc["prefill_temp_memory"])
+    temps = " / ".join(f"{m['temp_bytes'] / 1e6:.0f}" for m in sc["chunk_temp_memory"])
+    chunks = " / ".join(str(m["chunk"]) for m in sc["chunk_temp_memory"])
+    short, long = sc["compile_short_context"], sc["compile_long_context"]
     active = "" if r["weight_bytes"] == r["total_weight_bytes"] else \
         f" ({r['weight_bytes'] / 1e6:.0f} MB read per decoded token: the roofline counts the active experts only)"
     rows = ["| measure | " + " | ".join(sys_names) + " |", "|---|" + "---|" * len(sys_names)]
@@ -349,11 +351,10 @@ def markdown(report: dict) -> str:
             f"(fraction of roofline) | {r['weights_only']['roofline_fraction']:.2f} | diagnostic |",
             f"| decode batch 1 as a fraction of that chain | {r['weights_only']['decode_b1_fraction_of_it']:.2f} "
             f"| diagnostic |",
-            f"| prefill compile, 500 / 4,000 tokens | {sc['compile_500']['compile_s']:.1f} / "
-            f"{sc['compile_4000']['compile_s']:.1f} s (ratio {sc['compile_ratio']:.2f}) | ratio <= 1.5 |",
-            f"| prefill temporary memory, 512 / 1k / 2k / 4k tokens | "
-            f"{temps} MB | "
-            f"at most linear |",
+            f"| prompt-chunk program compile ({short['chunk']} tokens), {short['context']:,} / "
+            f"{long['context']:,}-token context | {short['compile_s']:.1f} / {long['compile_s']:.1f} s (ratio "
+            f"{sc['compile_ratio']:.2f}) | ratio <= 1.5 |",
+            f"| prompt-chunk temporary memory, {chunks}-token chunks | {temps} MB | at most quadratic in the chunk |",
             f"| KV cache, 32k-token budget: allocated / minimum (full layers x length + local layers x window) | "
             f"{kv['allocated_bytes'] / 1e6:.0f} / {kv['minimum_bytes'] / 1e6:.0f} MB = {kv['ratio']:.2f}x "
             f"(one full-length cache per layer: {kv['full_length_cache_bytes'] / 1e6:.0f} MB) | <= 1.2x |", ""]
@@ -380,8 +381,8 @@ def run(family: str, out_dir: pathlib.Path, repeats: int, smoke: bool, ckpt_root
     if with_bf16:
         runners.append(TransformersRunner(folder, "bfloat16"))
     prompts = prompts_for(runners[0].pipe)
-    scaling = scaling_figures(runners[0].pipe, **({"short": 60, "long": 480, "memory_lengths": (128, 256, 512)}
-                                                  if smoke else {}))
+    scaling = scaling_figures(runners[0].pipe, **({"chunk": 64, "short": 128, "long": 512,
+                                                   "chunk_lengths": (32, 64)} if smoke else {}))
     for r in runners:
         warm_up(r, prompts)
     rounds = {r.name: [] for r in runners}
@@ -437,7 +438,7 @@ def run(family: str, out_dir: pathlib.Path, repeats: int, smoke: bool, ckpt_root
         "params_millions": sum(int(np.prod(x.shape)) for x in jax.tree.leaves(runners[0].engine.params)) / 1e6,
         "prompt_tokens": {k: len(v.token_ids) for k, v in prompts.items()},
         "new_tokens": NEW_TOKENS, "repeats": repeats, "compile": compile_info, "systems": systems,
-        "prefill_scaling": scaling,
+        "chunk_scaling": scaling,
         "device": f"{dev.platform}:{dev.device_kind}", "roofline_memory": "HBM" if dev.platform == "gpu" else "DRAM",
         "host": platform.node(), "cpu_count": __import__("os").cpu_count(),
         "date": time.strftime("%Y-%m-%d %H:%M:%S"), "checkpoint": str(folder),

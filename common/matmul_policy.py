@@ -10,13 +10,17 @@ instructions) and keep the weights' dtype elsewhere (``activation_dtype``). A pr
 - many rows (a prompt, a batch): where the platform multiplies bfloat16 fast (every GPU and TPU, CPUs with
   avx512_bf16 or AMX: ``fast_bf16_products``), a narrow weight and the activations meet as bfloat16 with float32
   accumulation; elsewhere as float32. ``OMNIJAX_NARROW_PRODUCTS`` (float32 / bfloat16) forces one way on every
-  platform, e.g. to get the same numbers on every CPU; read when a program is traced.
+  platform, e.g. to get the same numbers on every CPU. The engine's programs read it when they are called
+  (``products_setting``, a static argument: another setting is another program) and trace under it
+  (``narrow_products``); other code reads it when it is traced.
 
 Float32 weights with float32 activations take exactly the product they always took (the parity tests' numbers).
 """
 
 from __future__ import annotations
 
+import contextlib
+import contextvars
 import math
 import os
 
@@ -32,11 +36,34 @@ NARROW_PRODUCTS_ENV = "OMNIJAX_NARROW_PRODUCTS"
 _FORCED = {"float32": False, "bfloat16": True}
 
 
+_TRACING_PRODUCTS: contextvars.ContextVar[str | None] = contextvars.ContextVar("narrow_products", default=None)
+
+
+@contextlib.contextmanager
+def narrow_products(kind: str | None):
+    """A block whose traced products of narrow weights with many rows run as ``kind`` ("float32" / "bfloat16";
+    None: as ``fast_bf16_products`` finds)."""
+    token = _TRACING_PRODUCTS.set(kind)
+    try:
+        yield
+    finally:
+        _TRACING_PRODUCTS.reset(token)
+
+
+def products_setting(environ=os.environ) -> str:
+    """"bfloat16" or "float32": how products of narrow weights with many rows run now (``fast_bf16_products``)."""
+    return "bfloat16" if fast_bf16_products(environ=environ) else "float32"
+
+
 def fast_bf16_products(platform: str | None = None, flags: frozenset[str] | None = None,
                        environ=os.environ) -> bool:
     """Whether products of narrow weights with many rows run as bfloat16 x bfloat16 (float32 accumulation): what
-    ``OMNIJAX_NARROW_PRODUCTS`` forces (float32 / bfloat16), else where they beat float32 ones on ``platform``
-    (default: JAX's default backend): every GPU and TPU, and CPUs with avx512_bf16 or AMX."""
+    the enclosing ``narrow_products`` block says, else what ``OMNIJAX_NARROW_PRODUCTS`` forces (float32 /
+    bfloat16), else where they beat float32 ones on ``platform`` (default: JAX's default backend): every GPU and
+    TPU, and CPUs with avx512_bf16 or AMX."""
+    tracing = _TRACING_PRODUCTS.get()
+    if tracing is not None:
+        return _FORCED[tracing]
     forced = environ.get(NARROW_PRODUCTS_ENV, "") or "auto"
     if forced != "auto":
         if forced not in _FORCED:
@@ -116,4 +143,5 @@ def expert_weights(w, dtype):
 
 
 __all__ = ["DECODE_ROWS", "QuantizedArray", "activation_dtype", "cpu_flags", "expert_weights", "fast_bf16_products",
-           "logits_matmul", "matmul_oi", "table_rows", "weight_dtype", "widened"]
+           "logits_matmul", "matmul_oi", "narrow_products", "products_setting", "table_rows", "weight_dtype",
+           "widened"]

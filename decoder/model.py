@@ -166,29 +166,25 @@ class DecoderModel(nnx.Module):
         out = out if all_logits else out[:, 0]
         return (out, cache, hidden) if hidden_at else (out, cache)
 
-    def token_logprobs(self, prompt: Prompt, *, cache_len: int, cache_dtype, rope: dict | None = None,
-                       attention: str = "auto", rows_per_chunk: int = 32) -> jax.Array:
-        """[B, L] float32: at each position t, the natural-log probability of token t + 1 of the prompt given the
-        tokens up to t (the log-softmax of the logits gathered at the next token; the last position of each row
-        reads a pad and means nothing). The logits are made ``rows_per_chunk`` positions at a time, so the memory
-        of a long prompt stays [B, rows_per_chunk, V]."""
-        x, _, _ = self._prompt_layers(prompt, cache_len=cache_len, cache_dtype=cache_dtype, all_rows=True,
-                                      rope=rope, attention=attention)
-        b, l, d = x.shape
-        pad = -l % rows_per_chunk
-        targets = jnp.pad(prompt.tokens[:, 1:], ((0, 0), (0, 1 + pad)))
-        x = jnp.pad(x, ((0, 0), (0, pad), (0, 0)))
-        chunks = (l + pad) // rows_per_chunk
+    def next_token_logprobs(self, h_BTD: jax.Array, targets_BT: jax.Array, rows_per_chunk: int = 32) -> jax.Array:
+        """[B, T] float32: at each position, the natural-log probability of ``targets`` there (the log-softmax of the
+        logits of the last layer's output ``h``, gathered at the target). The logits are made ``rows_per_chunk``
+        positions at a time, so the memory stays [B, rows_per_chunk, V] however long T is."""
+        b, t, d = h_BTD.shape
+        pad = -t % rows_per_chunk
+        h = jnp.pad(h_BTD, ((0, 0), (0, pad), (0, 0)))
+        targets = jnp.pad(targets_BT, ((0, 0), (0, pad)))
+        chunks = (t + pad) // rows_per_chunk
 
         def one_chunk(args):
             h_BCD, t_BC = args
             logp = jax.nn.log_softmax(self.logits(h_BCD).astype(jnp.float32), axis=-1)
             return jnp.take_along_axis(logp, t_BC[..., None], axis=-1)[..., 0]
 
-        h = x.reshape(b, chunks, rows_per_chunk, d).transpose(1, 0, 2, 3)
-        t = targets.reshape(b, chunks, rows_per_chunk).transpose(1, 0, 2)
-        out = jax.lax.map(one_chunk, (h, t))  # [chunks, B, rows]
-        return out.transpose(1, 0, 2).reshape(b, l + pad)[:, :l]
+        h = h.reshape(b, chunks, rows_per_chunk, d).transpose(1, 0, 2, 3)
+        targets = targets.reshape(b, chunks, rows_per_chunk).transpose(1, 0, 2)
+        out = jax.lax.map(one_chunk, (h, targets))  # [chunks, B, rows]
+        return out.transpose(1, 0, 2).reshape(b, t + pad)[:, :t]
 
     def _prompt_layers(self, prompt: Prompt, *, cache_len: int, cache_dtype, all_rows: bool, rope: dict | None,
                        attention: str, embeds: jax.Array | None = None,

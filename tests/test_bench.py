@@ -36,10 +36,10 @@ def test_smoke_report_has_every_field(tmp_path):
     assert len(weights_only["round_pass_s"]) == report["repeats"] and min(weights_only["round_pass_s"]) > 0
     assert weights_only["roofline_fraction"] > 0 and weights_only["decode_b1_fraction_of_it"] > 0
     assert 0 < weights_only["matrix_bytes"] <= report["weight_bytes"]
-    scaling = report["prefill_scaling"]
-    assert scaling["compile_500"]["compile_s"] > 0 and scaling["compile_4000"]["compile_s"] > 0
-    assert all(m["temp_bytes"] > 0 for m in scaling["prefill_temp_memory"])
-    assert len(scaling["temp_growth_per_doubling"]) == len(scaling["prefill_temp_memory"]) - 1
+    scaling = report["chunk_scaling"]
+    assert scaling["compile_short_context"]["compile_s"] > 0 and scaling["compile_long_context"]["compile_s"] > 0
+    assert all(m["temp_bytes"] > 0 for m in scaling["chunk_temp_memory"])
+    assert len(scaling["temp_growth_per_doubling"]) == len(scaling["chunk_temp_memory"]) - 1
     kv = scaling["kv_cache_32k"]
     assert kv["allocated_bytes"] <= 1.2 * kv["minimum_bytes"] < kv["full_length_cache_bytes"]  # sliding rings
     table = (out / "latest-gemma3.md").read_text()

@@ -156,6 +156,21 @@ def test_quantized_logits_stay_close_to_float32(quantized_pipes, gemma3_pipeline
     assert len(result.token_ids) >= 1
 
 
+def test_the_serving_programs_read_the_products_setting_when_called(quantized_pipes, monkeypatch):
+    """One pipeline scores a text with its prompt's int8 products in float32, then bfloat16, then float32 again:
+    the setting is read at each call (another setting, another program), not fixed when a program first traced."""
+    pipe = quantized_pipes["int8"]
+    text = "The quick brown fox jumps over the lazy dog near the river bank. " * 3
+    runs = []
+    for products in ("float32", "bfloat16", "float32"):
+        monkeypatch.setenv("OMNIJAX_NARROW_PRODUCTS", products)
+        runs.append(pipe.score(text))
+    assert len(runs[0]) > 16  # products of more than DECODE_ROWS rows: the setting applies
+    np.testing.assert_array_equal(runs[0], runs[2])
+    assert not np.array_equal(runs[0], runs[1])
+    np.testing.assert_allclose(runs[1], runs[0], rtol=0, atol=0.1)
+
+
 SHARD_SCRIPT = r"""
 import json, sys
 import jax, numpy as np

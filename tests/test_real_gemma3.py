@@ -174,12 +174,12 @@ def quantized_pipes(real_gguf):
 
 def quantized_perplexity(pipe: Pipeline, products: str, monkeypatch) -> float:
     """The perplexity with ``pipe``'s quantized weights whose products with many rows (the text's prompt) run as
-    ``products`` (common/matmul_policy.py; forced, so that every CPU computes the same numbers; read when the
-    scoring program is traced, so a new Scorer on the same weights)."""
-    from omnijax.app.scoring import Scorer, perplexity
+    ``products`` (common/matmul_policy.py; forced, so that every CPU computes the same numbers; the engine's
+    programs read the setting when they are called, so the same pipeline serves both kinds)."""
+    from omnijax.app.scoring import perplexity
 
     monkeypatch.setenv("OMNIJAX_NARROW_PRODUCTS", products)
-    return perplexity([Scorer(pipe.engine).score(pipe.prepare_raw(HELD_OUT).token_ids)])
+    return perplexity([pipe.score(HELD_OUT)])
 
 
 @pytest.mark.parametrize("mode, products, bound", [

@@ -44,8 +44,8 @@ def test_long_texts_are_scored_in_windows_each_token_once(gemma3_pipeline, hf_ge
 
     text = TEXTS[1]
     ids = gemma3_pipeline.prepare_raw(text).token_ids
-    whole = Scorer(gemma3_pipeline.engine).score(ids)
-    small = Scorer(gemma3_pipeline.engine, window=16)
+    whole = Scorer(gemma3_pipeline).score(ids)
+    small = Scorer(gemma3_pipeline, window=16)
     assert len(ids) > 3 * small.window
     cut = small.score(ids)
     assert cut.shape == whole.shape

@@ -213,7 +213,7 @@ def forward_logits(model: MultimodalModel, tokens_BL: jax.Array, seq_pos_BL: jax
                    pixels_NCHW: jax.Array) -> tuple[jax.Array, jax.Array]:
     """(logits [B, L, V] at every position of right-padded token rows (seq_pos -1 at padding), image features
     [images * soft tokens, D]) through the model's own forward (``DecoderModel.prefill`` with every position's
-    logits, as ``Engine.score`` runs it): token embeddings, image features merged at the image soft tokens (the
+    logits): token embeddings, image features merged at the image soft tokens (the
     j-th row of features at the j-th soft token, row-major over the batch), each image's soft tokens attending to
     each other both ways."""
     image_token = CONFIG["image_token_index"]
