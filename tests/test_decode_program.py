@@ -9,6 +9,7 @@ every slot on a short one: each kind of step and each kind of cache read once.
 import pytest
 
 from omnijax.app.scheduler import Scheduler
+from omnijax.common.matmul_policy import products_setting
 
 
 @pytest.mark.parametrize("rows, context", [(4, 256), (1, 1024)])
@@ -17,7 +18,8 @@ def test_decode_step_writes_the_cache_in_place(gemma3_pipeline, rows, context):
     engine = gemma3_pipeline.engine
     slots = Scheduler(engine, gemma3_pipeline.processor, slots=4, context=context).slots
     slots.ensure_allocated()
-    compiled = slots._decode.lower(engine.params, slots.cache, slots.state, engine.eos_ids, rows=rows).compile()
+    compiled = slots._decode.lower(engine.params, slots.cache, slots.state, engine.eos_ids, rows=rows,
+                                   products=products_setting()).compile()
     hlo = compiled.as_text()
     shapes = {f"[{','.join(map(str, a.shape))}]" for a in slots.cache["k"] + slots.cache["v"]}
     assert len({a.shape[-1] for a in slots.cache["k"]}) == 2  # full-length and sliding-window (ring) caches
