@@ -245,7 +245,11 @@ class Scheduler:
             self.step()
 
     def step(self) -> None:
-        """One turn of the loop (module docstring); errors of one request end that request only."""
+        """One turn of the loop (module docstring). A failure while starting or prefilling one request ends that
+        request only; a failure of a decode step (or of reading one back) ends the requests in the slots, which
+        it ran for. Requests still waiting go on either way. When a failed program had taken the device state
+        (the cache and slot state are donated to each program), every request in a slot ends and the state is
+        allocated again, so the engine keeps serving."""
         try:
             self._take_inbox()
             self._admit()
@@ -257,11 +261,38 @@ class Scheduler:
             pending, self._pending = self._pending, dispatched
             if pending is not None:
                 self._read_step(*pending)
-        except Exception as e:  # noqa: BLE001 - the engine itself failed: every request inside ends with it
+        except Exception as e:  # noqa: BLE001 - a step over the slots failed: the requests in them end with it
             log.exception("engine step failed")
-            self._pending = None
-            for live in list(self._waiting) + [x for x in self._slot_of if x is not None]:
-                self._end(live, None, error=e if isinstance(e, OmnijaxError) else RuntimeError(f"engine error: {e}"))
+            self._fail_slots(e)
+
+    @staticmethod
+    def _error(e: Exception) -> Exception:
+        return e if isinstance(e, OmnijaxError) else RuntimeError(f"engine error: {e}")
+
+    def _fail_request(self, live: Live, e: Exception) -> None:
+        """``live`` failed on its own (starting or prefilling it): it ends with the error, others go on unless the
+        device state is gone."""
+        if not isinstance(e, OmnijaxError):
+            log.exception("request failed in the engine")
+        if self.slots.broken():
+            self._fail_slots(e)
+            return
+        if live.decoding:
+            self.slots.release(live.slot)
+        self._end(live, None, error=self._error(e))
+
+    def _fail_slots(self, e: Exception) -> None:
+        """Every request in a slot ends with ``e``; the device state is allocated again if a failed program took
+        it."""
+        self._pending = None
+        self._firsts = []
+        broken = self.slots.broken()
+        for live in [x for x in self._slot_of if x is not None]:
+            if live.decoding and not broken:
+                self.slots.release(live.slot)
+            self._end(live, None, error=self._error(e))
+        if broken:
+            self.slots.reset()
 
     def _take_inbox(self) -> None:
         with self._wake:
@@ -286,8 +317,8 @@ class Scheduler:
             self._slot_of[live.slot] = live
             try:
                 self._start(live)
-            except OmnijaxError as e:
-                self._end(live, None, error=e)
+            except Exception as e:  # noqa: BLE001 - this request's media or prefix failed: it ends alone
+                self._fail_request(live, e)
 
     def _start(self, live: Live) -> None:
         """Media encoded, a cached prefix copied into the slot, the rest of the prompt cut into chunks."""
@@ -358,6 +389,12 @@ class Scheduler:
         if not todo:
             return None
         live = min(todo, key=lambda x: x.order)
+        try:
+            self._prefill_chunk(live)
+        except Exception as e:  # noqa: BLE001 - this request's chunk failed: it ends alone
+            self._fail_request(live, e)
+
+    def _prefill_chunk(self, live: Live) -> None:
         a, b = live.chunks.pop(0)
         prompt = live.request.prompt
         ids = prompt.token_ids

@@ -11,6 +11,7 @@ from __future__ import annotations
 import pathlib
 import threading
 
+import jax
 import numpy as np
 import pytest
 
@@ -241,6 +242,53 @@ def test_a_failing_listener_ends_its_own_request_only(gemma3_pipeline, sched, al
     others = [sched.submit(request(gemma3_pipeline, p, MAX_NEW[i])) for i, p in enumerate(PROMPTS[1:3], start=1)]
     assert failing.result(WAIT_S).finish_reason == "cancelled"
     assert [h.result(WAIT_S).token_ids for h in others] == alone[1:3]
+
+
+def test_a_failing_request_ends_alone_and_a_lost_device_state_is_rebuilt(gemma3_pipeline, alone):
+    """One request's prompt chunk fails: it alone ends, with the error; the others give their tokens alone. Then a
+    decode step fails after its program took the donated cache: the requests in the slots end with the error, the
+    one still waiting and one submitted later are answered from a fresh cache, as alone."""
+    s = Scheduler(gemma3_pipeline.engine, gemma3_pipeline.processor, slots=2, context=512, chunk=32,
+                  prefix_cache_mb=0, media_cache_mb=0, threaded=False)
+    bad = request(gemma3_pipeline, PROMPTS[3], 4)  # the long prompt: several chunks, the second one fails
+    extend, calls = s.slots.extend, []
+
+    def failing_extend(tokens, start, row, *args):
+        calls.append(start)
+        if start > 0 and s._slot_of[row].request is bad:
+            raise ValueError("a broken chunk")
+        return extend(tokens, start, row, *args)
+
+    s.slots.extend = failing_extend
+    handles = [s.submit(r) for r in (request(gemma3_pipeline, PROMPTS[0], MAX_NEW[0]), bad,
+                                     request(gemma3_pipeline, PROMPTS[2], MAX_NEW[2]))]
+    s.run(handles)
+    with pytest.raises(RuntimeError, match="engine error: a broken chunk"):
+        handles[1].result(0)
+    assert [handles[0].result(0).token_ids, handles[2].result(0).token_ids] == [alone[0], alone[2]]
+    assert s.stats.failed == 1
+
+    decode = s.slots.decode
+    lost = []
+
+    def decode_losing_the_cache(rows):
+        if not lost:  # the first step: as a program that failed after its inputs were donated
+            lost.append(rows)
+            for a in jax.tree.leaves((s.slots.cache, s.slots.state)):
+                a.delete()
+            raise RuntimeError("the device failed")
+        return decode(rows)
+
+    s.slots.decode = decode_losing_the_cache
+    first = [s.submit(request(gemma3_pipeline, p, n)) for p, n in zip(PROMPTS[:3], MAX_NEW[:3])]
+    s.run(first)
+    for h in first[:2]:  # in the two slots when the step failed
+        with pytest.raises(RuntimeError, match="the device failed"):
+            h.result(0)
+    assert first[2].result(0).token_ids == alone[2]  # it was waiting
+    later = s.submit(request(gemma3_pipeline, PROMPTS[1], MAX_NEW[1]))
+    s.run([later])
+    assert later.result(0).token_ids == alone[1]
 
 
 def test_threads_share_the_pipeline(gemma3_pipeline, alone):
