@@ -3,16 +3,18 @@ that fill and decode them.
 
 Every slot holds one request: its row of every layer's cache (full layers: the context length; sliding / chunked
 layers: a ring of the window) and its decoding state (``SlotState``: the next token to feed, how many it has
-generated, whether it is active, its sampling settings). The programs, all on fixed shapes:
+generated, whether it is active, its sampling settings). The model runs through one forward
+(``DecoderModel.forward``: new tokens after their rows of the cache); the programs, all on fixed shapes:
 
-- ``extend``: a chunk of one request's prompt (a bucketed length) attends to its row and is written into it (its
-  logits at the last token, and its last layer's output at every token, which ``head`` turns into the logits at
-  every token for ``Pipeline.prompt_logits``, and ``logprobs`` into each next prompt token's log-probability for
-  scoring); its media come as one feature row per token (``ChunkMedia``), so a
-  chunk length is one program whatever media the chunk holds;
+- ``extend``: a chunk of one request's prompt (a bucketed length; the forward on one row of many tokens) attends
+  to its row and is written into it (its logits at the last token, and its last layer's output at every token,
+  which ``head`` turns into the logits at every token for ``Pipeline.prompt_logits``, and ``logprobs`` into each
+  next prompt token's log-probability for scoring); its media come as one feature row per token
+  (``ChunkMedia``), so a chunk length is one program whatever media the chunk holds;
 - ``insert``: the first token of a prefilled request, drawn from the prompt's last logits, makes its slot active;
-- ``decode``: one token for every active slot of the first ``rows`` slots (rows: a power of two, so a lone request
-  decodes at batch 1) with each slot's own settings; a slot turns inactive on an end id or its last token;
+- ``decode``: one token for every active slot of the first ``rows`` slots (the forward on many rows of one token;
+  rows: a power of two, so a lone request decodes at batch 1) with each slot's own settings; a slot turns inactive
+  on an end id or its last token;
 - ``release``: a slot stops (a cancelled or stopped request) at the next step;
 - ``snapshot`` / ``restore``: a row's keys and values copied out (the prefix cache) and into another row.
 
@@ -32,7 +34,7 @@ from omnijax.app.sampling import SamplingParams, choose_rows, row_settings
 from omnijax.common.matmul_policy import narrow_products, products_setting
 from omnijax.common.sharding import named_sharding, use_mesh
 from omnijax.decoder.kv_cache import KEY_AXES, VALUE_AXES, init_cache, restore_row, snapshot_row
-from omnijax.decoder.model import Chunk
+from omnijax.decoder.model import TokenBatch, one_token_batch
 
 DEFAULT_CHUNK = 512  # the longest chunk of a prompt, unless a media block needs more (it is never split)
 DEFAULT_SLOTS = 8
@@ -133,9 +135,11 @@ class Slots:
     def _extend_impl(self, params, cache, tokens, count, start, row, rope_pos, bidirectional, media, is_media,
                      deepstack, *, products):
         dec = self.engine.model(params).decoder
+        count, start = count[None], start[None]
         with narrow_products(products):
-            return dec.extend(Chunk(tokens, count, start, row, rope_pos, bidirectional, media, is_media, deepstack),
-                              cache)
+            h, cache = dec.forward(TokenBatch(tokens, count, start, row, rope_pos, bidirectional, media, is_media,
+                                              deepstack), cache, attention=self.engine.attention)
+            return dec.last_logits(h, count), h, cache
 
     def _head_impl(self, params, hidden, *, products):
         with narrow_products(products):
@@ -158,8 +162,9 @@ class Slots:
         token, active = state.token[:rows], state.active[:rows]
         pos = cache["length"][:rows] + state.delta[:rows]
         with narrow_products(products):
-            logits, cache = dec.step(token, jnp.broadcast_to(pos[None], (dec.spec.rope_axes, rows)), cache,
-                                     active_B=active)
+            batch = one_token_batch(token, jnp.broadcast_to(pos[None], (dec.spec.rope_axes, rows)), cache, active)
+            h, cache = dec.forward(batch, cache, attention=self.engine.attention)
+            logits = dec.last_logits(h, batch.count)
         index = state.index[:rows] + 1
         nxt = choose_rows(logits, {k: v[:rows] for k, v in state.settings.items()}, index)
         remaining = state.remaining[:rows]
@@ -186,6 +191,14 @@ class Slots:
         replicated = jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec())
         self.state = jax.tree.map(lambda a: jax.device_put(a, replicated), empty_state(self.slots))
         self._programs(jax.tree.map(lambda a: a.sharding, self.cache), jax.tree.map(lambda a: a.sharding, self.state))
+
+    def broken(self) -> bool:
+        """Whether a failed program took the device state (its donated buffers are gone)."""
+        return self.cache is not None and any(a.is_deleted() for a in jax.tree.leaves((self.cache, self.state)))
+
+    def reset(self) -> None:
+        """Drop the device state (every slot's cache row and decoding state); it is allocated again on first use."""
+        self.cache = self.state = None
 
     def cache_bytes(self) -> int:
         self.ensure_allocated()

@@ -176,7 +176,6 @@ class SpeechEngine:
         talker = self._speech(params).talker
         b = state.code0.shape[0]
         groups = talker.cfg.num_code_groups
-        zeros = jnp.zeros((b,), jnp.int32)
         eos = self.cfg.codec["eos"]
 
         def cond(carry):
@@ -194,8 +193,8 @@ class SpeechEngine:
                              jax.lax.dynamic_index_in_dim(st.trailing, jnp.minimum(st.frame, st.trailing.shape[1] - 1),
                                                           1, keepdims=False), st.pad)
             pos = st.cache["length"] + st.delta
-            h, cache = talker.decoder.step(zeros, jnp.broadcast_to(pos[None], (3, b)), st.cache,
-                                           embeds=(total + text).astype(st.hidden.dtype), output="hidden")
+            h, cache = talker.decoder.embeds_step((total + text).astype(st.hidden.dtype),
+                                                  jnp.broadcast_to(pos[None], (3, b)), st.cache)
             code0 = choose(self._talker_logits(talker, h, st.seen), jax.random.fold_in(key, 2 * (st.frame + 1)),
                            values[0], mode[0])
             seen = st.seen | jax.nn.one_hot(code0, st.seen.shape[1], dtype=bool)

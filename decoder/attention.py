@@ -18,7 +18,7 @@ from flax import nnx
 from omnijax.common.linear import Linear, matmul_oi, param
 from omnijax.common.norms import RMSNorm, rms_norm
 from omnijax.common.sharding import constrain
-from omnijax.decoder.attention_op import PromptMeta, cache_attention, chunk_attention, prompt_attention
+from omnijax.decoder.attention_op import PromptMeta, cache_attention, prompt_attention
 from omnijax.decoder.kv_cache import LayerCache
 from omnijax.decoder.rope import apply_rotary, rope_key
 from omnijax.decoder.spec import AttentionSpec
@@ -40,29 +40,23 @@ class PromptContext(NamedTuple):
     backend: str = "auto"
 
 
-class StepContext(NamedTuple):
-    """What every layer of a decode step shares: the new token's position [B], its rope tables
-    {rope_key: (cos, sin) [B, 1, ...]}, the position held in each cache slot before the token {slots: [B, slots]},
-    and ``reach``: how many slots any decoding row holds (a long cache is read only that far; None: whole)."""
+class BatchContext(NamedTuple):
+    """What every layer of a forward over new tokens shares: S sequences of T tokens, sequence s continuing cache
+    row ``row0 + s`` (decode: S rows of one token; a prompt chunk: one row of T tokens).
 
+    pos [S, T]: the tokens' sequence positions (-1: padding, or a row that takes no token); block [S, T]: their
+    media block ids (-1 text; None: no media in the batch); rope {rope_key: (cos, sin) [S, T, ...]}; slot_pos
+    {slots: [S, slots]}: the position each slot of the rows' caches holds before the batch (-1 empty); held: the
+    most slots any row holds (a long cache is read only that far); backend: the attention backend
+    (``attention_op.backend_for``), chosen by the engine."""
+
+    row0: jax.Array
     pos: jax.Array
+    block: jax.Array | None
     rope: dict
     slot_pos: dict
-    reach: jax.Array | None = None
-
-
-class ChunkContext(NamedTuple):
-    """What every layer of a chunk shares: T tokens of one row's prompt continuing that row's cache.
-
-    row: the cache row (slot) the chunk continues; pos [1, T] the tokens' sequence positions (-1 padding);
-    block [1, T] their media block ids (-1 text); rope {rope_key: (cos, sin) [1, T, ...]}; slot_pos {slots:
-    [slots]}: the position each slot of the row's cache holds before the chunk (-1 empty)."""
-
-    row: jax.Array
-    pos: jax.Array
-    block: jax.Array
-    rope: dict
-    slot_pos: dict
+    held: jax.Array
+    backend: str = "auto"
 
 
 def grouped_qkv(spec: AttentionSpec):
@@ -160,7 +154,7 @@ class Attention(nnx.Module):
         spec = self.spec
         return None if spec.rope is None else ctx.rope[rope_key(spec.rope, spec.head_dim)]
 
-    # ---- prompt and decode step ----------------------------------------------------------------------------
+    # ---- a whole prompt, and new tokens after the cache --------------------------------------------------------
     def prefill(self, x_BLD: jax.Array, ctx: PromptContext,
                 shared: tuple[jax.Array, jax.Array] | None = None) -> tuple[jax.Array, tuple | None]:
         """A prompt's attention -> (output [B, Lq, D] at ``ctx.query_rows``, this layer's keys and values
@@ -181,29 +175,16 @@ class Attention(nnx.Module):
                                query_rows=ctx.query_rows, backend=ctx.backend)
         return self._output(out), own
 
-    def extend(self, x_1TD: jax.Array, ctx: ChunkContext, cache: LayerCache,
-               shared: tuple[jax.Array, jax.Array] | None = None) -> tuple[jax.Array, tuple | None]:
-        """A chunk of one row's prompt attending to the row's cache (``cache``: every row's keys / values, those
-        before the chunk) and to itself -> (output [1, T, D], the chunk's keys and values [1, T, K, H], or None
-        for a layer that attends to the keys / values ``shared`` of an earlier layer's chunk)."""
-        q, k, v = self._project(x_1TD, ctx.pos, self._rope(ctx))
+    def forward(self, x_STD: jax.Array, ctx: BatchContext, cache: LayerCache,
+                shared: tuple[jax.Array, jax.Array] | None = None) -> tuple[jax.Array, tuple | None]:
+        """New tokens attending to their rows' caches (as they were before the batch) and to each other ->
+        (output [S, T, D], the tokens' keys and values [S, T, K, H], or None for a layer that attends to the keys /
+        values ``shared`` of an earlier layer's tokens, over that layer's cache ``cache``)."""
+        spec = self.spec
+        q, k, v = self._project(x_STD, ctx.pos, self._rope(ctx))
         own = None if k is None else (k, v)
         k, v = own if own is not None else shared
-        out = chunk_attention(q, cache.k, cache.v, ctx.row, ctx.slot_pos[cache.k.shape[-1]], k, v, ctx.pos,
-                              ctx.block, self.spec.mask, scale=self.spec.q_scale, softcap=self.spec.softcap)
+        out = cache_attention(q, cache.k, cache.v, ctx.row0, ctx.slot_pos[cache.k.shape[-1]], k, v, ctx.pos,
+                              ctx.block, spec.mask, scale=spec.q_scale, softcap=spec.softcap, held=ctx.held,
+                              backend=ctx.backend)
         return self._output(out), own
-
-    def step(self, x_B1D: jax.Array, ctx: StepContext, cache: LayerCache) -> tuple[jax.Array, LayerCache | None]:
-        """One new token per row -> (output [B, 1, D], this layer's cache holding the token's key/value as its
-        pending token; ``kv_cache.write_pending`` writes it into the ring once the cache's last reader has run).
-        ``cache`` may hold more rows than the step (rows 0..B-1 are the step's).
-        A layer that shares an earlier layer's keys/values reads that layer's cache, its token included, and
-        returns None."""
-        spec = self.spec
-        q, k, v = self._project(x_B1D, ctx.pos[:, None], self._rope(ctx))
-        mine = None
-        if k is not None:
-            cache = mine = LayerCache(cache.k, cache.v, k.transpose(0, 2, 1, 3), v.transpose(0, 2, 1, 3))
-        out = cache_attention(q, cache.k, cache.v, ctx.slot_pos[cache.k.shape[-1]], cache.token_k, cache.token_v,
-                              ctx.pos, spec.mask, scale=spec.q_scale, softcap=spec.softcap, reach=ctx.reach)
-        return self._output(out), mine

@@ -16,7 +16,8 @@ Backends (``backend_for``: chosen once by the engine, "auto" unless forced, and 
   with the prompt, temporary memory grows linearly, and keys outside the causal / window / chunk reach are skipped;
 - fused: ``jax.nn.dot_product_attention`` (the platform's fused kernel where one exists), chosen on GPU/TPU.
 
-Decode steps use ``cache_attention``: the cache as it was plus the new token's own key/value, one softmax.
+Tokens that continue cached sequences (decode steps: a token per row; prompt chunks: a row's next tokens) use
+``cache_attention``: each row's cache as it was plus its new tokens' own keys/values.
 """
 
 from __future__ import annotations
@@ -212,99 +213,75 @@ def prompt_attention(q_BLNH: jax.Array, k_BLKH: jax.Array, v_BLKH: jax.Array, me
     return out[:, :l]
 
 
-def cache_attention(q_B1NH: jax.Array, cache_k_SKHC: jax.Array, cache_v_SKCH: jax.Array, slot_pos_BC: jax.Array,
-                    token_k_BK1H: jax.Array, token_v_BK1H: jax.Array, q_pos_B: jax.Array, mask: MaskSpec, *,
-                    scale: float, softcap: float | None = None, reach: jax.Array | None = None) -> jax.Array:
-    """One new token per row attending to a layer's cache (the ring as it was) and to the token's own key/value, one
-    softmax -> [batch, 1, N, H].
-
-    The cache may hold more rows than the step (S >= B; rows 0..B-1 are read). The key cache holds keys transposed
-    ([S, K, H, C]), so the scores are a plain [G, H] x [H, C] product per kv head; ``slot_pos_BC`` is the position
-    held in each slot (-1 empty). A cache longer than 512 slots is read in 128-slot blocks, only as far as ``reach``
-    (slots held by any row; None: all): a long context budget costs nothing until it is used."""
-    b = q_B1NH.shape[0]
-    c = cache_k_SKHC.shape[-1]
-    q_pos = q_pos_B[:, None]
-    vis_token = (q_pos >= 0)[:, :, None]
-    if c <= 512 or c % K_BLOCK:
-        vis_cache = visible(q_pos, slot_pos_BC, mask)
-        return dot_attention(q_B1NH, [(cache_k_SKHC[:b], cache_v_SKCH[:b], vis_cache),
-                                      (token_k_BK1H, token_v_BK1H, vis_token)],
-                             scale=scale, softcap=softcap, keys_transposed=True)
-    _, _, n, h = q_B1NH.shape
-    kv = cache_k_SKHC.shape[1]
-    g = n // kv
-    q = _group_queries(q_B1NH, kv, scale)  # [B, K, G, H]
-    zero = jnp.zeros((), jnp.int32)
-    held = c if reach is None else jnp.minimum(reach, c)
-
-    def one_block(j, carry):
-        m, total, acc = carry
-        ks = j * K_BLOCK
-        kj = jax.lax.dynamic_slice(cache_k_SKHC, (zero, zero, zero, ks), (b, kv, h, K_BLOCK))
-        vj = jax.lax.dynamic_slice(cache_v_SKCH, (zero, zero, ks, zero), (b, kv, K_BLOCK, h))
-        kp = jax.lax.dynamic_slice_in_dim(slot_pos_BC, ks, K_BLOCK, axis=1)
-        s = _scores(q, kj, softcap=softcap, keys_transposed=True).reshape(b, kv, g, 1, K_BLOCK)
-        s = s + jnp.where(visible(q_pos, kp, mask), 0.0, NEG)[:, None, None]
-        return _accumulate(m, total, acc, s, vj, q.dtype)
-
-    init = (jnp.full((b, kv, g, 1), NEG, jnp.float32), jnp.zeros((b, kv, g, 1), jnp.float32),
-            jnp.zeros((b, kv, g, h), jnp.float32))
-    carry = jax.lax.fori_loop(0, (held + K_BLOCK - 1) // K_BLOCK, one_block, init)
-    s = _scores(q, token_k_BK1H, softcap=softcap).reshape(b, kv, g, 1, 1)
-    s = s + jnp.where(vis_token, 0.0, NEG)[:, None, None]
-    _, total, acc = _accumulate(*carry, s, token_v_BK1H, q.dtype)
-    out = acc / total.reshape(b, kv, g)[..., None]
-    return _ungroup(out.astype(q_B1NH.dtype), 1)
-
-
-def _history_block(s: int) -> int:
-    """Keys per history block for a cache of ``s`` slots: the whole cache up to 512 slots, else 128-slot blocks
+def _history_block(c: int) -> int:
+    """Keys per history block for a cache of ``c`` slots: the whole cache up to 512 slots, else 128-slot blocks
     (cache lengths above 512 are multiples of 128)."""
-    return s if s <= 512 or s % K_BLOCK else K_BLOCK
+    return c if c <= 512 or c % K_BLOCK else K_BLOCK
 
 
-def chunk_attention(q_1TNH: jax.Array, cache_k_SKHC: jax.Array, cache_v_SKCH: jax.Array, row: jax.Array,
-                    slot_pos_C: jax.Array, k_1TKH: jax.Array, v_1TKH: jax.Array, q_pos_1T: jax.Array,
-                    q_block_1T: jax.Array, mask: MaskSpec, *, scale: float,
-                    softcap: float | None = None) -> jax.Array:
-    """A chunk of one row's prompt attending to that row's cache (the keys before the chunk) and to itself, one
-    running softmax -> [1, T, N, H].
+def cache_attention(q_STNH: jax.Array, cache_k_RKHC: jax.Array, cache_v_RKCH: jax.Array, row0: jax.Array | int,
+                    slot_pos_SC: jax.Array, k_STKH: jax.Array, v_STKH: jax.Array, q_pos_ST: jax.Array,
+                    q_block_ST: jax.Array | None, mask: MaskSpec, *, scale: float, softcap: float | None = None,
+                    held: jax.Array | None = None, backend: str = "auto") -> jax.Array:
+    """S sequences of T new tokens, sequence s continuing cache row ``row0 + s``, each token attending to its row's
+    cache (the keys before the batch) and to the new tokens of its own sequence -> [S, T, N, H].
 
-    cache_k [S, K, H, C] / cache_v [S, K, C, H]: every row's cache (keys transposed); ``row`` the one read;
-    ``slot_pos_C`` the position each of its slots holds before the chunk (-1 empty). k, v [1, T, K, H]: the
-    chunk's own keys and values; q_pos [1, T] their positions (-1 padding), q_block [1, T] their media block ids.
-    Only the cache blocks that hold keys are read (a loop whose length follows the keys held, not the cache
-    length); cache keys never share a media block with the chunk (chunks do not split a block)."""
-    _, t, n, h = q_1TNH.shape
-    kv = k_1TKH.shape[2]
+    cache_k [R, K, H, C] / cache_v [R, K, C, H]: every row's cache (keys transposed, so the scores are a plain
+    [G*T, H] x [H, C] product per kv head); rows row0 .. row0 + S - 1 are read. slot_pos [S, C]: the position each
+    slot of those rows holds before the batch (-1 empty). k, v [S, T, K, H]: the new tokens' keys and values;
+    q_pos [S, T] their positions (-1: padding), q_block [S, T] their media block ids (-1 text; None: no media).
+    Decode is S rows of one token, a prompt chunk one row of T tokens: the same op. Cache keys never share a media
+    block with new tokens (a chunk never splits a block).
+
+    A cache of at most 512 slots is read whole, in one softmax with the new tokens; a longer one in 128-slot blocks
+    with a running softmax, only as far as ``held`` (the most slots any of the rows holds; None: all), so a long
+    context budget costs nothing until it is used. ``backend`` "fused" (the default on GPU/TPU, see
+    ``backend_for``) hands the rows' keys and the new ones, with the mask, to ``jax.nn.dot_product_attention``
+    instead (not with a soft-capped layer)."""
+    s, t, n, h = q_STNH.shape
+    r, kv, _, c = cache_k_RKHC.shape
     g = n // kv
-    c = cache_k_SKHC.shape[-1]
-    q = _group_queries(q_1TNH, kv, scale)  # [1, K, G*T, H]
+    if s == r:  # every row (decode over all slots): no slice of a possibly sharded batch axis
+        rows_k, rows_v = cache_k_RKHC, cache_v_RKCH
+    else:
+        rows_k = jax.lax.dynamic_slice_in_dim(cache_k_RKHC, row0, s, axis=0)
+        rows_v = jax.lax.dynamic_slice_in_dim(cache_v_RKCH, row0, s, axis=0)
+    k_new = k_STKH.transpose(0, 2, 1, 3)  # [S, K, T, H]
+    v_new = v_STKH.transpose(0, 2, 1, 3)
+    vis_new = visible(q_pos_ST, q_pos_ST, mask, q_block_ST, q_block_ST)
+    if backend_for(t, backend) == "fused" and softcap is None:
+        keys = jnp.concatenate([rows_k.transpose(0, 3, 1, 2), k_STKH.astype(rows_k.dtype)], axis=1)  # [S, C+T, K, H]
+        values = jnp.concatenate([rows_v.transpose(0, 2, 1, 3), v_STKH.astype(rows_v.dtype)], axis=1)
+        vis = jnp.concatenate([visible(q_pos_ST, slot_pos_SC, mask), vis_new], axis=-1)
+        return jax.nn.dot_product_attention(q_STNH, keys.astype(q_STNH.dtype), values.astype(q_STNH.dtype),
+                                            mask=vis[:, None], scale=scale)
     kb = _history_block(c)
-    held = jnp.sum(slot_pos_C >= 0)  # slots fill from 0: the held ones are the first ``held``
+    if kb == c:
+        return dot_attention(q_STNH, [(rows_k, rows_v, visible(q_pos_ST, slot_pos_SC, mask)),
+                                      (k_new, v_new, vis_new)],
+                             scale=scale, softcap=softcap, keys_transposed=True)
+    q = _group_queries(q_STNH, kv, scale)  # [S, K, G*T, H]
     zero = jnp.zeros((), jnp.int32)
+    held = c if held is None else jnp.minimum(held, c)
 
     def one_block(j, carry):
         m, total, acc = carry
         ks = j * kb
-        kj = jax.lax.dynamic_slice(cache_k_SKHC, (row, zero, zero, ks), (1, kv, h, kb))
-        vj = jax.lax.dynamic_slice(cache_v_SKCH, (row, zero, ks, zero), (1, kv, kb, h))
-        kp = jax.lax.dynamic_slice_in_dim(slot_pos_C, ks, kb)[None]
-        s = _scores(q, kj, softcap=softcap, keys_transposed=True).reshape(1, kv, g, t, kb)
-        s = s + jnp.where(visible(q_pos_1T, kp, mask), 0.0, NEG)[:, None, None]
-        return _accumulate(m, total, acc, s, vj, q.dtype)
+        kj = jax.lax.dynamic_slice(rows_k, (zero, zero, zero, ks), (s, kv, h, kb))
+        vj = jax.lax.dynamic_slice(rows_v, (zero, zero, ks, zero), (s, kv, kb, h))
+        kp = jax.lax.dynamic_slice_in_dim(slot_pos_SC, ks, kb, axis=1)
+        sc = _scores(q, kj, softcap=softcap, keys_transposed=True).reshape(s, kv, g, t, kb)
+        sc = sc + jnp.where(visible(q_pos_ST, kp, mask), 0.0, NEG)[:, None, None]
+        return _accumulate(m, total, acc, sc, vj, q.dtype)
 
-    init = (jnp.full((1, kv, g, t), NEG, jnp.float32), jnp.zeros((1, kv, g, t), jnp.float32),
-            jnp.zeros((1, kv, g * t, h), jnp.float32))
+    init = (jnp.full((s, kv, g, t), NEG, jnp.float32), jnp.zeros((s, kv, g, t), jnp.float32),
+            jnp.zeros((s, kv, g * t, h), jnp.float32))
     carry = jax.lax.fori_loop(0, (held + kb - 1) // kb, one_block, init)
-    k = k_1TKH.transpose(0, 2, 1, 3)  # [1, K, T, H]
-    v = v_1TKH.transpose(0, 2, 1, 3)
-    s = _scores(q, k, softcap=softcap).reshape(1, kv, g, t, t)
-    s = s + jnp.where(visible(q_pos_1T, q_pos_1T, mask, q_block_1T, q_block_1T), 0.0, NEG)[:, None, None]
-    _, total, acc = _accumulate(*carry, s, v, q.dtype)
-    out = acc / total.reshape(1, kv, g * t)[..., None]
-    return _ungroup(out.astype(q_1TNH.dtype), t)
+    sc = _scores(q, k_new, softcap=softcap).reshape(s, kv, g, t, t)
+    sc = sc + jnp.where(vis_new, 0.0, NEG)[:, None, None]
+    _, total, acc = _accumulate(*carry, sc, v_new, q.dtype)
+    out = acc / total.reshape(s, kv, g * t)[..., None]
+    return _ungroup(out.astype(q_STNH.dtype), t)
 
 
 def _accumulate(m, total, acc, s, v_BKSH, dtype):

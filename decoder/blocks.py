@@ -2,9 +2,9 @@
 
 A block is ``pre_attention(x) -> h`` feeding its attention ``attn``, and ``post_attention(x, attention output,
 layer input) -> x`` for everything after (residual adds, norms, feed-forward, per-layer extras). ``Block`` runs
-both passes from those two: ``prefill`` (a prompt; returns the layer's keys/values) and ``step`` (one token per row;
-takes the layer's cache and returns it holding the token). A ``LayerSpec.block`` names a block type; the
-built-in ones are here (decoder/parts.py), a family adds its own.
+both passes from those two: ``prefill`` (a whole prompt; returns the layer's keys/values) and ``forward`` (new
+tokens after their rows' caches: decode steps and prompt chunks; returns the new tokens' keys/values). A
+``LayerSpec.block`` names a block type; the built-in ones are here (decoder/parts.py), a family adds its own.
 
 A block type is built as ``cls(layer_spec, decoder_spec, parts, rngs=...)``; ``parts`` (decoder/parts.py) resolves
 the routers its feed-forward names.
@@ -20,7 +20,7 @@ from flax import nnx
 
 from omnijax.common.norms import RMSNorm
 from omnijax.common.sharding import constrain
-from omnijax.decoder.attention import Attention, ChunkContext, PromptContext, StepContext
+from omnijax.decoder.attention import Attention, BatchContext, PromptContext
 from omnijax.decoder.kv_cache import LayerCache
 from omnijax.decoder.mlp import GatedMLP
 from omnijax.decoder.moe import MoEMLP
@@ -62,18 +62,11 @@ class Block(nnx.Module):
             x_BLD = take_rows(x_BLD, rows_BQ)
         return self.post_attention(x_BLD, h, layer_input_BLP), kv
 
-    def extend(self, x_1TD: jax.Array, ctx: ChunkContext, cache: LayerCache, shared_kv: tuple | None = None,
-               layer_input_1TP: jax.Array | None = None) -> tuple[jax.Array, tuple | None]:
-        """A chunk of one row's prompt after that row's cache -> (x, the chunk's keys/values or None)."""
-        h, kv = self.attn.extend(self.pre_attention(x_1TD), ctx, cache, shared_kv)
-        return self.post_attention(x_1TD, h, layer_input_1TP), kv
-
-    def step(self, x_B1D: jax.Array, ctx: StepContext, cache: LayerCache,
-             layer_input_B1P: jax.Array | None = None) -> tuple[jax.Array, LayerCache | None]:
-        """One token per row -> (x, this layer's cache holding the token, or None for a layer that reads ``cache``
-        of an earlier layer)."""
-        h, cache = self.attn.step(self.pre_attention(x_B1D), ctx, cache)
-        return self.post_attention(x_B1D, h, layer_input_B1P), cache
+    def forward(self, x_STD: jax.Array, ctx: BatchContext, cache: LayerCache, shared_kv: tuple | None = None,
+                layer_input_STP: jax.Array | None = None) -> tuple[jax.Array, tuple | None]:
+        """New tokens after their rows' caches -> (x, the tokens' keys/values or None)."""
+        h, kv = self.attn.forward(self.pre_attention(x_STD), ctx, cache, shared_kv)
+        return self.post_attention(x_STD, h, layer_input_STP), kv
 
 
 class PreNormBlock(Block):

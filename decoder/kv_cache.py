@@ -10,12 +10,11 @@ layer keeps the cache length; a layer that shares another layer's keys/values ke
 position p lives in slot p % slots, so the position a slot holds follows from the row's length alone
 (``slot_positions``) and nothing else is stored.
 
-In a decode step a layer's ``LayerCache`` is its ring (every row of it) plus the step's new token (``token_k``, ``token_v``): the layer
-that owns the cache adds the token, it and the layers that share the cache attend over ring and token, and once the
-cache's last reader has run the token is written into its slot (``write_pending``). The write is ordered after that
-reader's output, so every read of the ring comes first and the compiler updates the ring in place inside the decode
-loop (with the write placed first and the reads after it, XLA on CPU fuses a copy of the write into each reader and
-copies every cache on every step).
+A forward over new tokens (decode: one per row; a prompt chunk: a row's next tokens) reads each row's cache as it
+was, the new tokens attend to each other directly, and once every layer has run each cache takes the new keys and
+values (``write_tokens``). The write is ordered after the last layer's output, so every read of the cache comes
+first and the compiler updates the cache in place (with the write placed first and the reads after it, XLA on CPU
+fuses a copy of the write into each reader and copies every cache on every step).
 """
 
 from __future__ import annotations
@@ -33,13 +32,10 @@ VALUE_AXES = ("batch", "kv_heads", "cache_len", "head_dim")
 
 
 class LayerCache(NamedTuple):
-    """One layer's cache: keys [B, K, H, slots] (transposed) and values [B, K, slots, H]; in a decode step also the
-    step's token, not yet written: keys and values [B, K, 1, H]."""
+    """One layer's cache: keys [B, K, H, slots] (transposed) and values [B, K, slots, H]."""
 
     k: jax.Array
     v: jax.Array
-    token_k: jax.Array | None = None
-    token_v: jax.Array | None = None
 
 
 def cache_slots(spec: DecoderSpec, cache_len: int) -> tuple[int | None, ...]:
@@ -66,15 +62,6 @@ def cache_index(spec: DecoderSpec) -> tuple[int | None, ...]:
         else:
             index.append(None)
     return tuple(index)
-
-
-def last_readers(spec: DecoderSpec) -> tuple[int, ...]:
-    """For each cache (in ``cache_index`` order), the last layer that reads it."""
-    index = cache_index(spec)
-    last: dict[int, int] = {}
-    for i in range(spec.num_layers):
-        last[index[spec.kv_layer(i)]] = i
-    return tuple(last[j] for j in range(len(last)))
 
 
 def init_cache(spec: DecoderSpec, batch: int, cache_len: int, dtype=jnp.float32) -> dict:
@@ -114,38 +101,49 @@ def fill_from_prompt(k_BLKH: jax.Array, v_BLKH: jax.Array, length_B: jax.Array, 
     return constrain(k, KEY_AXES), constrain(v, VALUE_AXES)
 
 
-def write_token(cache_k_SKHC: jax.Array, cache_v_SKCH: jax.Array, k_BK1H: jax.Array, v_BK1H: jax.Array,
-                length_B: jax.Array) -> tuple[jax.Array, jax.Array]:
-    """The layer's cache with each row's new key/value written at slot length % slots (its own slot per row).
+def write_tokens(cache_k_RKHC: jax.Array, cache_v_RKCH: jax.Array, row0: jax.Array | int, k_STKH: jax.Array,
+                 v_STKH: jax.Array, start_S: jax.Array, count_S: jax.Array,
+                 after_x: jax.Array | None = None) -> tuple[jax.Array, jax.Array]:
+    """Every row's cache with S sequences' new keys/values written: sequence s into row ``row0 + s``, its first
+    ``count[s]`` tokens at positions start[s], start[s] + 1, ... (slot p % slots; a ring keeps the last ``slots``).
 
-    The cache may hold more rows than there are new tokens (S >= B): the tokens go to rows 0..B-1. Every row
-    writes (a masked write would make the compiler rewrite whole caches): a row that is not decoding writes at
-    its next position, which nothing reads before it is written again (see ``DecoderModel.step``)."""
-    b = k_BK1H.shape[0]
-    s, _, _, slots = cache_k_SKHC.shape
-    slot_B = length_B % slots
-    k_new = k_BK1H.astype(cache_k_SKHC.dtype)[:, :, 0]  # [B, K, H]
-    v_new = v_BK1H.astype(cache_v_SKCH.dtype)[:, :, 0]
+    ``after_x``: an output of the step computed after every read of this cache (the last layer's), so the write is
+    ordered after them and the compiler updates the cache in place (see ``after``). One token per sequence (decode)
+    is a slice update per row that every row makes, its slot being its next position: a row that takes no token
+    (count 0) writes there too, which nothing reads before that position is written again, since a masked write
+    would make the compiler rewrite whole caches. Several tokens (a prompt chunk) are a scatter that drops the
+    padding and the tokens a ring does not keep."""
+    s, t = k_STKH.shape[:2]
+    r, _, _, slots = cache_k_RKHC.shape
+    k_new = k_STKH.astype(cache_k_RKHC.dtype)
+    v_new = v_STKH.astype(cache_v_RKCH.dtype)
+    if after_x is not None:
+        dep = after_x[:, :1, :1, None]  # [S, 1, 1, 1]: each row's own, replicated over the model axis (stays local)
+        k_new, v_new = after(k_new, dep), after(v_new, dep)
     zero = jnp.zeros((), jnp.int32)
-    if b == s and b > 1:  # a slot per row: a scatter batched over rows (stays shard-local when rows are split)
-        k = jax.vmap(lambda c, n, t: jax.lax.dynamic_update_slice(c, n[..., None], (zero, zero, t)))(
-            cache_k_SKHC, k_new, slot_B)
-        v = jax.vmap(lambda c, n, t: jax.lax.dynamic_update_slice(c, n[:, None], (zero, t, zero)))(
-            cache_v_SKCH, v_new, slot_B)
-    else:  # the first B rows: a plain slice update per row
-        k, v = cache_k_SKHC, cache_v_SKCH
-        for r in range(b):
-            row = jnp.int32(r)
-            k = jax.lax.dynamic_update_slice(k, k_new[r][None, ..., None], (row, zero, zero, slot_B[r]))
-            v = jax.lax.dynamic_update_slice(v, v_new[r][None, :, None], (row, zero, slot_B[r], zero))
+    if t == 1:
+        slot_S = start_S % slots
+        kt, vt = k_new[:, 0], v_new[:, 0]  # [S, K, H]
+        if s == r and s > 1:  # a slot per row: a scatter batched over rows (stays shard-local when rows are split)
+            k = jax.vmap(lambda c, n, p: jax.lax.dynamic_update_slice(c, n[..., None], (zero, zero, p)))(
+                cache_k_RKHC, kt, slot_S)
+            v = jax.vmap(lambda c, n, p: jax.lax.dynamic_update_slice(c, n[:, None], (zero, p, zero)))(
+                cache_v_RKCH, vt, slot_S)
+        else:  # rows row0..row0+S-1: a plain slice update per row
+            k, v = cache_k_RKHC, cache_v_RKCH
+            for i in range(s):
+                row = row0 + i
+                k = jax.lax.dynamic_update_slice(k, kt[i][None, ..., None], (row, zero, zero, slot_S[i]))
+                v = jax.lax.dynamic_update_slice(v, vt[i][None, :, None], (row, zero, slot_S[i], zero))
+        return constrain(k, KEY_AXES), constrain(v, VALUE_AXES)
+    k, v = cache_k_RKHC, cache_v_RKCH
+    i = jnp.arange(t, dtype=jnp.int32)
+    for j in range(s):
+        keep = (i < count_S[j]) & (i >= count_S[j] - slots)
+        slot_T = jnp.where(keep, (start_S[j] + i) % slots, slots)  # slots: out of range, dropped
+        k = k.at[row0 + j, :, :, slot_T].set(k_new[j], mode="drop")
+        v = v.at[row0 + j, :, slot_T, :].set(v_new[j], mode="drop")
     return constrain(k, KEY_AXES), constrain(v, VALUE_AXES)
-
-
-def write_pending(cache: LayerCache, length_B: jax.Array, after_BLD: jax.Array) -> tuple[jax.Array, jax.Array]:
-    """(keys, values) with the cache's pending token written at slot length % slots, the write ordered after
-    ``after_BLD`` (the output of the cache's last reader in this step)."""
-    dep = after_BLD[:, None, :1, :1]  # [B, 1, 1, 1]: replicated over the model axis, so the dependency stays local
-    return write_token(cache.k, cache.v, after(cache.token_k, dep), after(cache.token_v, dep), length_B)
 
 
 def after(x: jax.Array, dep: jax.Array) -> jax.Array:
@@ -170,21 +168,6 @@ def extend_cache(spec: DecoderSpec, cache: dict, cache_len: int) -> dict:
         keys.append(constrain(jnp.pad(k, ((0, 0), (0, 0), (0, 0), (0, grow))), KEY_AXES))
         values.append(constrain(jnp.pad(v, ((0, 0), (0, 0), (0, grow), (0, 0))), VALUE_AXES))
     return {"length": cache["length"], "k": tuple(keys), "v": tuple(values)}
-
-
-def write_chunk(cache_k_SKHC: jax.Array, cache_v_SKCH: jax.Array, row: jax.Array, k_1TKH: jax.Array,
-                v_1TKH: jax.Array, start: jax.Array, count: jax.Array) -> tuple[jax.Array, jax.Array]:
-    """Every row's cache with the first ``count`` keys/values of a chunk written into row ``row`` at positions
-    start, start + 1, ... (slot p % slots). A ring keeps the chunk's last ``slots`` tokens; the chunk's padding
-    and the tokens a ring drops are not written."""
-    c = cache_k_SKHC.shape[-1]
-    t = k_1TKH.shape[1]
-    i = jnp.arange(t, dtype=jnp.int32)
-    keep = (i < count) & (i >= count - c)
-    slot_T = jnp.where(keep, (start + i) % c, c)  # c: out of range, dropped
-    k = cache_k_SKHC.at[row, :, :, slot_T].set(k_1TKH[0].astype(cache_k_SKHC.dtype), mode="drop")
-    v = cache_v_SKCH.at[row, :, slot_T, :].set(v_1TKH[0].astype(cache_v_SKCH.dtype), mode="drop")
-    return constrain(k, KEY_AXES), constrain(v, VALUE_AXES)
 
 
 def snapshot_row(cache: dict, row: jax.Array, length: int) -> dict:

@@ -1,4 +1,6 @@
-"""The decoder model's forward: ``prefill`` a batch of prompts into a KV cache, then ``step`` one token per row.
+"""The decoder model's forward: ``forward`` runs new tokens after their rows of a KV cache (decode steps: a token
+per row; prompt chunks: a row's next tokens); ``prefill`` runs whole prompts into a new cache (the speech path and
+code2wav).
 
 Both are pure functions of (parameters, inputs, cache): the engine (app/generation.py) owns jit, shape buckets,
 sampling and the loop. The forward takes token ids and, per media placeholder id, the encoder's feature rows;
@@ -17,12 +19,11 @@ from flax import nnx
 
 from omnijax.common.norms import RMSNorm
 from omnijax.common.sharding import constrain
-from omnijax.decoder.attention import ChunkContext, PromptContext, StepContext
+from omnijax.decoder.attention import BatchContext, PromptContext
 from omnijax.decoder.attention_op import PromptMeta
 from omnijax.decoder.blocks import take_rows
 from omnijax.decoder.embed import Embedder, add_at_placeholders, merge_media
-from omnijax.decoder.kv_cache import (LayerCache, cache_index, cache_slots, fill_from_prompt, last_readers,
-                                     slot_positions, write_chunk, write_pending)
+from omnijax.decoder.kv_cache import LayerCache, cache_index, cache_slots, fill_from_prompt, slot_positions, write_tokens
 from omnijax.decoder.parts import BUILTIN_PARTS, DecoderParts
 from omnijax.decoder.rope import rope_tables
 from omnijax.decoder.spec import DecoderSpec
@@ -54,27 +55,40 @@ class Prompt(NamedTuple):
     deepstack: tuple[int, ...] = ()
 
 
-class Chunk(NamedTuple):
-    """T tokens of one row's prompt, after the ``start`` tokens its cache row ``row`` holds; every array has a
-    fixed shape for a given T, whatever media the chunk holds (one program per chunk length).
+class TokenBatch(NamedTuple):
+    """New tokens continuing cached sequences: S sequences of T tokens (right-padded), sequence s continuing cache
+    row ``row0 + s`` after the ``start[s]`` tokens the row holds. A decode step is S rows of one token, a prompt
+    chunk one row of T tokens; every array has a fixed shape for a given (S, T), whatever the batch holds.
 
-    tokens [1, T] int32 (right-padded; media placeholders included); count: how many are real; rope_pos
-    [axes, 1, T] (float32: time-aware positions may be fractional); bidirectional [1, T]: tokens of media blocks
-    that attend to their whole block (a chunk never splits such a block). media [1, T, D] float32: at each media
-    placeholder, the feature row of its media item (zeros elsewhere); is_media [1, T]: the tokens that take their
-    media row instead of their embedding. deepstack [E, 1, T, D] float32 (E = ``spec.deepstack_layers``): added to
-    the hidden state after layer i < E (an encoder's extra feature maps at its placeholders, zeros elsewhere).
+    tokens [S, T] int32 (media placeholders included); count [S]: how many are real (0: the row takes no token,
+    e.g. an idle slot; its length stays); start [S]; row0: the first row; rope_pos [axes, S, T] (float32:
+    time-aware positions may be fractional). Optional (None: absent, e.g. in a decode step): bidirectional [S, T]
+    (tokens of media blocks that attend to their whole block; a chunk never splits such a block); media [S, T, D]
+    float32 (each media placeholder's feature row, zeros elsewhere) with is_media [S, T] (the tokens that take it
+    instead of their embedding); deepstack [E, S, T, D] float32 (added to the hidden state after layer i < E);
+    embeds [S, T, D]: input embeddings taken instead of the tokens' (a decoder fed with another model's states).
     """
 
     tokens: jax.Array
     count: jax.Array
     start: jax.Array
-    row: jax.Array
+    row0: jax.Array
     rope_pos: jax.Array
-    bidirectional: jax.Array
-    media: jax.Array
-    is_media: jax.Array
-    deepstack: jax.Array
+    bidirectional: jax.Array | None = None
+    media: jax.Array | None = None
+    is_media: jax.Array | None = None
+    deepstack: jax.Array | None = None
+    embeds: jax.Array | None = None
+
+
+def one_token_batch(tokens_S: jax.Array, rope_pos_AS: jax.Array, cache: dict, active_S: jax.Array | None = None,
+                    embeds_SD: jax.Array | None = None) -> TokenBatch:
+    """A decode step's batch: one token per row of the first S rows of ``cache``, after what each row holds;
+    ``active_S``: the rows that take their token (default all)."""
+    s = tokens_S.shape[0]
+    count = jnp.ones((s,), jnp.int32) if active_S is None else active_S.astype(jnp.int32)
+    return TokenBatch(tokens_S[:, None], count, cache["length"][:s], jnp.zeros((), jnp.int32),
+                      rope_pos_AS[:, :, None], embeds=None if embeds_SD is None else embeds_SD[:, None])
 
 
 def block_ids(is_media_BL: jax.Array) -> jax.Array:
@@ -138,7 +152,7 @@ class DecoderModel(nnx.Module):
         """The final layer's output as ``output`` asks: "logits" (float32 [.., V]) or "hidden" (final-normed
         hidden states [.., D], for a model whose head is not the embedder's)."""
         if output == "hidden":
-            return self.final_norm(h_BLD)
+            return self.hidden(h_BLD)
         if output != "logits":
             raise ValueError(f"unknown decoder output {output!r}; use 'logits' or 'hidden'")
         return self.logits(h_BLD)
@@ -226,76 +240,67 @@ class DecoderModel(nnx.Module):
         return x, {"length": prompt.lengths.astype(jnp.int32), "k": tuple(c.k for c in caches),
                    "v": tuple(c.v for c in caches)}, hidden
 
-    def extend(self, chunk: Chunk, cache: dict) -> tuple[jax.Array, jax.Array, dict]:
-        """A chunk of one row's prompt continuing that row of the cache -> (logits [1, V] at the chunk's last real
-        token; the last layer's output [1, T, D] at every position, before the final norm (``logits`` of it: the
-        logits at every position); the cache with the chunk written and the row's length ``start + count``).
+    def forward(self, batch: TokenBatch, cache: dict, *, attention: str = "auto") -> tuple[jax.Array, dict]:
+        """New tokens continuing their rows of the cache -> (the last layer's output [S, T, D] before the final
+        norm: ``logits`` / ``_output`` of it at the positions wanted; the cache with every real token written and
+        each row's length ``start + count``).
 
-        Each layer attends to the row's cache as it was and to the chunk (``Attention.extend``); once every layer
-        has run, each cache takes the chunk's keys and values (``write_chunk``). Other rows are untouched."""
+        Each layer attends to the rows' caches as they were and to the batch's own tokens (``Attention.forward``);
+        a layer that shares an earlier layer's keys/values reads that layer's cache and new keys/values. Once every
+        layer has run, each cache takes the new keys and values (``write_tokens``, ordered after the last layer's
+        output so the cache is updated in place). Other rows are untouched. ``attention``: the attention backend
+        (``attention_op.backend_for``)."""
         spec = self.spec
-        t = chunk.tokens.shape[1]
-        x = self.embedder.encode(chunk.tokens)
-        x = jnp.where(chunk.is_media[..., None], chunk.media.astype(x.dtype), x)
+        s, t = batch.tokens.shape
+        if batch.embeds is not None:
+            x = batch.embeds
+        else:
+            x = self.embedder.encode(batch.tokens)
+            if batch.media is not None:
+                x = jnp.where(batch.is_media[..., None], batch.media.astype(x.dtype), x)
         x = constrain(x, ("batch", "length", "embed"))
         idx = jnp.arange(t, dtype=jnp.int32)[None]
-        pos = jnp.where(idx < chunk.count, chunk.start + idx, -1)
-        ctx = ChunkContext(chunk.row, pos, block_ids(chunk.bidirectional & (pos >= 0)),
-                           self.rope_tables(chunk.rope_pos),
-                           {n: slot_positions(chunk.start[None], n)[0] for n in sorted({k.shape[-1]
-                                                                                        for k in cache["k"]})})
-        per_layer = self._layer_inputs(chunk.tokens, x)
+        pos = jnp.where(idx < batch.count[:, None], batch.start[:, None] + idx, -1)
+        block = None if batch.bidirectional is None else block_ids(batch.bidirectional & (pos >= 0))
+        held = jnp.max(jnp.where(batch.count > 0, batch.start, 0))
+        ctx = BatchContext(batch.row0, pos, block, self.rope_tables(batch.rope_pos),
+                           {n: slot_positions(batch.start, n) for n in sorted({k.shape[-1] for k in cache["k"]})},
+                           held, attention)
+        per_layer = self._layer_inputs(batch.tokens, x)
         index = cache_index(spec)
-        chunk_kv: dict[int, tuple] = {}  # owner layer -> the chunk's keys and values, for sharing layers
+        new_kv: dict[int, tuple] = {}  # owner layer -> the batch's keys and values, for sharing layers
         for i, layer in enumerate(self.layers):
             j = index[spec.kv_layer(i)]
-            x, kv = layer.extend(x, ctx, LayerCache(cache["k"][j], cache["v"][j]), chunk_kv.get(spec.kv_layer(i)),
-                                 None if per_layer is None else per_layer[:, :, i])
+            x, kv = layer.forward(x, ctx, LayerCache(cache["k"][j], cache["v"][j]), new_kv.get(spec.kv_layer(i)),
+                                  None if per_layer is None else per_layer[:, :, i])
             if kv is not None:
-                chunk_kv[i] = kv
-            if i < chunk.deepstack.shape[0]:
-                x = x + chunk.deepstack[i].astype(x.dtype)
+                new_kv[i] = kv
+            if batch.deepstack is not None and i < batch.deepstack.shape[0]:
+                x = x + batch.deepstack[i].astype(x.dtype)
         keys, values = list(cache["k"]), list(cache["v"])
-        for i, (k, v) in chunk_kv.items():
+        for i, (k, v) in new_kv.items():
             j = index[i]
-            keys[j], values[j] = write_chunk(keys[j], values[j], chunk.row, k, v, chunk.start, chunk.count)
-        length = cache["length"].at[chunk.row].set(chunk.start + chunk.count)
-        last = jax.lax.dynamic_slice_in_dim(x, jnp.maximum(chunk.count - 1, 0), 1, axis=1)
-        return self.logits(last)[:, 0], x, {"length": length, "k": tuple(keys), "v": tuple(values)}
+            keys[j], values[j] = write_tokens(keys[j], values[j], batch.row0, k, v, batch.start, batch.count,
+                                              after_x=x)
+        grown = batch.start + batch.count
+        rows = cache["length"].shape[0]
+        length = grown if s == rows else jax.lax.dynamic_update_slice_in_dim(cache["length"], grown, batch.row0, 0)
+        return x, {"length": length, "k": tuple(keys), "v": tuple(values)}
 
-    def step(self, tokens_B: jax.Array, rope_pos_AB: jax.Array, cache: dict, active_B: jax.Array | None = None,
-             *, embeds: jax.Array | None = None, output: str = "logits") -> tuple[jax.Array, dict]:
-        """One token per row at position cache["length"] -> (logits [B, V], the cache with it written).
+    def last_logits(self, h_STD: jax.Array, count_S: jax.Array) -> jax.Array:
+        """Float32 logits [S, V] at each sequence's last real token of ``forward``'s output (its first for a
+        sequence that took none)."""
+        last = jnp.take_along_axis(h_STD, jnp.maximum(count_S - 1, 0)[:, None, None], axis=1)
+        return self.logits(last)[:, 0]
 
-        ``embeds`` [B, D]: the input embedding of each row, taken instead of the embedding of ``tokens_B``;
-        ``output="hidden"``: the final-normed hidden state [B, D] instead of the logits.
+    def hidden(self, h_STD: jax.Array) -> jax.Array:
+        """The final-normed hidden states of ``forward``'s output (for a model whose head is not the embedder's)."""
+        return self.final_norm(h_STD)
 
-        The cache may hold more rows than there are tokens: the tokens are rows 0..B-1 of it, the other rows are
-        left alone. ``active_B``: the rows that take their token; the others keep their length (their logits mean
-        nothing) and their token lands at their next position, which nothing reads: a row filled by chunks writes
-        that position next, and in a ring the slot it takes held a position the next query no longer sees. A layer
-        that owns keys/values takes its cache and returns it holding the token; a layer that shares them reads the
-        owner's cache, token included. Once a cache's last reader has run, its token is written into its ring
-        (``write_pending``)."""
-        spec = self.spec
-        b = tokens_B.shape[0]
-        pos = cache["length"][:b]
-        tokens = tokens_B[:, None]
-        x = self.embed(tokens, {}) if embeds is None else embeds[:, None]
-        per_layer = self._layer_inputs(tokens, x)
-        reach = jnp.max(pos if active_B is None else jnp.where(active_B, pos, 0))
-        ctx = StepContext(pos, self.rope_tables(rope_pos_AB[:, :, None]),
-                          {s: slot_positions(pos, s) for s in sorted({k.shape[-1] for k in cache["k"]})}, reach)
-        index, last = cache_index(spec), last_readers(spec)
-        caches = [LayerCache(k, v) for k, v in zip(cache["k"], cache["v"])]
-        for i, layer in enumerate(self.layers):
-            j = index[spec.kv_layer(i)]
-            x, mine = layer.step(x, ctx, caches[j], None if per_layer is None else per_layer[:, :, i])
-            if mine is not None:
-                caches[j] = mine
-            if last[j] == i:
-                caches[j] = LayerCache(*write_pending(caches[j], pos, x))
-        grown = pos + (1 if active_B is None else active_B.astype(jnp.int32))
-        length = grown if b == cache["length"].shape[0] else cache["length"].at[:b].set(grown)
-        return self._output(x, output)[:, 0], {"length": length, "k": tuple(c.k for c in caches),
-                                               "v": tuple(c.v for c in caches)}
+    def embeds_step(self, embeds_SD: jax.Array, rope_pos_AS: jax.Array, cache: dict) -> tuple[jax.Array, dict]:
+        """One input embedding per row of the first S rows of ``cache`` through ``forward`` (a decoder fed with
+        another model's states: the speech stacks) -> (final-normed hidden states [S, D], the cache)."""
+        s = embeds_SD.shape[0]
+        batch = one_token_batch(jnp.zeros((s,), jnp.int32), rope_pos_AS, cache, embeds_SD=embeds_SD)
+        h, cache = self.forward(batch, cache)
+        return self.hidden(h)[:, 0], cache

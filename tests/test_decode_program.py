@@ -28,3 +28,23 @@ def test_decode_step_writes_the_cache_in_place(gemma3_pipeline, rows, context):
     copies = [line.strip()[:120] for line in hlo.splitlines()
               if " copy(" in line and any(shape in line for shape in shapes)]
     assert not copies, f"{len(copies)} cache copies per decode step, e.g. {copies[:2]}"
+
+
+def test_prompt_chunk_writes_the_cache_in_place(gemma3_pipeline):
+    """The chunk program (the same forward, one row of many tokens) on a long cache read in blocks."""
+    import numpy as np
+
+    engine = gemma3_pipeline.engine
+    slots = Scheduler(engine, gemma3_pipeline.processor, slots=4, context=1024).slots
+    slots.ensure_allocated()
+    cfg, chunk = engine.cfg, 64
+    media = slots._media_inputs(None, chunk, chunk)
+    compiled = slots._extend.lower(engine.params, slots.cache, np.full((1, chunk), cfg.pad_id, np.int32),
+                                   np.int32(chunk), np.int32(0), np.int32(2),
+                                   np.zeros((cfg.decoder.rope_axes, 1, chunk), np.float32), np.zeros((1, chunk), bool),
+                                   *media, products=products_setting()).compile()
+    hlo = compiled.as_text()
+    shapes = {f"[{','.join(map(str, a.shape))}]" for a in slots.cache["k"] + slots.cache["v"]}
+    copies = [line.strip()[:120] for line in hlo.splitlines()
+              if " copy(" in line and any(shape in line for shape in shapes)]
+    assert not copies, f"{len(copies)} cache copies per chunk, e.g. {copies[:2]}"

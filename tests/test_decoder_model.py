@@ -15,7 +15,7 @@ import pytest
 from flax import nnx
 
 from omnijax.decoder.kv_cache import cache_slots
-from omnijax.decoder.model import DecoderModel, Prompt
+from omnijax.decoder.model import DecoderModel, Prompt, one_token_batch
 from omnijax.decoder.spec import AttentionSpec, DecoderSpec, FeedForwardSpec, LayerSpec, MaskSpec, RopeSpec
 
 HIDDEN, VOCAB = 32, 50
@@ -44,6 +44,14 @@ def model():
     rng = np.random.default_rng(0)
     state = jax.tree.map(lambda x: jnp.asarray(rng.normal(0, 0.3, x.shape), x.dtype), state)  # nothing at init values
     return graphdef, state
+
+
+def _step(graphdef, state, tokens_S, cache):
+    """One decode step of every row (``DecoderModel.forward`` on one token per row) -> (logits [S, V], cache)."""
+    m = nnx.merge(graphdef, state)
+    batch = one_token_batch(tokens_S, cache["length"][None], cache)
+    h, cache = m.forward(batch, cache)
+    return m.last_logits(h, batch.count), cache
 
 
 def _prefill(graphdef, state, tokens, lengths, cache_len, all_logits):
@@ -76,7 +84,7 @@ def test_prompt_logits_equal_cached_continuation(model):
     assert slots == (5, 6, 32, None, 32, None)  # rings for the local layers, nothing for the sharing layers
     assert [k.shape[-1] for k in cache["k"]] == [5, 6, 32, 32]
 
-    step = jax.jit(lambda s, t, c: nnx.merge(graphdef, s).step(t, c["length"][None], c))
+    step = jax.jit(lambda s, t, c: _step(graphdef, s, t, c))
     for i in range(max(lengths) - min(start)):
         idx = np.minimum(np.array(start) + i, np.array(lengths) - 1)
         out, cache = step(state, jnp.asarray(tokens[np.arange(2), idx]), cache)
@@ -90,7 +98,7 @@ def test_prompt_logits_equal_cached_continuation(model):
 def test_prefill_returns_hidden_states_and_takes_embeddings(model):
     """hidden_at gives transformers' hidden_states (0: the input embeddings, i: layer i-1's output) without changing
     the logits; embeddings given as input give the logits of the tokens; output="hidden" is the final-normed state
-    the logits are made from; a decode step takes embeddings too."""
+    the logits are made from; a decode step takes embeddings too (``embeds_step``: its final-normed state)."""
     graphdef, state = model
     tokens = jnp.asarray(np.random.default_rng(2).integers(8, VOCAB, (1, 12)).astype(np.int32))
     prompt = Prompt(tokens, jnp.asarray([12]), jnp.broadcast_to(jnp.arange(12), (1, 1, 12)),
@@ -106,8 +114,9 @@ def test_prefill_returns_hidden_states_and_takes_embeddings(model):
         normed, _ = m.prefill(prompt, cache_len=16, cache_dtype=jnp.float32, output="hidden")
         capped = jnp.tanh(m.embedder.logits(normed[:, None])[:, 0] / 8.0) * 8.0
         nxt = jnp.asarray([9])
-        by_token, _ = m.step(nxt, plain[1]["length"][None], plain[1])
-        by_embed, _ = m.step(nxt * 0, plain[1]["length"][None], plain[1], embeds=m.embed(nxt[:, None], {})[:, 0])
+        by_token, _ = m.forward(one_token_batch(nxt, plain[1]["length"][None], plain[1]), plain[1])
+        by_token = m.hidden(by_token)[:, 0]
+        by_embed, _ = m.embeds_step(m.embed(nxt[:, None], {})[:, 0], plain[1]["length"][None], plain[1])
         return len(plain), plain[0], logits[:, -1], hidden, m.embed(tokens, {}), via_embeds, capped, by_token, by_embed
 
     n, plain, last, hidden, embedded, via_embeds, capped, by_token, by_embed = run(state)
@@ -140,7 +149,7 @@ def test_a_grown_cache_continues_as_a_longer_one(model):
     short, long = prefill(state, tokens, n=16), prefill(state, tokens, n=48)
     grown = extend_cache(SPEC, short, 48)
     assert [k.shape for k in grown["k"]] == [k.shape for k in long["k"]]
-    step = jax.jit(lambda s, t, c: nnx.merge(graphdef, s).step(t, c["length"][None], c))
+    step = jax.jit(lambda s, t, c: _step(graphdef, s, t, c))
     for token in range(11, 21):
         a, grown = step(state, jnp.asarray([token]), grown)
         b, long = step(state, jnp.asarray([token]), long)
@@ -152,3 +161,34 @@ def test_a_grown_cache_continues_as_a_longer_one(model):
 def test_a_shared_expert_gate_needs_a_shared_expert():
     with pytest.raises(ValueError, match="shared expert"):
         FeedForwardSpec("moe", 16, "silu", num_experts=4, top_k=2, shared_gate=True)
+
+
+def test_the_fused_backend_continues_the_cache_as_the_default_one(model):
+    """``attention="fused"`` (``jax.nn.dot_product_attention``, the GPU/TPU default) in the serving forward: a
+    prompt chunk of one row and a decode step of every row give the default backend's outputs and caches."""
+    from omnijax.decoder.model import TokenBatch
+
+    graphdef, state = model
+    tokens = np.random.default_rng(4).integers(8, VOCAB, (2, 24)).astype(np.int32)
+    tokens[1, 15:17] = 7  # a media block inside the chunk
+    _, cache = jax.jit(lambda s, t: _prefill(graphdef, s, t, [20, 13], 32, False))(state, tokens[:, :16])
+    start = 13
+    chunk = TokenBatch(jnp.asarray(tokens[1:, start:start + 6]), jnp.asarray([4]), jnp.asarray([start]),
+                       jnp.int32(1), jnp.broadcast_to(jnp.arange(start, start + 6, dtype=jnp.float32), (1, 1, 6)),
+                       bidirectional=jnp.asarray(tokens[1:, start:start + 6] == 7))
+
+    @jax.jit
+    def run(state, cache):
+        m = nnx.merge(graphdef, state)
+        out = {}
+        for backend in ("auto", "fused"):
+            h, after_chunk = m.forward(chunk, cache, attention=backend)
+            step = one_token_batch(jnp.asarray([9, 11]), after_chunk["length"][None], after_chunk)
+            h2, after_step = m.forward(step, after_chunk, attention=backend)
+            out[backend] = (h, h2, after_step)
+        return out
+
+    out = run(state, cache)
+    for a, b in zip(jax.tree.leaves(out["auto"]), jax.tree.leaves(out["fused"])):
+        a, b = np.asarray(a), np.asarray(b)  # float32, two summation orders: the parity tests' bound
+        assert np.abs(b - a).max() <= 1e-4 * max(1.0, float(np.abs(a).max()))

@@ -120,9 +120,8 @@ class Code2Wav(nnx.Module):
         def one(i, carry):
             cache, states = carry
             pos = cache["length"]
-            h, cache = self.transformer.step(jnp.zeros((b,), jnp.int32), pos[None], cache,
-                                             embeds=jax.lax.dynamic_index_in_dim(x, i, 1, keepdims=False),
-                                             output="hidden")
+            h, cache = self.transformer.embeds_step(jax.lax.dynamic_index_in_dim(x, i, 1, keepdims=False), pos[None],
+                                                    cache)
             return cache, jax.lax.dynamic_update_index_in_dim(states, h.astype(states.dtype), i, 1)
 
         cache, new = jax.lax.fori_loop(0, count, one, (state.cache, jnp.zeros((b, n, d), state.tail.dtype)))

@@ -86,11 +86,10 @@ class Talker(nnx.Module):
         group g's codes."""
         cfg = self.cfg
         b = h_BD.shape[0]
-        zeros = jnp.zeros((b,), jnp.int32)
         cache = init_cache(cfg.predictor, b, cfg.num_code_groups, h_BD.dtype)
 
         def step(x_BD, cache):
-            return self.predictor.step(zeros, cache["length"][None], cache, embeds=x_BD, output="hidden")
+            return self.predictor.embeds_step(x_BD, cache["length"][None], cache)
 
         _, cache = step(h_BD, cache)
         first = self.codec_embed(code0_B).astype(h_BD.dtype)
