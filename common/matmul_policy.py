@@ -5,7 +5,7 @@ common/quantized.py). Activations are float32 wherever narrow products are slow 
 instructions) and keep the weights' dtype elsewhere (``activation_dtype``). A product then goes one of two ways:
 
 - few rows (a decode step: at most ``DECODE_ROWS`` rows): on CPU a native kernel reads an int8, int4 or bfloat16
-  weight as its stored bytes and widens them in registers (kernels/narrow_matmul.py: XLA would first write a
+  weight as its stored bytes and widens them in registers (common/kernels/narrow_matmul.py: XLA would first write a
   widened copy of the weight to memory, and decode is bandwidth bound); elsewhere, or where the kernels are not
   built, the weight is widened to the activations' dtype next to the product, and an int8 weight's per-channel
   scales multiply the product's output instead of every weight (the kernel's pure-JAX reference);
@@ -27,8 +27,8 @@ import jax.numpy as jnp
 
 from omnijax.common.cpu import cpu_flags
 from omnijax.common.quantized import QuantizedArray, is_quantized
-from omnijax.kernels.narrow_matmul import narrow_matmul
-from omnijax.kernels.narrow_matmul import reference as narrow_reference
+from omnijax.common.kernels.narrow_matmul import narrow_matmul
+from omnijax.common.kernels.narrow_matmul import reference as narrow_reference
 
 DECODE_ROWS = 16  # products with at most this many rows widen the weight next to the product
 _FAST_BF16_CPU_FLAGS = ("avx512_bf16", "amx_bf16")

@@ -1,6 +1,6 @@
-"""The native CPU kernels (kernels/): the narrow-weight product against its pure-JAX reference and a float64 product
-for every stored format, 1..17 rows, sizes that are not multiples of the vector width, each instruction-set path
-(AVX2 forced on an AVX-512 machine, and plain C++), batched, vmapped and sharded over 4 simulated devices; which
+"""The native CPU kernels (common/kernels/): the narrow-weight product against its pure-JAX reference and a float64
+product for every stored format, 1..17 rows, sizes that are not multiples of the vector width, each instruction-set
+path (AVX2 forced on an AVX-512 machine, and plain C++), batched, vmapped and sharded over 4 simulated devices; which
 products take the kernel; the library's build; and the pure-JAX path with one warning where the library is
 missing."""
 
@@ -19,8 +19,8 @@ from omnijax.common.cpu import cpu_flags
 from omnijax.common.errors import SettingError
 from omnijax.common.matmul_policy import DECODE_ROWS, matmul_oi
 from omnijax.common.quantized import QuantizedArray, dequantize_numpy, quantize
-from omnijax.kernels import native_library
-from omnijax.kernels.narrow_matmul import kernel_format, narrow_matmul, native, reference
+from omnijax.common.kernels import native_library
+from omnijax.common.kernels.narrow_matmul import kernel_format, narrow_matmul, native, reference
 from fixtures.four_devices import run_on_four_devices
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
@@ -175,7 +175,8 @@ x = jnp.asarray(rng.standard_normal((1, 3, 128)).astype(np.float32))
 out = {"devices": len(jax.devices())}
 for fmt in ("int8", "int4", "bf16"):
     if fmt == "bf16":
-        parts, w64 = {"values": np.asarray(jnp.asarray(w, jnp.bfloat16))}, np.asarray(jnp.asarray(w, jnp.bfloat16), np.float64)
+        bf16 = jnp.asarray(w, jnp.bfloat16)
+        parts, w64 = {"values": np.asarray(bf16)}, np.asarray(bf16.astype(jnp.float32), np.float64)
     else:
         parts = quantize(w, fmt, -1)
         w64 = dequantize_numpy(parts, fmt, 1).astype(np.float64)
@@ -213,11 +214,11 @@ def test_a_missing_library_warns_once_and_products_take_the_reference(library, m
 
 
 def test_the_ffi_headers_are_the_locked_jaxlibs():
-    """kernels/cpu/third_party holds jaxlib's FFI headers unchanged, from the version its README names; when that
+    """common/kernels/cpu/third_party holds jaxlib's FFI headers unchanged, from the version its README names; when that
     jaxlib is installed, they are byte-equal to its own."""
     import jaxlib
 
-    third_party = ROOT / "kernels" / "cpu" / "third_party"
+    third_party = ROOT / "common" / "kernels" / "cpu" / "third_party"
     version = re.search(r"jaxlib (\d+\.\d+\.\d+)", (third_party / "README.md").read_text()).group(1)
     lock = (ROOT / "requirements-lock.txt").read_text()
     assert f"\njaxlib=={version}\n" in lock

@@ -1,5 +1,5 @@
-"""The CPU kernels' shared library (built from kernels/cpu by the package's build): found beside this module, loaded
-once, its XLA FFI handlers registered with JAX for the CPU platform.
+"""The CPU kernels' shared library (built from common/kernels/cpu by the package's build): found beside this module,
+loaded once, its XLA FFI handlers registered with JAX for the CPU platform.
 
 Where the library is missing or cannot be loaded (a build without a C++ compiler, another OS), ``library()`` is
 None and one ``CpuKernelsMissing`` warning says so; the ops then take their pure-JAX reference path, which gives the

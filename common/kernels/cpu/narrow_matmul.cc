@@ -1,6 +1,7 @@
 // XLA FFI handlers for products of float32 activations x [rows, in] with a weight stored narrow as [out, in]
 // (torch's layout; the product contracts the last axes): int8 per output channel, int4 in groups of 32, bfloat16.
-// kernels/narrow_matmul.py calls them through jax.ffi and holds the pure-JAX reference they are tested against.
+// common/kernels/narrow_matmul.py calls them through jax.ffi and holds the pure-JAX reference they are tested
+// against.
 //
 // One build runs on every x86-64 CPU: the kernel (narrow_matmul_kernel.h) is compiled three times, for AVX-512,
 // for AVX2 + FMA and as plain C++, and each call takes the best one the CPU has (or the one its `isa` attribute
@@ -329,7 +330,7 @@ ffi::Error Bf16Impl(ffi::ThreadPool pool, ffi::Buffer<ffi::F32> x, ffi::Buffer<f
 
 }  // namespace omnijax_kernels
 
-// The library is built with hidden symbols; these are the ones kernels/native_library.py looks up.
+// The library is built with hidden symbols; these are the ones common/kernels/native_library.py looks up.
 #pragma GCC visibility push(default)
 XLA_FFI_DEFINE_HANDLER_SYMBOL(OmnijaxMatmulInt8, omnijax_kernels::Int8Impl,
                               ffi::Ffi::Bind()

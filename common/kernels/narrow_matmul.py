@@ -1,6 +1,6 @@
 """x [..., in] times a weight stored narrow as [out..., in] (torch's layout, contracting the last axes) -> float32
-[..., out...]: on CPU by the native kernels of kernels/cpu/narrow_matmul.cc, elsewhere (and wherever the kernels
-cannot take the weight) by ``reference``, the pure-JAX product every test compares them with.
+[..., out...]: on CPU by the native kernels of common/kernels/cpu/narrow_matmul.cc, elsewhere (and wherever the
+kernels cannot take the weight) by ``reference``, the pure-JAX product every test compares them with.
 
 The weights the kernels read as stored bytes, widening them in registers (float32 sums, so exact against the
 dequantized weight up to the order of the sums):
@@ -22,7 +22,7 @@ import jax
 import jax.numpy as jnp
 
 from omnijax.common.quantized import INT4_GROUP, is_quantized
-from omnijax.kernels import native_library
+from omnijax.common.kernels import native_library
 
 
 def _contract_last(x, w_OI):
