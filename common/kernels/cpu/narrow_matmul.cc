@@ -74,13 +74,15 @@ struct Isa {
   static V Set1(float v) { return v; }
   static V Fma(V a, V b, V c) { return a * b + c; }
   static float Sum(V v) { return v; }
-  static V Halves(uint16_t h) { return HalfToFloat(h); }
+  static void Halves(const uint16_t* h, int64_t n, float* f) {
+    for (int64_t i = 0; i < n; ++i) f[i] = HalfToFloat(h[i]);
+  }
   static V Int8s(const int8_t* p) { return static_cast<float>(*p); }
   static V Bf16s(const uint16_t* p) { return Bf16ToFloat(*p); }
-  static void Nibbles(const uint8_t* p, V* q) {
+  static void Int4Weights(const uint8_t* p, float scale, float offset, V* w) {
     for (int j = 0; j < kGroup / 2; ++j) {
-      q[j] = static_cast<float>(p[j] & 15);
-      q[j + kGroup / 2] = static_cast<float>(p[j] >> 4);
+      w[j] = static_cast<float>(p[j] & 15) * scale + offset;
+      w[j + kGroup / 2] = static_cast<float>(p[j] >> 4) * scale + offset;
     }
   }
 };
@@ -106,7 +108,12 @@ struct Isa {
     s = _mm_add_ss(s, _mm_movehdup_ps(s));
     return _mm_cvtss_f32(s);
   }
-  static V Halves(uint16_t h) { return _mm256_cvtph_ps(_mm_set1_epi16(static_cast<short>(h))); }
+  static void Halves(const uint16_t* h, int64_t n, float* f) {
+    int64_t i = 0;
+    for (; i + 8 <= n; i += 8)
+      _mm256_storeu_ps(f + i, _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(h + i))));
+    for (; i < n; ++i) f[i] = _cvtsh_ss(h[i]);
+  }
   static V Int8s(const int8_t* p) {
     return _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(p))));
   }
@@ -114,15 +121,16 @@ struct Isa {
     const __m256i wide = _mm256_cvtepu16_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p)));
     return _mm256_castsi256_ps(_mm256_slli_epi32(wide, 16));
   }
-  static void Nibbles(const uint8_t* p, V* q) {
+  static void Int4Weights(const uint8_t* p, float scale, float offset, V* w) {
     const __m128i bytes = _mm_loadu_si128(reinterpret_cast<const __m128i*>(p));
     const __m256i mask = _mm256_set1_epi32(15);
     const __m256i a = _mm256_cvtepu8_epi32(bytes);
     const __m256i b = _mm256_cvtepu8_epi32(_mm_srli_si128(bytes, 8));
-    q[0] = _mm256_cvtepi32_ps(_mm256_and_si256(a, mask));
-    q[1] = _mm256_cvtepi32_ps(_mm256_and_si256(b, mask));
-    q[2] = _mm256_cvtepi32_ps(_mm256_srli_epi32(a, 4));
-    q[3] = _mm256_cvtepi32_ps(_mm256_srli_epi32(b, 4));
+    const V s = _mm256_set1_ps(scale), o = _mm256_set1_ps(offset);
+    w[0] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(_mm256_and_si256(a, mask)), s, o);
+    w[1] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(_mm256_and_si256(b, mask)), s, o);
+    w[2] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(_mm256_srli_epi32(a, 4)), s, o);
+    w[3] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(_mm256_srli_epi32(b, 4)), s, o);
   }
 };
 #include "narrow_matmul_kernel.h"
@@ -149,7 +157,12 @@ struct Isa {
     s = _mm_add_ss(s, _mm_movehdup_ps(s));
     return _mm_cvtss_f32(s);
   }
-  static V Halves(uint16_t h) { return _mm512_cvtph_ps(_mm256_set1_epi16(static_cast<short>(h))); }
+  static void Halves(const uint16_t* h, int64_t n, float* f) {
+    int64_t i = 0;
+    for (; i + 16 <= n; i += 16)
+      _mm512_storeu_ps(f + i, _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(h + i))));
+    for (; i < n; ++i) f[i] = _cvtsh_ss(h[i]);
+  }
   static V Int8s(const int8_t* p) {
     return _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p))));
   }
@@ -157,10 +170,14 @@ struct Isa {
     const __m512i wide = _mm512_cvtepu16_epi32(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p)));
     return _mm512_castsi512_ps(_mm512_slli_epi32(wide, 16));
   }
-  static void Nibbles(const uint8_t* p, V* q) {
+  // The group's 16 possible weights q * scale + offset (q = 0..15) fill one register; each nibble picks its own
+  // (vpermps reads the low 4 bits of each index, so the low nibbles need no mask).
+  static void Int4Weights(const uint8_t* p, float scale, float offset, V* w) {
+    const __m512 levels = _mm512_setr_ps(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15);
+    const __m512 table = _mm512_fmadd_ps(levels, _mm512_set1_ps(scale), _mm512_set1_ps(offset));
     const __m512i bytes = _mm512_cvtepu8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p)));
-    q[0] = _mm512_cvtepi32_ps(_mm512_and_si512(bytes, _mm512_set1_epi32(15)));
-    q[1] = _mm512_cvtepi32_ps(_mm512_srli_epi32(bytes, 4));
+    w[0] = _mm512_permutexvar_ps(bytes, table);
+    w[1] = _mm512_permutexvar_ps(_mm512_srli_epi32(bytes, 4), table);
   }
 };
 #include "narrow_matmul_kernel.h"

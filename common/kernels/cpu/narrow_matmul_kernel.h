@@ -42,8 +42,11 @@ inline void ChannelBlock(const Problem& p, int64_t o, int64_t r) {
 }
 
 // int4 in groups of 32: per group 16 bytes (value j in the low nibble of byte j, value j + 16 in its high nibble)
-// and a float16 scale and offset; w = q * scale + offset is formed in registers (exact in float32: q has 4 bits,
-// the scale 11), then multiplied with x like any widened weight.
+// and a float16 scale and offset, widened to float32 a chunk of groups at a time; the weights w = q * scale + offset
+// are formed in registers (exact in float32: q has 4 bits, the scale 11; Isa::Int4Weights), then multiplied with x
+// like any widened weight.
+constexpr int64_t kChunk = 64;  // groups whose scales and offsets are widened together
+
 template <int kOut, int kRows>
 inline void Int4Block(const Problem& p, int64_t o, int64_t r) {
   constexpr int kParts = kGroup / kWidth;
@@ -55,17 +58,22 @@ inline void Int4Block(const Problem& p, int64_t o, int64_t r) {
   V acc[kOut][kRows];
   for (int i = 0; i < kOut; ++i)
     for (int j = 0; j < kRows; ++j) acc[i][j] = Isa::Zero();
-  for (int64_t g = 0; g < groups; ++g) {
+  float scale[kOut][kChunk], offset[kOut][kChunk];
+  for (int64_t g0 = 0; g0 < groups; g0 += kChunk) {
+    const int64_t n = groups - g0 < kChunk ? groups - g0 : kChunk;
     for (int i = 0; i < kOut; ++i) {
-      Prefetch(w + (i + kAhead * kOut) * (p.in / 2) + g * (kGroup / 2));
-      V q[kParts];
-      Isa::Nibbles(w + i * (p.in / 2) + g * (kGroup / 2), q);
-      const V scale = Isa::Halves(scales[i * groups + g]);
-      const V offset = Isa::Halves(offsets[i * groups + g]);
-      for (int t = 0; t < kParts; ++t) {
-        const V wv = Isa::Fma(q[t], scale, offset);
-        for (int j = 0; j < kRows; ++j)
-          acc[i][j] = Isa::Fma(Isa::Load(x + j * p.in + g * kGroup + t * kWidth), wv, acc[i][j]);
+      Isa::Halves(scales + i * groups + g0, n, scale[i]);
+      Isa::Halves(offsets + i * groups + g0, n, offset[i]);
+    }
+    for (int64_t c = 0; c < n; ++c) {
+      const int64_t g = g0 + c;
+      for (int i = 0; i < kOut; ++i) {
+        Prefetch(w + (i + kAhead * kOut) * (p.in / 2) + g * (kGroup / 2));
+        V wv[kParts];
+        Isa::Int4Weights(w + i * (p.in / 2) + g * (kGroup / 2), scale[i][c], offset[i][c], wv);
+        for (int t = 0; t < kParts; ++t)
+          for (int j = 0; j < kRows; ++j)
+            acc[i][j] = Isa::Fma(Isa::Load(x + j * p.in + g * kGroup + t * kWidth), wv[t], acc[i][j]);
       }
     }
   }
