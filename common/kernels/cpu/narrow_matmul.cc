@@ -96,8 +96,8 @@ namespace avx2 {
 struct Isa {
   using V = __m256;
   static constexpr int kWidth = 8;
-  static constexpr int kOutBlock = 4;
-  static constexpr int kRowBlock = 2;  // 16 vector registers: 8 sums, the weights and x
+  static constexpr int kOutBlock = 2;
+  static constexpr int kRowBlock = 4;  // 16 vector registers: 8 sums, the weights and x
   static V Zero() { return _mm256_setzero_ps(); }
   static V Load(const float* p) { return _mm256_loadu_ps(p); }
   static V Set1(float v) { return _mm256_set1_ps(v); }

@@ -95,7 +95,7 @@ struct Bf16Format {
   static float Scaled(const Problem&, int64_t, float s) { return s; }
 };
 
-// One block of kOut output rows against every row of x, kRowBlock rows at a time.
+// One block of kOut output rows against kRows rows of x.
 template <int kOut, int kRows>
 inline void Block(const Problem& p, int64_t o, int64_t r) {
   switch (p.format) {
@@ -105,21 +105,30 @@ inline void Block(const Problem& p, int64_t o, int64_t r) {
   }
 }
 
+// The rows left over after the blocks of kRowBlock (fewer than kRowBlock), as one block of their number.
+template <int kOut, int kRows>
+inline void RowsLeft(const Problem& p, int64_t o, int64_t r, int64_t left) {
+  if constexpr (kRows > 0) {
+    if (left == kRows) return Block<kOut, kRows>(p, o, r);
+    RowsLeft<kOut, kRows - 1>(p, o, r, left);
+  }
+}
+
 template <int kOut>
 inline void AllRows(const Problem& p, int64_t o) {
   int64_t r = 0;
   for (; r + Isa::kRowBlock <= p.rows; r += Isa::kRowBlock) Block<kOut, Isa::kRowBlock>(p, o, r);
-  switch (p.rows - r) {  // the rows left over (fewer than kRowBlock <= 4)
-    case 3: Block<kOut, 3>(p, o, r); break;
-    case 2: Block<kOut, 2>(p, o, r); break;
-    case 1: Block<kOut, 1>(p, o, r); break;
-    default: break;
-  }
+  RowsLeft<kOut, Isa::kRowBlock - 1>(p, o, r, p.rows - r);
 }
 
 // y[:, o_begin:o_end] of the product.
 void OutputRows(const Problem& p, int64_t o_begin, int64_t o_end) {
   int64_t o = o_begin;
+  if (p.rows == 1) {  // one row of x: four output rows at once keep four sums in flight
+    for (; o + 4 <= o_end; o += 4) Block<4, 1>(p, o, 0);
+    for (; o < o_end; ++o) Block<1, 1>(p, o, 0);
+    return;
+  }
   for (; o + Isa::kOutBlock <= o_end; o += Isa::kOutBlock) AllRows<Isa::kOutBlock>(p, o);
   for (; o < o_end; ++o) AllRows<1>(p, o);
 }
