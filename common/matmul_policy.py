@@ -26,11 +26,11 @@ import jax
 import jax.numpy as jnp
 
 from omnijax.common.cpu import cpu_flags
-from omnijax.common.quantized import QuantizedArray, is_quantized
 from omnijax.common.kernels.narrow_matmul import narrow_matmul
 from omnijax.common.kernels.narrow_matmul import reference as narrow_reference
+from omnijax.common.quantized import QuantizedArray, is_quantized
 
-DECODE_ROWS = 16  # products with at most this many rows widen the weight next to the product
+DECODE_ROWS = 16  # products with at most this many rows: the CPU kernel, elsewhere the weight widened next to them
 _FAST_BF16_CPU_FLAGS = ("avx512_bf16", "amx_bf16")
 NARROW_PRODUCTS_ENV = "OMNIJAX_NARROW_PRODUCTS"
 _FORCED = {"float32": False, "bfloat16": True}
