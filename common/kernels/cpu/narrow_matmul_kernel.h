@@ -124,9 +124,8 @@ inline void AllRows(const Problem& p, int64_t o) {
 // y[:, o_begin:o_end] of the product.
 void OutputRows(const Problem& p, int64_t o_begin, int64_t o_end) {
   int64_t o = o_begin;
-  if (p.rows == 1) {  // one row of x: four output rows at once keep four sums in flight
-    for (; o + 4 <= o_end; o += 4) Block<4, 1>(p, o, 0);
-    for (; o < o_end; ++o) Block<1, 1>(p, o, 0);
+  if (p.rows == 1) {  // one row of x: one weight row at a time, a single stream through memory (measured faster
+    for (; o < o_end; ++o) Block<1, 1>(p, o, 0);  // from main memory than several rows interleaved)
     return;
   }
   for (; o + Isa::kOutBlock <= o_end; o += Isa::kOutBlock) AllRows<Isa::kOutBlock>(p, o);
