@@ -111,7 +111,7 @@ def probe_omnijax(path: str, new_tokens: int, dtype: str, quantize: str | None) 
     result = timed_decode(run, new_tokens)
     weights = sum(x.nbytes for x in jax.tree.leaves(pipe.engine.params["decoder"]))
     return dict(result, load_s=load_s, peak_rss_mb=peak_rss_mb(), decoder_weight_mb=weights / 2**20,
-                kernels=native_library.best_isa() or "missing")
+                kernels=native_library.chosen_isa() or "missing")
 
 
 def measure(system: str, path, new_tokens: int, threads: int) -> dict:

@@ -70,6 +70,7 @@ def test_the_library_is_built_and_takes_the_cpus_best_instruction_set(library):
     else:
         best = "scalar"
     assert native_library.best_isa() == best
+    assert native_library.chosen_isa("avx512") == best and native_library.chosen_isa("scalar") == "scalar"
 
 
 @pytest.mark.parametrize("isa", ISAS)
@@ -133,6 +134,7 @@ def test_forcing_avx2_runs_other_code_than_avx512(library, monkeypatch):
     monkeypatch.setenv(native_library.ISA_ENV, "avx2")
     forced = np.asarray(jax.jit(lambda x, w: native(x, w))(x, w))  # a new function: traced with the setting
     assert np.array_equal(forced, avx2)
+    assert native_library.chosen_isa() == "avx2" and native_library.chosen_isa("auto") == "avx512"
 
 
 def test_unknown_instruction_sets_and_shapes_are_refused(library):

@@ -83,3 +83,13 @@ def isa_setting(environ=os.environ) -> str:
     if isa not in ISAS:
         raise SettingError(f"{ISA_ENV}={isa!r}: use one of {', '.join(ISAS)}")
     return isa
+
+
+def chosen_isa(isa: str | None = None) -> str | None:
+    """The instruction set the kernels take for the setting ``isa`` (default ``OMNIJAX_CPU_ISA``): the one it names
+    where the CPU has it, else the best below it; None without the library."""
+    best = best_isa()
+    isa = isa_setting() if isa is None else isa
+    if best is None or isa == "auto":
+        return best
+    return LEVELS[min(LEVELS.index(isa), LEVELS.index(best))]
