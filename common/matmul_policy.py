@@ -4,9 +4,11 @@ A weight is stored in one of: float32, bfloat16 (or float16), or a ``QuantizedAr
 common/quantized.py). Activations are float32 wherever narrow products are slow (CPUs without bf16 dot
 instructions) and keep the weights' dtype elsewhere (``activation_dtype``). A product then goes one of two ways:
 
-- few rows (a decode step: at most ``DECODE_ROWS`` rows): the weight is widened to the activations' dtype inside
-  the jitted function, next to the product (a narrow weight is read as narrow bytes: decode is bandwidth bound);
-  an int8 weight's per-channel scales multiply the product's output instead of every weight;
+- few rows (a decode step: at most ``DECODE_ROWS`` rows): on CPU a native kernel reads an int8, int4 or bfloat16
+  weight as its stored bytes and widens them in registers (common/kernels/narrow_matmul.py: XLA would first write a
+  widened copy of the weight to memory, and decode is bandwidth bound); elsewhere, or where the kernels are not
+  built, the weight is widened to the activations' dtype next to the product, and an int8 weight's per-channel
+  scales multiply the product's output instead of every weight (the kernel's pure-JAX reference);
 - many rows (a prompt, a batch): where the platform multiplies bfloat16 fast (every GPU and TPU, CPUs with
   avx512_bf16 or AMX: ``fast_bf16_products``), a narrow weight and the activations meet as bfloat16 with float32
   accumulation; elsewhere as float32. ``OMNIJAX_NARROW_PRODUCTS`` (float32 / bfloat16) forces one way on every
@@ -28,9 +30,11 @@ import jax
 import jax.numpy as jnp
 
 from omnijax.common.cpu import cpu_flags
+from omnijax.common.kernels.narrow_matmul import narrow_matmul
+from omnijax.common.kernels.narrow_matmul import reference as narrow_reference
 from omnijax.common.quantized import QuantizedArray, is_quantized
 
-DECODE_ROWS = 16  # products with at most this many rows widen the weight next to the product
+DECODE_ROWS = 16  # products with at most this many rows: the CPU kernel, elsewhere the weight widened next to them
 _FAST_BF16_CPU_FLAGS = ("avx512_bf16", "amx_bf16")
 NARROW_PRODUCTS_ENV = "OMNIJAX_NARROW_PRODUCTS"
 _FORCED = {"float32": False, "bfloat16": True}
@@ -116,10 +120,9 @@ def matmul_oi(x_XI: jax.Array, w_OI) -> jax.Array:
         y = jax.lax.dot_general(x_XI.astype(jnp.bfloat16), widened(w_OI, jnp.bfloat16), dims,
                                 preferred_element_type=jnp.float32)
         return y.astype(x_XI.dtype)
-    if is_quantized(w_OI) and w_OI.bits == 8:  # per-channel scales multiply the output, not every weight
-        y = jax.lax.dot_general(x_XI, w_OI.values.astype(x_XI.dtype), dims)
-        return y * w_OI.scales.reshape(out_dims).astype(y.dtype)
-    return jax.lax.dot_general(x_XI, widened(w_OI, x_XI.dtype), dims)
+    if rows <= DECODE_ROWS:  # on CPU the native kernel reads the narrow bytes; elsewhere its reference below
+        return narrow_matmul(x_XI, w_OI)
+    return narrow_reference(x_XI, w_OI)
 
 
 def logits_matmul(h_BLD: jax.Array, w_VD) -> jax.Array:

@@ -25,6 +25,12 @@ def test_real_decode_smoke_on_a_tiny_gguf(tmp_path):
         assert entry["peak_rss_mb"]["max"] > 0 and entry["decoder_weight_mb"] > 0, name
         assert len(entry["tokens"]) == 4, name
     assert report["ratios"] == {} and "llama.cpp was not run" in (out / "latest-real-decode.md").read_text()
+    # the CPU the figures were measured on, and the instruction set omnijax's CPU kernels took there
+    from omnijax.common.cpu import cpu_flags
+    from omnijax.common.kernels import native_library
+
+    assert all(f in report["cpu"] for f in ("avx2", "avx512f") if f in cpu_flags())
+    assert report["kernels"] == native_library.best_isa() is not None
     assert real_decode(["--smoke", "--systems", "omnijax-int9"]) == 2
 
 

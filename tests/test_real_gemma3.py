@@ -193,3 +193,35 @@ def test_quantized_perplexity_stays_near_float32(quantized_pipes, float32_perple
     print(f"\nperplexity float32 {float32_perplexity:.4f}, {mode} with {products} products {got:.4f} "
           f"({got / float32_perplexity - 1:+.2%})")
     assert abs(got / float32_perplexity - 1) <= bound
+
+
+
+@pytest.mark.parametrize("mode", ["int8", "int4"])
+def test_decoding_through_the_cpu_kernel_gives_the_reference_paths_tokens(real_gguf, quantized_pipes, monkeypatch,
+                                                                          mode):
+    """Decode steps (one row per product) read the quantized weights with omnijax's CPU kernel (common/kernels); a
+    new pipeline on the same file with the kernel's library taken away decodes through the kernel's pure-JAX
+    reference instead. The greedy tokens are the same: the two differ only in the order of float32 sums."""
+    import jax
+
+    from omnijax.common.kernels import narrow_matmul, native_library
+
+    if jax.default_backend() != "cpu" or native_library.library() is None:
+        pytest.skip("the CPU kernel runs on a CPU, where it is built")
+    prompt = "The history of the city begins with a small settlement by the river, where"
+    kernel = quantized_pipes(mode)
+    tokens = kernel.generate_prepared([kernel.prepare_raw(prompt)], max_new_tokens=16, ignore_eos=True)[0].token_ids
+    traced = {"native": 0, "reference": 0}
+    for name in traced:
+        fn = getattr(narrow_matmul, name)
+        monkeypatch.setattr(narrow_matmul, name, lambda *a, _fn=fn, _name=name, **k: traced.__setitem__(
+            _name, traced[_name] + 1) or _fn(*a, **k))
+    monkeypatch.setattr(native_library, "library", lambda: None)
+    reference = Pipeline.from_pretrained(real_gguf, quantize=mode)
+    try:
+        ref_tokens = reference.generate_prepared([reference.prepare_raw(prompt)], max_new_tokens=16,
+                                                 ignore_eos=True)[0].token_ids
+    finally:
+        reference.close()
+    assert traced["native"] == 0 and traced["reference"] > 0, traced
+    assert tokens == ref_tokens

@@ -1,7 +1,8 @@
-"""The wheel ships the application only: every package folder of the source tree and the embedded default model,
-nothing else (no tests, training, bench, scripts or examples). Installed into a fresh virtual environment, its
-``omnijax`` program and its Python API answer on the default model exactly as the editable install does, from a
-folder whose own ``app.py`` and ``common.py`` would clash with top-level packages of those names."""
+"""The wheel ships the application only: every package folder of the source tree, the CPU kernels' library it
+builds from common/kernels/cpu, and the embedded default model, nothing else (no tests, training, bench, scripts,
+examples or C++ sources). Installed into a fresh virtual environment, its ``omnijax`` program and its Python API
+answer on the default model exactly as the editable install does, with the wheel's own kernels, from a folder whose
+own ``app.py`` and ``common.py`` would clash with top-level packages of those names."""
 
 from __future__ import annotations
 
@@ -11,6 +12,7 @@ import pathlib
 import shutil
 import subprocess
 import sys
+import sysconfig
 import zipfile
 
 import pytest
@@ -25,7 +27,9 @@ PACKAGE_FOLDERS = {"omnijax": "omnijax", "common": "omnijax/common", "preprocess
                    "encoders": "omnijax/encoders", "decoder": "omnijax/decoder", "app": "omnijax/app",
                    "demo": "omnijax/demo"}
 CHECKPOINT = pathlib.Path("app") / "checkpoints" / "shapes-gemma3"
-NOT_SOURCE = shutil.ignore_patterns(".git", ".venv", "build", "*.egg-info", "__pycache__", ".pytest_cache")
+# (and no library an editable install built in place: the wheel builds its own)
+NOT_SOURCE = shutil.ignore_patterns(".git", ".venv", "build", "*.egg-info", "__pycache__", ".pytest_cache", "*.so")
+KERNELS = f"omnijax/common/kernels/_cpu_kernels{sysconfig.get_config_var('EXT_SUFFIX')}"
 TIMEOUT = 600
 
 # The same lines run in both environments: where omnijax and the default model come from, and the answer.
@@ -34,6 +38,7 @@ import json, sys
 import omnijax
 from omnijax import Pipeline
 from omnijax.app.default_model import default_model_dir
+from omnijax.common.kernels import native_library
 
 image, prompt = sys.argv[1:3]
 pipe = Pipeline.from_pretrained(default_model_dir())
@@ -42,6 +47,7 @@ result = pipe.generate([{"role": "user", "content": [{"type": "image", "image": 
 files = sorted({m.__file__ for name, m in sys.modules.items()
                 if name.split(".")[0] == "omnijax" and getattr(m, "__file__", None)})
 print("RESULT" + json.dumps({"files": files, "model": str(default_model_dir()), "text": result.text,
+                             "kernels": str(native_library.library_path()), "isa": native_library.best_isa(),
                              "clashes": [n for n in ("app", "common") if n in sys.modules]}))
 """
 
@@ -50,7 +56,7 @@ CLASH = 'raise RuntimeError("the working folder\'s own {name}.py was imported")\
 
 def expected_wheel_files() -> set[str]:
     """Every file the wheel must hold (besides its .dist-info): the modules of every source folder that has an
-    __init__.py, under its installed name, and the default checkpoint's files."""
+    __init__.py, under its installed name, the CPU kernels' library and the default checkpoint's files."""
     files = set()
     for folder, installed in PACKAGE_FOLDERS.items():
         for init in (ROOT / folder).rglob("__init__.py"):
@@ -62,7 +68,7 @@ def expected_wheel_files() -> set[str]:
             files |= {f"{prefix}/{module.name}" for module in package.glob("*.py")}
     files |= {f"{PACKAGE_FOLDERS['app']}/{p.relative_to(ROOT / 'app').as_posix()}"
               for p in (ROOT / CHECKPOINT).iterdir()}
-    return files
+    return files | {KERNELS}
 
 
 def _start(cmd, **kwargs) -> subprocess.Popen:
@@ -150,7 +156,7 @@ def clashing_folder(tmp_path_factory) -> pathlib.Path:
 def test_wheel_holds_the_packages_and_the_default_model_only(wheel):
     names = zipfile.ZipFile(wheel).namelist()
     info = {n for n in names if n.split("/")[0].endswith(".dist-info")}
-    assert {n.split("/")[0] for n in info} == {wheel.name.split("-py3")[0] + ".dist-info"}
+    assert {n.split("/")[0] for n in info} == {"-".join(wheel.name.split("-")[:2]) + ".dist-info"}
     expected = expected_wheel_files()
     assert {"omnijax/__init__.py", "omnijax/app/pipeline.py", "omnijax/app/checkpoints/shapes-gemma3/config.json",
             "omnijax/app/checkpoints/shapes-gemma3/model.safetensors"} <= expected
@@ -178,6 +184,9 @@ def test_installed_wheel_answers_as_the_editable_install(venv, clashing_folder, 
     assert installed["clashes"] == []
     assert installed["files"] and all(pathlib.Path(f).is_relative_to(site) for f in installed["files"])
     assert pathlib.Path(installed["model"]).is_relative_to(site)
+    # the wheel's own kernels, on the instruction set the editable install's take
+    assert pathlib.Path(installed["kernels"]).is_relative_to(site) and installed["kernels"].endswith(KERNELS)
+    assert installed["isa"] is not None and installed["isa"] == reference["isa"]
     assert installed["text"] == reference["text"]
     assert f"embedded default model at {installed['model']}" in cli.stderr
     assert cli.stdout == reference["text"] + "\n"
