@@ -203,7 +203,7 @@ class Scheduler:
         self.slots.warm_up([b for b in self.engine.buckets if b <= longest])
 
     def compilations(self) -> int:
-        """Programs compiled so far by the engine (media encoders, prefill) and the slots."""
+        """Programs compiled so far by the engine (media encoders) and the slots."""
         return self.engine.compilations() + self.slots.compilations()
 
     def close(self) -> None:
@@ -245,11 +245,11 @@ class Scheduler:
             self.step()
 
     def step(self) -> None:
-        """One turn of the loop (module docstring). A failure while starting or prefilling one request ends that
-        request only; a failure of a decode step (or of reading one back) ends the requests in the slots, which
-        it ran for. Requests still waiting go on either way. When a failed program had taken the device state
-        (the cache and slot state are donated to each program), every request in a slot ends and the state is
-        allocated again, so the engine keeps serving."""
+        """One turn of the loop (module docstring). A failure while starting or prefilling one request (before any
+        program took the device state) ends that request only; any other failure (a decode step, reading one
+        back, a program that failed after it was given the donated cache and slot state) ends the requests in the
+        slots, and the device state is allocated again, so the engine keeps serving. Requests still waiting go on
+        either way."""
         try:
             self._take_inbox()
             self._admit()
@@ -269,30 +269,24 @@ class Scheduler:
     def _error(e: Exception) -> Exception:
         return e if isinstance(e, OmnijaxError) else RuntimeError(f"engine error: {e}")
 
-    def _fail_request(self, live: Live, e: Exception) -> None:
-        """``live`` failed on its own (starting or prefilling it): it ends with the error, others go on unless the
-        device state is gone."""
-        if not isinstance(e, OmnijaxError):
-            log.exception("request failed in the engine")
-        if self.slots.broken():
+    def _fail_request(self, live: Live, e: Exception, *, device_state_used: bool) -> None:
+        """``live`` failed on its own: it ends with the error and the others go on, unless the failure came from a
+        program given the device state (``device_state_used``), which may now be gone or hold the failure."""
+        if device_state_used:
             self._fail_slots(e)
             return
-        if live.decoding:
-            self.slots.release(live.slot)
+        if not isinstance(e, OmnijaxError):
+            log.exception("request failed in the engine")
         self._end(live, None, error=self._error(e))
 
     def _fail_slots(self, e: Exception) -> None:
-        """Every request in a slot ends with ``e``; the device state is allocated again if a failed program took
-        it."""
+        """Every request in a slot ends with ``e`` and the device state is allocated again (zeroed, every slot
+        idle): what a failed program was given may be gone, or hold its failure, which surfaces only when read."""
         self._pending = None
         self._firsts = []
-        broken = self.slots.broken()
         for live in [x for x in self._slot_of if x is not None]:
-            if live.decoding and not broken:
-                self.slots.release(live.slot)
             self._end(live, None, error=self._error(e))
-        if broken:
-            self.slots.reset()
+        self.slots.reset()
 
     def _take_inbox(self) -> None:
         with self._wake:
@@ -315,10 +309,11 @@ class Scheduler:
             live = self._waiting.popleft()
             live.slot = self._slot_of.index(None)
             self._slot_of[live.slot] = live
+            before = self.slots.dispatched
             try:
                 self._start(live)
             except Exception as e:  # noqa: BLE001 - this request's media or prefix failed: it ends alone
-                self._fail_request(live, e)
+                self._fail_request(live, e, device_state_used=self.slots.dispatched != before)
 
     def _start(self, live: Live) -> None:
         """Media encoded, a cached prefix copied into the slot, the rest of the prompt cut into chunks."""
@@ -389,10 +384,11 @@ class Scheduler:
         if not todo:
             return None
         live = min(todo, key=lambda x: x.order)
+        before = self.slots.dispatched
         try:
             self._prefill_chunk(live)
-        except Exception as e:  # noqa: BLE001 - this request's chunk failed: it ends alone
-            self._fail_request(live, e)
+        except Exception as e:  # noqa: BLE001 - this request's chunk failed: it ends alone if on the host
+            self._fail_request(live, e, device_state_used=self.slots.dispatched != before)
 
     def _prefill_chunk(self, live: Live) -> None:
         a, b = live.chunks.pop(0)
@@ -500,7 +496,13 @@ class Scheduler:
             text=live.answer.text, token_ids=live.answer.token_ids, prompt_tokens=prompt_tokens,
             finish_reason=reason, seconds=now - live.handle.submitted, cached_tokens=live.cached,
             first_token_seconds=None if live.first_token is None else live.first_token - live.handle.submitted,
-            prompt_logits=np.concatenate(live.logit_rows) if live.request.prompt_logits else None,
-            prompt_logprobs=np.concatenate([host_array(r) for r in live.logprob_rows])[:prompt_tokens - 1]
+            prompt_logits=self._prompt_rows(live.logit_rows, (self.engine.cfg.decoder.vocab_size,))
+            if live.request.prompt_logits else None,
+            prompt_logprobs=self._prompt_rows([host_array(r) for r in live.logprob_rows], ())[:prompt_tokens - 1]
             if live.request.prompt_logprobs else None))
+
+    @staticmethod
+    def _prompt_rows(chunks: list[np.ndarray], row_shape: tuple) -> np.ndarray:
+        """The rows of a request's prefilled chunks in order (none for a request cancelled before its first)."""
+        return np.concatenate(chunks) if chunks else np.zeros((0, *row_shape), np.float32)
 

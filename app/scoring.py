@@ -4,17 +4,19 @@ A text's token ids are cut into windows of at most ``window`` tokens; the first 
 first, each later one starts ``window - stride`` tokens before the first token it scores (those earlier tokens are
 its context only). Each window is a request to the serving engine that asks for its prompt's log-probabilities
 (``Request.prompt_logprobs``): it is prefilled in chunks by the same programs as every prompt, and the
-log-softmax at each next token is taken on the device, so only one float per token comes back. The windows of a
-text run side by side on the engine's slots.
+log-softmax at each next token is taken on the device, so only one float per token comes back. Up to a slot's
+worth of a text's windows run side by side on the engine (fewer while its queue is full).
 """
 
 from __future__ import annotations
 
+import collections
 import math
 
 import numpy as np
 
 from omnijax.app.requests import Request
+from omnijax.app.scheduler import QueueFullError
 from omnijax.common.errors import PromptError
 from omnijax.preprocess.processor import PreparedPrompt
 
@@ -56,23 +58,34 @@ class Scorer:
         if len(ids) < 2:
             return np.zeros((0,), np.float32)
         out = np.empty(len(ids) - 1, np.float32)
-        plan = windows(len(ids), self.window, self.stride)
-        wave = self.pipe.scheduler.slots.slots  # windows in flight at once
-        for i in range(0, len(plan), wave):
-            part = plan[i:i + wave]
-            handles = []
-            try:
-                for start, end, _ in part:
-                    prompt = PreparedPrompt(ids[start:end], {}, np.zeros(end - start, bool))
-                    handles.append(self.pipe.scheduler.submit(Request(prompt, 1, ignore_eos=True,
-                                                                      prompt_logprobs=True)))
-            except BaseException:
-                for h in handles:
-                    h.cancel()
-                raise
-            for (start, end, first), result in zip(part, self.pipe._wait(handles)):
-                logp = result.prompt_logprobs  # position t scores token start + t + 1
-                out[first - 1:end - 1] = logp[first - 1 - start:end - 1 - start]
+        scheduler = self.pipe.scheduler
+        flight: collections.deque = collections.deque()  # (window, handle), oldest first
+
+        def finish_oldest():
+            (start, end, first), handle = flight.popleft()
+            logp = self.pipe._wait([handle])[0].prompt_logprobs  # position t scores token start + t + 1
+            out[first - 1:end - 1] = logp[first - 1 - start:end - 1 - start]
+
+        try:
+            for start, end, first in windows(len(ids), self.window, self.stride):
+                prompt = PreparedPrompt(ids[start:end], {}, np.zeros(end - start, bool))
+                request = Request(prompt, 1, ignore_eos=True, prompt_logprobs=True)
+                while True:
+                    if len(flight) >= scheduler.slots.slots:  # a slot's worth of windows in flight at most
+                        finish_oldest()
+                    try:
+                        flight.append(((start, end, first), scheduler.submit(request)))
+                        break
+                    except QueueFullError:  # a busy engine: wait for a window of ours, else give up
+                        if not flight:
+                            raise
+                        finish_oldest()
+            while flight:
+                finish_oldest()
+        except BaseException:
+            for _, handle in flight:
+                handle.cancel()
+            raise
         return out
 
 

@@ -107,6 +107,8 @@ class Slots:
         self.rows = row_buckets(slots) if engine.mesh.shape["data"] == 1 else (slots,)
         self.cache = None
         self.state = None
+        self._laid_out = False  # the programs know the allocated state's layout
+        self.dispatched = 0  # programs given the device state so far (each donates it)
         self._empty_media: dict[int, tuple] = {}
         self._programs(None, None)
 
@@ -190,14 +192,14 @@ class Slots:
                       "v": tuple(zeros(a, VALUE_AXES) for a in shapes["v"])}
         replicated = jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec())
         self.state = jax.tree.map(lambda a: jax.device_put(a, replicated), empty_state(self.slots))
-        self._programs(jax.tree.map(lambda a: a.sharding, self.cache), jax.tree.map(lambda a: a.sharding, self.state))
-
-    def broken(self) -> bool:
-        """Whether a failed program took the device state (its donated buffers are gone)."""
-        return self.cache is not None and any(a.is_deleted() for a in jax.tree.leaves((self.cache, self.state)))
+        if not self._laid_out:  # an allocation after ``reset`` has the same layout: its programs stay
+            self._programs(jax.tree.map(lambda a: a.sharding, self.cache),
+                           jax.tree.map(lambda a: a.sharding, self.state))
+            self._laid_out = True
 
     def reset(self) -> None:
-        """Drop the device state (every slot's cache row and decoding state); it is allocated again on first use."""
+        """Drop the device state (every slot's cache row and decoding state: after a failed program it may be gone
+        or hold the failure); it is allocated again, zeroed, on first use."""
         self.cache = self.state = None
 
     def cache_bytes(self) -> int:
@@ -237,6 +239,7 @@ class Slots:
         bid = np.zeros((1, length), bool)
         bid[0, :count] = bidirectional
         rows, is_media, deep = self._media_inputs(media, count, length)
+        self.dispatched += 1
         with use_mesh(self.engine.mesh):
             logits, hidden, self.cache = self._extend(self.engine.params, self.cache, tok, np.int32(count),
                                                       np.int32(start), np.int32(row), pos, bid, rows, is_media, deep,
@@ -259,12 +262,14 @@ class Slots:
     def insert(self, slot: int, logits_1V: jax.Array, sampling: SamplingParams, max_new: int, delta: int,
                eos_on: bool) -> jax.Array:
         """Make ``slot`` active with its first token drawn from ``logits``; returns that token (device)."""
+        self.dispatched += 1
         self.state, token = self._insert(self.state, np.int32(slot), logits_1V, row_settings(sampling),
                                          np.int32(max_new), np.float32(delta), np.bool_(eos_on), self.engine.eos_ids)
         return token
 
     def decode(self, rows: int) -> tuple[jax.Array, jax.Array]:
         """One step of the first ``rows`` slots -> (tokens [rows], which rows were active) as device arrays."""
+        self.dispatched += 1
         with use_mesh(self.engine.mesh):
             token, active, self.state, self.cache = self._decode(self.engine.params, self.cache, self.state,
                                                                  self.engine.eos_ids, rows=rows,
@@ -272,6 +277,7 @@ class Slots:
         return token, active
 
     def release(self, slot: int) -> None:
+        self.dispatched += 1
         self.state = self._release(self.state, np.int32(slot))
 
     def snapshot(self, slot: int, length: int) -> dict:
@@ -280,6 +286,7 @@ class Slots:
 
     def restore(self, slot: int, saved: dict, length: int) -> None:
         """Slot ``slot`` holds ``saved`` (a snapshot) as its first ``length`` tokens."""
+        self.dispatched += 1
         self.cache = self._restore(self.cache, np.int32(slot), saved, np.int32(length))
 
     def warm_up(self, chunk_lengths) -> None:

@@ -235,9 +235,10 @@ def cache_attention(q_STNH: jax.Array, cache_k_RKHC: jax.Array, cache_v_RKCH: ja
 
     A cache of at most 512 slots is read whole, in one softmax with the new tokens; a longer one in 128-slot blocks
     with a running softmax, only as far as ``held`` (the most slots any of the rows holds; None: all), so a long
-    context budget costs nothing until it is used. ``backend`` "fused" (the default on GPU/TPU, see
-    ``backend_for``) hands the rows' keys and the new ones, with the mask, to ``jax.nn.dot_product_attention``
-    instead (not with a soft-capped layer)."""
+    context budget costs nothing until it is used. With ``backend`` "fused" (the default on GPU/TPU, see
+    ``backend_for``) a prompt chunk (T > 1) hands the row's keys and the new ones, with the mask, to
+    ``jax.nn.dot_product_attention`` instead (not on a soft-capped layer); decode steps keep reading the cache in
+    place, only as far as it is held."""
     s, t, n, h = q_STNH.shape
     r, kv, _, c = cache_k_RKHC.shape
     g = n // kv
@@ -249,7 +250,7 @@ def cache_attention(q_STNH: jax.Array, cache_k_RKHC: jax.Array, cache_v_RKCH: ja
     k_new = k_STKH.transpose(0, 2, 1, 3)  # [S, K, T, H]
     v_new = v_STKH.transpose(0, 2, 1, 3)
     vis_new = visible(q_pos_ST, q_pos_ST, mask, q_block_ST, q_block_ST)
-    if backend_for(t, backend) == "fused" and softcap is None:
+    if t > 1 and backend_for(t, backend) == "fused" and softcap is None:
         keys = jnp.concatenate([rows_k.transpose(0, 3, 1, 2), k_STKH.astype(rows_k.dtype)], axis=1)  # [S, C+T, K, H]
         values = jnp.concatenate([rows_v.transpose(0, 2, 1, 3), v_STKH.astype(rows_v.dtype)], axis=1)
         vis = jnp.concatenate([visible(q_pos_ST, slot_pos_SC, mask), vis_new], axis=-1)

@@ -2,11 +2,12 @@
 per row; prompt chunks: a row's next tokens); ``prefill`` runs whole prompts into a new cache (the speech path and
 code2wav).
 
-Both are pure functions of (parameters, inputs, cache): the engine (app/generation.py) owns jit, shape buckets,
-sampling and the loop. The forward takes token ids and, per media placeholder id, the encoder's feature rows;
-it merges them into the embeddings, runs the layers of the ``DecoderSpec`` (each with its own attention kind,
-positional encoding, head counts and cache), adds per-layer extras (deepstack features after the first layers,
-per-layer inputs computed from the token ids) and returns float32 logits.
+Both are pure functions of (parameters, inputs, cache): the serving engine (app/slots.py, app/scheduler.py) owns
+jit, shape buckets, sampling and the loop. They take token ids and the media's feature rows at their placeholders,
+merge them into the embeddings, run the layers of the ``DecoderSpec`` (each with its own attention kind,
+positional encoding, head counts and cache), add per-layer extras (deepstack features after the first layers,
+per-layer inputs computed from the token ids) and return the last layer's output, which ``logits`` /
+``last_logits`` / ``hidden`` turn into float32 logits or final-normed states.
 """
 
 from __future__ import annotations

@@ -200,8 +200,9 @@ def test_quantized_perplexity_stays_near_float32(quantized_pipes, float32_perple
 def test_decoding_through_the_cpu_kernel_gives_the_reference_paths_tokens(real_gguf, quantized_pipes, monkeypatch,
                                                                           mode):
     """Decode steps (one row per product) read the quantized weights with omnijax's CPU kernel (common/kernels); a
-    new pipeline on the same file with the kernel's library taken away decodes through the kernel's pure-JAX
-    reference instead. The greedy tokens are the same: the two differ only in the order of float32 sums."""
+    new engine on the same loaded weights, its programs traced with the kernel's library taken away, decodes
+    through the kernel's pure-JAX reference instead. The greedy tokens are the same: the two differ only in the
+    order of float32 sums."""
     import jax
 
     from omnijax.common.kernels import narrow_matmul, native_library
@@ -217,11 +218,13 @@ def test_decoding_through_the_cpu_kernel_gives_the_reference_paths_tokens(real_g
         monkeypatch.setattr(narrow_matmul, name, lambda *a, _fn=fn, _name=name, **k: traced.__setitem__(
             _name, traced[_name] + 1) or _fn(*a, **k))
     monkeypatch.setattr(native_library, "library", lambda: None)
-    reference = Pipeline.from_pretrained(real_gguf, quantize=mode)
-    try:
-        ref_tokens = reference.generate_prepared([reference.prepare_raw(prompt)], max_new_tokens=16,
-                                                 ignore_eos=True)[0].token_ids
-    finally:
-        reference.close()
+    from omnijax.app.requests import Request
+    from omnijax.app.scheduler import Scheduler
+
+    reference = Scheduler(kernel.engine, kernel.processor, slots=1, context=256, prefix_cache_mb=0,
+                          media_cache_mb=0, threaded=False)
+    handle = reference.submit(Request(kernel.prepare_raw(prompt), 16, ignore_eos=True))
+    reference.run([handle])
+    ref_tokens = handle.result(0).token_ids
     assert traced["native"] == 0 and traced["reference"] > 0, traced
     assert tokens == ref_tokens

@@ -291,6 +291,47 @@ def test_a_failing_request_ends_alone_and_a_lost_device_state_is_rebuilt(gemma3_
     assert later.result(0).token_ids == alone[1]
 
 
+def test_a_prompt_request_cancelled_before_its_first_chunk_ends_cleanly(gemma3_pipeline, alone):
+    """A scoring (prompt log-probabilities) and a prompt-logits request cancelled while waiting for their first
+    chunk end as cancelled with no rows; the request beside them is answered as alone."""
+    s = Scheduler(gemma3_pipeline.engine, gemma3_pipeline.processor, slots=2, context=512, chunk=32,
+                  prefix_cache_mb=0, media_cache_mb=0, threaded=False)
+    prompt = gemma3_pipeline.prepare(PROMPTS[3])
+    scored = s.submit(Request(prompt, 1, prompt_logprobs=True))
+    logits = s.submit(Request(prompt, 1, prompt_logits=True))
+    other = s.submit(request(gemma3_pipeline, PROMPTS[2], MAX_NEW[2]))
+    s.step()  # both take a slot; the first runs one chunk, the second none yet
+    scored.cancel()
+    logits.cancel()
+    s.run([scored, logits, other])
+    assert scored.result(0).finish_reason == logits.result(0).finish_reason == "cancelled"
+    assert logits.result(0).prompt_logits.shape[0] == 0
+    assert scored.result(0).prompt_logprobs.ndim == 1
+    assert other.result(0).token_ids == alone[2]
+
+
+def test_scoring_waits_its_turn_on_a_busy_engine(gemma3_pipeline):
+    """A long text's windows on an engine of one slot and a queue of one, with another request inside: the scores
+    are the pipeline's own."""
+    from omnijax.app.scoring import Scorer
+
+    s = Scheduler(gemma3_pipeline.engine, gemma3_pipeline.processor, slots=1, context=512, chunk=32,
+                  prefix_cache_mb=0, media_cache_mb=0, max_queue=1, threaded=False)
+
+    class Busy:
+        scheduler = s
+
+        @staticmethod
+        def _wait(handles):
+            s.run(handles)
+            return [h.result(0) for h in handles]
+
+    ids = gemma3_pipeline.prepare_raw(LONG_TEXT).token_ids
+    s.submit(request(gemma3_pipeline, PROMPTS[2], 4))  # takes the slot at the next step
+    got = Scorer(Busy, window=16).score(ids)
+    np.testing.assert_allclose(got, Scorer(gemma3_pipeline, window=16).score(ids), rtol=0, atol=1e-5)
+
+
 def test_threads_share_the_pipeline(gemma3_pipeline, alone):
     """Pipeline.generate from four threads at once: each gets its own answer."""
     out: dict[int, list] = {}
