@@ -32,7 +32,7 @@ from omnijax.app.model import abstract_model
 from omnijax.app.requests import GenerationResult, Request, RequestHandle
 from omnijax.app.sampling import SamplingParams, check_max_speech_frames, check_settings
 from omnijax.app.scheduler import (DEFAULT_MAX_QUEUE, DEFAULT_MEDIA_CACHE_MB, DEFAULT_PREFIX_CACHE_MB, Scheduler)
-from omnijax.app.slots import DEFAULT_CHUNK, DEFAULT_SLOTS
+from omnijax.app.slots import DEFAULT_MAX_BATCHED_TOKENS, DEFAULT_SLOTS
 from omnijax.app.speech_events import AudioChunk, TextPiece
 from omnijax.app.vocabulary import check_vocabulary
 from omnijax.common.sharding import make_mesh
@@ -58,15 +58,16 @@ MAX_PROMPT_LOGITS_BYTES = 4 << 30  # the logits one prompt_logits call returns
 
 
 def check_load_settings(dtype, model_axis, max_context, max_audio_seconds, max_batch=DEFAULT_SLOTS,
-                        chunk=DEFAULT_CHUNK, max_queue=DEFAULT_MAX_QUEUE, prefix_cache_mb=0.0,
-                        media_cache_mb=0.0, video_size="processor") -> None:
+                        max_batched_tokens=DEFAULT_MAX_BATCHED_TOKENS, max_queue=DEFAULT_MAX_QUEUE,
+                        prefix_cache_mb=0.0, media_cache_mb=0.0, video_size="processor") -> None:
     """SettingError naming the first ``from_pretrained`` argument of the wrong type or out of range."""
     if dtype not in _JAX_DTYPES:
         raise SettingError(f"unsupported dtype {dtype!r}; use one of {', '.join(sorted(_JAX_DTYPES))}")
     for name, value, low in (("model_axis", model_axis, 1), ("max_context", max_context, 2)):
         if value is not None and (isinstance(value, bool) or not isinstance(value, numbers.Integral) or value < low):
             raise SettingError(f"{name} must be None or an integer >= {low}, got {value!r}")
-    for name, value, high in (("max_batch", max_batch, MAX_BATCH), ("chunk", chunk, 1 << 16),
+    for name, value, high in (("max_batch", max_batch, MAX_BATCH),
+                              ("max_batched_tokens", max_batched_tokens, 1 << 16),
                               ("max_queue", max_queue, 1 << 20)):
         if isinstance(value, bool) or not isinstance(value, numbers.Integral) or not 1 <= value <= high:
             raise SettingError(f"{name} must be an integer in [1, {high}], got {value!r}")
@@ -128,8 +129,8 @@ class Pipeline:
     def from_pretrained(cls, path=None, *, dtype: str = "float32", quantize: str | None = None, mesh=None,
                         model_axis: int | None = None, max_context: int | None = None,
                         max_audio_seconds: float | None = None, max_batch: int = DEFAULT_SLOTS,
-                        chunk: int = DEFAULT_CHUNK, prefix_cache_mb: float = DEFAULT_PREFIX_CACHE_MB,
-                        media_cache_mb: float = DEFAULT_MEDIA_CACHE_MB,
+                        max_batched_tokens: int = DEFAULT_MAX_BATCHED_TOKENS,
+                        prefix_cache_mb: float = DEFAULT_PREFIX_CACHE_MB, media_cache_mb: float = DEFAULT_MEDIA_CACHE_MB,
                         max_queue: int = DEFAULT_MAX_QUEUE, video_size: str = "processor") -> "Pipeline":
         """Load a local Hugging Face checkpoint folder, a GGUF file, or a folder holding one GGUF file (``path=None``:
         the embedded default model).
@@ -143,14 +144,14 @@ class Pipeline:
         sharding the weights. max_context: context budget in tokens (prompt + new tokens) of each request, at most
         the model's own limit (default: that limit up to 8192). max_audio_seconds: longest audio clip accepted
         (families with audio input). The serving engine: ``max_batch`` requests decode together (each holds a
-        cache of ``max_context`` tokens), prompts are prefilled in chunks of up to ``chunk`` tokens, the prefix
-        and media caches keep up to ``prefix_cache_mb`` / ``media_cache_mb`` (0: off), and at most
+        cache of ``max_context`` tokens), each step runs up to ``max_batched_tokens`` prompt tokens (of up to four
+        requests) beside the decode rows, the prefix and media caches keep up to ``prefix_cache_mb`` / ``media_cache_mb`` (0: off), and at most
         ``max_queue`` requests wait for a slot. video_size: the frame size bounds of videos where the family's
         processor overrides its saved video processor's (Qwen3-Omni): "processor" (default: as transformers'
         processor resizes them when no size is passed) or "checkpoint" (the saved ``size``).
         """
-        check_load_settings(dtype, model_axis, max_context, max_audio_seconds, max_batch, chunk, max_queue,
-                            prefix_cache_mb, media_cache_mb, video_size)
+        check_load_settings(dtype, model_axis, max_context, max_audio_seconds, max_batch, max_batched_tokens,
+                            max_queue, prefix_cache_mb, media_cache_mb, video_size)
         quantize = check_quantize(quantize)
         enable_compilation_cache()
         if path is None:
@@ -189,7 +190,8 @@ class Pipeline:
         engine = Engine(cfg, graphdef, params, mesh, collate=processor.collate, dtype=_JAX_DTYPES[dtype],
                         max_context=max_context)
         scheduler = Scheduler(engine, processor, slots=max_batch,
-                              context=max_context or min(engine.max_context, DEFAULT_CONTEXT), chunk=chunk,
+                              context=max_context or min(engine.max_context, DEFAULT_CONTEXT),
+                              max_batched_tokens=max_batched_tokens,
                               prefix_cache_mb=prefix_cache_mb, media_cache_mb=media_cache_mb, max_queue=max_queue,
                               threaded=jax.process_count() == 1)
         processor.budget = RequestBudget.for_context(scheduler.context)
