@@ -15,6 +15,8 @@ generated, whether it is active, its sampling settings). The model runs through 
 - ``decode``: one token for every active slot of the first ``rows`` slots (the forward on many rows of one token;
   rows: a power of two, so a lone request decodes at batch 1) with each slot's own settings; a slot turns inactive
   on an end id or its last token;
+- ``insert`` and ``decode`` with ``logprobs``: their variant that also returns each token's log probability and
+  the top 20 (app/token_logprobs.py), compiled the first time a step holds a request that asks for them;
 - ``release``: a slot stops (a cancelled or stopped request) at the next step;
 - ``snapshot`` / ``restore``: a row's keys and values copied out (the prefix cache) and into another row.
 
@@ -31,6 +33,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from omnijax.app.sampling import SamplingParams, choose_rows, row_settings
+from omnijax.app.token_logprobs import token_logprobs
 from omnijax.common.matmul_policy import narrow_products, products_setting
 from omnijax.common.sharding import named_sharding, use_mesh
 from omnijax.decoder.kv_cache import KEY_AXES, VALUE_AXES, init_cache, restore_row, snapshot_row
@@ -122,10 +125,11 @@ class Slots:
                                out_shardings=out(one, one, cache_sharding))
         self._head = jax.jit(self._head_impl, static_argnames=("products",))
         self._logprobs = jax.jit(self._logprobs_impl, static_argnames=("products",))
-        self._insert = jax.jit(self._insert_impl, donate_argnames=("state",), out_shardings=out(state_sharding, one))
-        self._decode = jax.jit(self._decode_impl, static_argnames=("rows", "products"),
+        self._insert = jax.jit(self._insert_impl, static_argnames=("logprobs",), donate_argnames=("state",),
+                               out_shardings=out(state_sharding, one, one))
+        self._decode = jax.jit(self._decode_impl, static_argnames=("rows", "products", "logprobs"),
                                donate_argnames=("cache", "state"),
-                               out_shardings=out(one, one, state_sharding, cache_sharding))
+                               out_shardings=out(one, one, state_sharding, cache_sharding, one))
         self._release = jax.jit(lambda state, slot: state._replace(active=state.active.at[slot].set(False)),
                                 donate_argnames=("state",), out_shardings=None if state_sharding is None
                                 else state_sharding)
@@ -151,15 +155,17 @@ class Slots:
         with narrow_products(products):
             return self.engine.model(params).decoder.next_token_logprobs(hidden, targets)
 
-    def _insert_impl(self, state: SlotState, slot, logits_1V, settings, max_new, delta, eos_on, eos_ids):
+    def _insert_impl(self, state: SlotState, slot, logits_1V, settings, max_new, delta, eos_on, eos_ids, *,
+                     logprobs=False):
         token = choose_rows(logits_1V, {k: v[None] for k, v in settings.items()}, jnp.zeros((1,), jnp.int32))[0]
         ended = (jnp.isin(token, eos_ids) & eos_on) | (max_new <= 1)
         put = lambda a, v: a.at[slot].set(v)  # noqa: E731
-        return SlotState(put(state.token, token), put(state.index, 0), put(state.active, ~ended),
-                         put(state.remaining, max_new - 1), put(state.delta, delta), put(state.eos_on, eos_on),
-                         {k: put(state.settings[k], v) for k, v in settings.items()}), token
+        state = SlotState(put(state.token, token), put(state.index, 0), put(state.active, ~ended),
+                          put(state.remaining, max_new - 1), put(state.delta, delta), put(state.eos_on, eos_on),
+                          {k: put(state.settings[k], v) for k, v in settings.items()})
+        return state, token, token_logprobs(logits_1V, token[None]) if logprobs else None
 
-    def _decode_impl(self, params, cache, state: SlotState, eos_ids, *, rows, products):
+    def _decode_impl(self, params, cache, state: SlotState, eos_ids, *, rows, products, logprobs=False):
         dec = self.engine.model(params).decoder
         token, active = state.token[:rows], state.active[:rows]
         pos = cache["length"][:rows] + state.delta[:rows]
@@ -175,7 +181,7 @@ class Slots:
         state = state._replace(token=head(state.token, nxt), index=head(state.index, index),
                                remaining=head(state.remaining, remaining - 1),
                                active=state.active.at[:rows].set(active & ~ended))
-        return nxt, active, state, cache
+        return nxt, active, state, cache, token_logprobs(logits, nxt) if logprobs else None
 
     # ---- host side -----------------------------------------------------------------------------------------
     def ensure_allocated(self) -> None:
@@ -260,21 +266,24 @@ class Slots:
                                   products=products_setting())
 
     def insert(self, slot: int, logits_1V: jax.Array, sampling: SamplingParams, max_new: int, delta: int,
-               eos_on: bool) -> jax.Array:
-        """Make ``slot`` active with its first token drawn from ``logits``; returns that token (device)."""
+               eos_on: bool, logprobs: bool = False):
+        """Make ``slot`` active with its first token drawn from ``logits`` -> (that token, with ``logprobs`` its
+        ``StepLogprobs`` of one row, else None), device arrays."""
         self.dispatched += 1
-        self.state, token = self._insert(self.state, np.int32(slot), logits_1V, row_settings(sampling),
-                                         np.int32(max_new), np.float32(delta), np.bool_(eos_on), self.engine.eos_ids)
-        return token
+        self.state, token, step = self._insert(self.state, np.int32(slot), logits_1V, row_settings(sampling),
+                                               np.int32(max_new), np.float32(delta), np.bool_(eos_on),
+                                               self.engine.eos_ids, logprobs=bool(logprobs))
+        return token, step
 
-    def decode(self, rows: int) -> tuple[jax.Array, jax.Array]:
-        """One step of the first ``rows`` slots -> (tokens [rows], which rows were active) as device arrays."""
+    def decode(self, rows: int, logprobs: bool = False):
+        """One step of the first ``rows`` slots -> (tokens [rows], which rows were active, with ``logprobs`` the
+        step's ``StepLogprobs`` of those rows, else None) as device arrays."""
         self.dispatched += 1
         with use_mesh(self.engine.mesh):
-            token, active, self.state, self.cache = self._decode(self.engine.params, self.cache, self.state,
-                                                                 self.engine.eos_ids, rows=rows,
-                                                                 products=products_setting())
-        return token, active
+            token, active, self.state, self.cache, step = self._decode(
+                self.engine.params, self.cache, self.state, self.engine.eos_ids, rows=rows,
+                products=products_setting(), logprobs=bool(logprobs))
+        return token, active, step
 
     def release(self, slot: int) -> None:
         self.dispatched += 1

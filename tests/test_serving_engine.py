@@ -271,13 +271,13 @@ def test_a_failing_request_ends_alone_and_a_lost_device_state_is_rebuilt(gemma3_
     decode = s.slots.decode
     lost = []
 
-    def decode_losing_the_cache(rows):
+    def decode_losing_the_cache(rows, **kwargs):
         if not lost:  # the first step: as a program that failed after its inputs were donated
             lost.append(rows)
             for a in jax.tree.leaves((s.slots.cache, s.slots.state)):
                 a.delete()
             raise RuntimeError("the device failed")
-        return decode(rows)
+        return decode(rows, **kwargs)
 
     s.slots.decode = decode_losing_the_cache
     first = [s.submit(request(gemma3_pipeline, p, n)) for p, n in zip(PROMPTS[:3], MAX_NEW[:3])]
