@@ -4,13 +4,16 @@ One thread owns the device state (app/slots.py) and loops:
 
 1. take new requests and cancellations (any thread submits; ``submit`` checks the prompt fits first);
 2. give free slots to waiting requests, oldest first: encode their media (app/media_cache.py, each item once),
-   find the longest cached prefix (app/prefix_cache.py) and copy it into the slot;
+   find the longest cached prefix (app/prefix_cache.py) and copy it into the slot (a request of a ``group``, the
+   choices of one prompt, waits while another of its group prefills that prompt, then takes it from the prefix
+   cache: one prefill for all);
 3. dispatch one step (app/slots.py): a token for every active slot (each with its own sampling settings) and,
    in the same program, the next prompt chunk of up to four prefilling requests, oldest first, within
    ``max_batched_tokens`` prompt tokens (shared between them, so a new request starts at the next step however
    long the prompts before it are); after a request's last chunk its first token is drawn and its slot made
    active (and its keys / values kept as a prefix entry);
-4. read back the previous step's tokens (the device works on the next one meanwhile): each request's answer text
+4. read back the previous step's tokens (the device works on the next one meanwhile; with their log probabilities
+   in a step where some request asks for them, app/token_logprobs.py): each request's answer text
    grows by O(1) work per token (app/answer_text.py); a request that ends (end id, stop string, max tokens,
    cancellation) frees its slot for the next one.
 
@@ -39,6 +42,7 @@ from omnijax.app.prefix_cache import PrefixCache, PrefixEntry, key_ids
 from omnijax.app.requests import GenerationResult, Request, RequestHandle, TokenEvent
 from omnijax.app.slots import DEFAULT_MAX_BATCHED_TOKENS, DEFAULT_SLOTS, MAX_CHUNK_ROWS, Chunk, ChunkMedia, Slots, \
     chunk_rows
+from omnijax.app.token_logprobs import host_rows
 from omnijax.common.errors import OmnijaxError, PromptError
 from omnijax.common.sharding import host_array
 from omnijax.preprocess.buckets import length_bucket
@@ -74,6 +78,7 @@ class Live:
     media: dict = dataclasses.field(default_factory=dict)  # placeholder id -> (features [R, D], extras [E, R, D])
     logit_rows: list = dataclasses.field(default_factory=list)  # host logits of each chunk (prompt_logits)
     logprob_rows: list = dataclasses.field(default_factory=list)  # device log-probabilities of each chunk
+    token_logprobs: list = dataclasses.field(default_factory=list)  # TokenLogprob per generated token (logprobs)
     generated: int = 0
     cached: int = 0
     first_token: float | None = None
@@ -149,8 +154,9 @@ class Scheduler:
         self._wake = threading.Condition()
         self._waiting: collections.deque[Live] = collections.deque()
         self._slot_of: list[Live | None] = [None] * self.slots.slots
-        self._pending = None  # (tokens, active, lives) of the decode step not read back yet
-        self._firsts: list = []  # (live, first token) of requests inserted at this step, read back at the next
+        self._pending = None  # (tokens, active, lives, log probabilities) of the decode step not read back yet
+        self._firsts: list = []  # (live, first token, its log probabilities) of requests inserted at this step, read
+        # back at the next
         self._order = 0
         self._thread: threading.Thread | None = None
         self._stop = False
@@ -277,8 +283,8 @@ class Scheduler:
             self._admit()
             firsts, self._firsts = self._firsts, []
             dispatched = self._dispatch()
-            for live, token in firsts:
-                self._read_first(live, token)
+            for live, token, logprobs in firsts:
+                self._read_first(live, token, logprobs)
             pending, self._pending = self._pending, dispatched
             if pending is not None:
                 self._read_step(*pending)
@@ -326,8 +332,12 @@ class Scheduler:
                 self._end(live, "cancelled")
 
     def _admit(self) -> None:
+        held = []
         while self._waiting and None in self._slot_of:
             live = self._waiting.popleft()
+            if self._after_prefill_of_its_group(live):
+                held.append(live)
+                continue
             live.slot = self._slot_of.index(None)
             self._slot_of[live.slot] = live
             before = self.slots.dispatched
@@ -335,6 +345,18 @@ class Scheduler:
                 self._start(live)
             except Exception as e:  # noqa: BLE001 - this request's media or prefix failed: it ends alone
                 self._fail_request(live, e, device_state_used=self.slots.dispatched != before)
+        self._waiting.extendleft(reversed(held))
+
+    def _after_prefill_of_its_group(self, live: Live) -> bool:
+        """Whether ``live`` waits for a request of its ``group`` (the same prompt: the choices of one ``n`` > 1
+        request) still prefilling in a slot: once that one's prompt is a prefix cache entry, ``live`` takes it from
+        there (its keys, values and last logits) instead of running the prompt again."""
+        group = live.request.group
+        if group is None or live.request.whole_prompt or not self.prefix.enabled \
+                or len(live.request.prompt.token_ids) < MIN_PREFIX_TOKENS:
+            return False
+        return any(x is not None and x.request.group == group and not x.decoding and not x.request.whole_prompt
+                   for x in self._slot_of)
 
     def _start(self, live: Live) -> None:
         """Media encoded, a cached prefix copied into the slot, the points where its keys / values are kept."""
@@ -441,16 +463,19 @@ class Scheduler:
             # not each bucket on the way up; every slot beside prompt chunks (one program per chunk shape)
             rows = self.slots.decode_rows_with_chunks if planned and self.slots.decode_rows_with_chunks else \
                 self.slots.rows_for(max(i for i, x in enumerate(self._slot_of) if x is not None))
+        lives = list(self._slot_of[:rows])
+        # log probabilities only in a step where some request asks for them (another program: compiled at first use)
+        wanted = any(x is not None and x.decoding and x.request.logprobs is not None for x in lives)
         dispatched = None
         if group is not None and not self.slots.decode_rows_with_chunks:
-            _, _, logits, hidden = self.slots.step(0, group)
+            _, _, logits, hidden, _ = self.slots.step(0, group)
             if rows:
-                tokens, active, _, _ = self.slots.step(rows)
-                dispatched = tokens, active, list(self._slot_of[:rows])
+                tokens, active, _, _, logprobs = self.slots.step(rows, logprobs=wanted)
+                dispatched = tokens, active, lives, logprobs
         else:
-            tokens, active, logits, hidden = self.slots.step(rows, group)
+            tokens, active, logits, hidden, logprobs = self.slots.step(rows, group, logprobs=wanted)
             if rows:
-                dispatched = tokens, active, list(self._slot_of[:rows])
+                dispatched = tokens, active, lives, logprobs
         if rows:
             self.stats.steps += 1
         for i, (live, a, b) in enumerate(planned):
@@ -493,33 +518,43 @@ class Scheduler:
 
     def _insert(self, live: Live, logits) -> None:
         req = live.request
-        token = self.slots.insert(live.slot, logits, req.sampling, req.max_new_tokens, req.prompt.rope_delta,
-                                  not req.ignore_eos)
+        token, logprobs = self.slots.insert(live.slot, logits, req.sampling, req.max_new_tokens,
+                                            req.prompt.rope_delta, not req.ignore_eos, req.logprobs is not None)
         live.decoding = True
-        self._firsts.append((live, token))
+        self._firsts.append((live, token, logprobs))
 
     def _keep_prefix(self, live: Live, length: int, logits) -> None:
         saved = self.slots.snapshot(live.slot, length_bucket(length, 64))
         nbytes = sum(int(a.nbytes) for a in jax.tree.leaves(saved)) + (0 if logits is None else int(logits.nbytes))
         self.prefix.store_entry(live.ids, PrefixEntry(saved, length, logits, nbytes))
 
-    def _read_first(self, live: Live, token) -> None:
+    def _read_first(self, live: Live, token, logprobs) -> None:
         live.first_token = time.perf_counter()
         self.stats.first_token(live.first_token - live.handle.submitted)
-        self._push(live, int(host_array(token)))
+        token = host_array(token).reshape(1)
+        record = None if logprobs is None else \
+            host_rows(tuple(host_array(a) for a in logprobs), token, [live.request.logprobs])[0]
+        self._push(live, int(token[0]), record)
 
-    def _read_step(self, tokens, active, lives) -> None:
+    def _read_step(self, tokens, active, lives, logprobs) -> None:
         tokens, active = host_array(tokens), host_array(active)
+        records = [None] * len(lives)
+        if logprobs is not None:
+            records = host_rows(tuple(host_array(a) for a in logprobs), tokens,
+                                [None if x is None else x.request.logprobs for x in lives])
         for row, live in enumerate(lives):
             if live is not None and active[row] and not live.finished and live.decoding:
-                self._push(live, int(tokens[row]))
+                self._push(live, int(tokens[row]), records[row])
 
-    def _push(self, live: Live, token: int) -> None:
-        """One generated token of ``live``: its text to the caller; the end of the answer frees the slot."""
+    def _push(self, live: Live, token: int, logprob=None) -> None:
+        """One generated token of ``live`` (with its ``TokenLogprob`` when the request asks for one): its text to
+        the caller; the end of the answer frees the slot."""
         if live.finished:
             return
         live.generated += 1
-        live.handle._emit(TokenEvent(token, live.answer.push(token)))
+        if logprob is not None:
+            live.token_logprobs.append(logprob)
+        live.handle._emit(TokenEvent(token, live.answer.push(token), logprob))
         if live.answer.done or live.generated >= live.request.max_new_tokens:
             if live.answer.finish_reason == "stop":
                 self.slots.release(live.slot)  # the device does not know stop strings: it may still be active
@@ -566,7 +601,8 @@ class Scheduler:
             prompt_logits=self._prompt_rows(live.logit_rows, (self.engine.cfg.decoder.vocab_size,))
             if live.request.prompt_logits else None,
             prompt_logprobs=self._prompt_rows([host_array(r) for r in live.logprob_rows], ())[:prompt_tokens - 1]
-            if live.request.prompt_logprobs else None))
+            if live.request.prompt_logprobs else None,
+            logprobs=live.token_logprobs if live.request.logprobs is not None else None))
 
     @staticmethod
     def _prompt_rows(chunks: list[np.ndarray], row_shape: tuple) -> np.ndarray:

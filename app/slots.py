@@ -14,9 +14,12 @@ generated, whether it is active, its sampling settings). The model runs through 
   which ``head`` turns into the logits at every token for ``Pipeline.prompt_logits``, and ``logprobs`` into each
   next prompt token's log-probability for scoring.
 
-Both groups go through the weights once (decoder/packing.py). Other programs:
+Both groups go through the weights once (decoder/packing.py). With ``logprobs``, the step's variant that also
+returns each decoded token's log probability and the top 20 (app/token_logprobs.py), compiled the first time a step
+holds a request that asks for them. Other programs:
 
-- ``insert``: the first token of a prefilled request, drawn from its prompt's last logits, makes its slot active;
+- ``insert``: the first token of a prefilled request, drawn from its prompt's last logits, makes its slot active
+  (with ``logprobs``, its log probabilities too);
 - ``release``: a slot stops (a cancelled or stopped request) at the next step;
 - ``snapshot`` / ``restore``: a row's keys and values copied out (the prefix cache) and into another row.
 
@@ -33,6 +36,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from omnijax.app.sampling import SamplingParams, choose_rows, row_settings
+from omnijax.app.token_logprobs import token_logprobs
 from omnijax.common.matmul_policy import narrow_products, products_setting
 from omnijax.common.sharding import named_sharding, use_mesh
 from omnijax.decoder.kv_cache import KEY_AXES, VALUE_AXES, init_cache, restore_row, snapshot_row
@@ -155,11 +159,13 @@ class Slots:
         one = None if state_sharding is None else jax.sharding.NamedSharding(self.engine.mesh,
                                                                                jax.sharding.PartitionSpec())
         out = lambda *shardings: None if cache_sharding is None else shardings  # noqa: E731
-        self._step = jax.jit(self._step_impl, static_argnames=("rows", "products"), donate_argnames=("cache", "state"),
-                             out_shardings=out(one, one, state_sharding, cache_sharding, one, one))
+        self._step = jax.jit(self._step_impl, static_argnames=("rows", "products", "logprobs"),
+                             donate_argnames=("cache", "state"),
+                             out_shardings=out(one, one, state_sharding, cache_sharding, one, one, one))
         self._head = jax.jit(self._head_impl, static_argnames=("products",))
         self._logprobs = jax.jit(self._logprobs_impl, static_argnames=("products",))
-        self._insert = jax.jit(self._insert_impl, donate_argnames=("state",), out_shardings=out(state_sharding, one))
+        self._insert = jax.jit(self._insert_impl, static_argnames=("logprobs",), donate_argnames=("state",),
+                               out_shardings=out(state_sharding, one, one))
         self._release = jax.jit(lambda state, slot: state._replace(active=state.active.at[slot].set(False)),
                                 donate_argnames=("state",), out_shardings=None if state_sharding is None
                                 else state_sharding)
@@ -168,10 +174,12 @@ class Slots:
                                 out_shardings=None if cache_sharding is None else cache_sharding)
 
     # ---- jitted bodies -------------------------------------------------------------------------------------
-    def _step_impl(self, params, cache, state: SlotState, eos_ids, chunks: ChunkGroup | None, *, rows, products):
+    def _step_impl(self, params, cache, state: SlotState, eos_ids, chunks: ChunkGroup | None, *, rows, products,
+                   logprobs=False):
         """One step: the decode group of the first ``rows`` slots (none when 0) and the prompt ``chunks`` (None:
         none) -> (decode tokens [rows], which rows were active, the state, the cache, the chunks' logits at their
-        last tokens [C, V] and their last layer's output [C, T, D]); an absent group's outputs are empty."""
+        last tokens [C, V], their last layer's output [C, T, D], and with ``logprobs`` the decode tokens'
+        ``StepLogprobs``, else None); an absent group's outputs are empty."""
         dec = self.engine.model(params).decoder
         batches = []
         if rows:
@@ -191,7 +199,7 @@ class Slots:
                 else jnp.zeros((0, v), jnp.float32)
             if not rows:
                 empty = jnp.zeros((0,), jnp.int32)
-                return empty, empty.astype(bool), state, cache, chunk_logits, chunk_h
+                return empty, empty.astype(bool), state, cache, chunk_logits, chunk_h, None
             logits = dec.last_logits(h[0], batches[0].count)
         index = state.index[:rows] + 1
         nxt = choose_rows(logits, {k: v[:rows] for k, v in state.settings.items()}, index)
@@ -201,7 +209,7 @@ class Slots:
         state = state._replace(token=head(state.token, nxt), index=head(state.index, index),
                                remaining=head(state.remaining, remaining - 1),
                                active=state.active.at[:rows].set(active & ~ended))
-        return nxt, active, state, cache, chunk_logits, chunk_h
+        return nxt, active, state, cache, chunk_logits, chunk_h, token_logprobs(logits, nxt) if logprobs else None
 
     def _head_impl(self, params, hidden, *, products):
         with narrow_products(products):
@@ -211,13 +219,15 @@ class Slots:
         with narrow_products(products):
             return self.engine.model(params).decoder.next_token_logprobs(hidden, targets)
 
-    def _insert_impl(self, state: SlotState, slot, logits_1V, settings, max_new, delta, eos_on, eos_ids):
+    def _insert_impl(self, state: SlotState, slot, logits_1V, settings, max_new, delta, eos_on, eos_ids, *,
+                     logprobs=False):
         token = choose_rows(logits_1V, {k: v[None] for k, v in settings.items()}, jnp.zeros((1,), jnp.int32))[0]
         ended = (jnp.isin(token, eos_ids) & eos_on) | (max_new <= 1)
         put = lambda a, v: a.at[slot].set(v)  # noqa: E731
-        return SlotState(put(state.token, token), put(state.index, 0), put(state.active, ~ended),
-                         put(state.remaining, max_new - 1), put(state.delta, delta), put(state.eos_on, eos_on),
-                         {k: put(state.settings[k], v) for k, v in settings.items()}), token
+        state = SlotState(put(state.token, token), put(state.index, 0), put(state.active, ~ended),
+                          put(state.remaining, max_new - 1), put(state.delta, delta), put(state.eos_on, eos_on),
+                          {k: put(state.settings[k], v) for k, v in settings.items()})
+        return state, token, token_logprobs(logits_1V, token[None]) if logprobs else None
 
     # ---- host side -----------------------------------------------------------------------------------------
     def ensure_allocated(self) -> None:
@@ -286,16 +296,16 @@ class Slots:
             media = tuple(self.engine.put(a, (None,) * a.ndim) for a in (rows_m, is_media, deep))
         return ChunkGroup(tokens, count, start, rows, rope, bid, *media)
 
-    def step(self, rows: int, chunks: ChunkGroup | None = None) -> tuple[jax.Array, ...]:
+    def step(self, rows: int, chunks: ChunkGroup | None = None, logprobs: bool = False) -> tuple:
         """One step of the first ``rows`` slots (0: none) and the prompt ``chunks`` -> (tokens [rows], which rows
         were active, the chunks' logits at their last tokens [C, V], their last layer's output [C, T, D]: see
-        ``head``) as device arrays."""
+        ``head``; with ``logprobs`` the decode rows' ``StepLogprobs``, else None) as device arrays."""
         self.dispatched += 1
         with use_mesh(self.engine.mesh):
-            token, active, self.state, self.cache, logits, hidden = self._step(
+            token, active, self.state, self.cache, logits, hidden, step = self._step(
                 self.engine.params, self.cache, self.state, self.engine.eos_ids, chunks, rows=rows,
-                products=products_setting())
-        return token, active, logits, hidden
+                products=products_setting(), logprobs=bool(logprobs))
+        return token, active, logits, hidden, step
 
     def lower_step(self, rows: int, chunk_shape: tuple[int, int] | None = None):
         """The step program for ``rows`` decode rows and a chunk group of ``chunk_shape`` (C, T) lowered (for
@@ -325,12 +335,14 @@ class Slots:
                                   products=products_setting())
 
     def insert(self, slot: int, logits_1V: jax.Array, sampling: SamplingParams, max_new: int, delta: int,
-               eos_on: bool) -> jax.Array:
-        """Make ``slot`` active with its first token drawn from ``logits``; returns that token (device)."""
+               eos_on: bool, logprobs: bool = False):
+        """Make ``slot`` active with its first token drawn from ``logits`` -> (that token, with ``logprobs`` its
+        ``StepLogprobs`` of one row, else None), device arrays."""
         self.dispatched += 1
-        self.state, token = self._insert(self.state, np.int32(slot), logits_1V, row_settings(sampling),
-                                         np.int32(max_new), np.float32(delta), np.bool_(eos_on), self.engine.eos_ids)
-        return token
+        self.state, token, step = self._insert(self.state, np.int32(slot), logits_1V, row_settings(sampling),
+                                               np.int32(max_new), np.float32(delta), np.bool_(eos_on),
+                                               self.engine.eos_ids, logprobs=bool(logprobs))
+        return token, step
 
     def release(self, slot: int) -> None:
         self.dispatched += 1
@@ -353,7 +365,7 @@ class Slots:
         for c, t in shapes:
             chunk = Chunk(np.array([self.cfg.pad_id]), 0, 0, np.zeros((self.cfg.decoder.rope_axes, 1), np.float32),
                           np.zeros(1, bool), None)
-            _, _, logits, _ = self.step(self.decode_rows_with_chunks, self.chunk_group([chunk] * c, t))
+            _, _, logits, _, _ = self.step(self.decode_rows_with_chunks, self.chunk_group([chunk] * c, t))
         if logits is not None:
             self.insert(0, logits[:1], SamplingParams(), 2, 0, True)
             self.release(0)

@@ -9,9 +9,11 @@
 
 Requests are checked field by field (demo/openai_protocol.py) and prepared in worker threads; generation runs on
 the engine, whose scheduler thread serves every request at once. A handler waits on its request without holding a
-thread: the engine wakes it through the event loop. Streams are server-sent events as OpenAI sends them. A client
-that goes away (a closed stream, a dropped connection) cancels its request, which frees its slot at the engine's
-next step. Every refusal is OpenAI's error JSON with its status: 400 bad request, 401 missing key, 404 unknown model
+thread: the engine wakes it through the event loop. ``n`` > 1 submits the choices together (one prefill: see
+``Pipeline.submit_choices``; choice i samples with seed + i) and streams their chunks as they come, each with its
+``index``; log probabilities (demo/openai_logprobs.py) come with the tokens from the engine. Streams are
+server-sent events as OpenAI sends them. A client that goes away (a closed stream, a dropped connection) cancels
+its request, which frees its slot at the engine's next step. Every refusal is OpenAI's error JSON with its status: 400 bad request, 401 missing key, 404 unknown model
 or path, 413 body too large, 503 queue full; nothing a request holds can stop the server.
 """
 
@@ -36,7 +38,9 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from omnijax.app.scheduler import ClosedError, QueueFullError
 from omnijax.common.errors import OmnijaxError
+from omnijax.app.token_text import TokenText
 from omnijax.demo import openai_audio
+from omnijax.demo import openai_logprobs as lp
 from omnijax.demo import openai_protocol as api
 from omnijax.demo.api_key import ApiKeyCheck
 from omnijax.demo.body_limit import BodyLimit
@@ -80,6 +84,13 @@ class Server:
         self.fetch = fetch
         self.upload_root = pathlib.Path(upload_dir or tempfile.mkdtemp(prefix="omnijax-serve-"))
         self.created = int(time.time())
+        self._token_text: TokenText | None = None
+
+    @property
+    def token_text(self) -> TokenText:
+        if self._token_text is None:
+            self._token_text = TokenText(self.pipe.processor.tokenizer)
+        return self._token_text
 
     # ---- request -> engine ---------------------------------------------------------------------------------
     def _check_model(self, body: dict) -> None:
@@ -88,15 +99,18 @@ class Server:
             raise api.RequestError(f"the model {str(name)[:200]!r} does not exist; this server serves "
                                    f"{self.model!r}", param="model", status=404, code="model_not_found")
 
-    def _submit(self, prompt, settings: api.Settings, seed: int, listener):
-        """The request on the engine: without max_tokens as much as fits up to DEFAULT_MAX_TOKENS."""
+    def _submit(self, prompt, settings: api.Settings, seed: int, listener) -> list:
+        """The request's ``n`` choices on the engine (their handles): without max_tokens as much as fits up to
+        DEFAULT_MAX_TOKENS; with max_tokens 0 (``echo``) one token, which is not shown."""
         limit = settings.max_new_tokens
         if limit is None:  # as much as fits, up to the default
             limit = max(1, min(DEFAULT_MAX_TOKENS, self.pipe.scheduler.context - len(prompt.token_ids)))
-        return self.pipe.submit(prompt, max_new_tokens=limit, temperature=settings.temperature,
-                                top_k=settings.top_k, top_p=settings.top_p, seed=seed,
-                                stop=settings.stop or None,
-                                ignore_eos=settings.ignore_eos, listener=listener)
+        return self.pipe.submit_choices(prompt, settings.n, max_new_tokens=max(limit, 1),
+                                        temperature=settings.temperature, top_k=settings.top_k,
+                                        top_p=settings.top_p, seed=seed, stop=settings.stop or None,
+                                        ignore_eos=settings.ignore_eos, logprobs=settings.logprobs,
+                                        prompt_logprobs=settings.echo and settings.logprobs is not None,
+                                        listener=listener)
 
     def _speech(self, prompt, result, settings: api.Settings, seed: int, spoken: dict):
         """The spoken answer's chunks, made one at a time by the caller (a blocking iterator)."""
@@ -127,6 +141,10 @@ class Server:
             if spoken is not None and not chat:
                 raise api.RequestError("/v1/completions answers in text only; ask /v1/chat/completions for audio",
                                        param="modalities")
+            if spoken is not None and settings.logprobs is not None:
+                raise api.RequestError("log probabilities are not given with a spoken answer", param="logprobs")
+            if spoken is not None and settings.n > 1:
+                raise api.RequestError("a spoken answer is one choice: 'n' must be 1", param="n")
         except OmnijaxError as e:
             return _refusal(e)
         seed = secrets.randbelow(2**63) if settings.seed is None else settings.seed  # unseeded: as OpenAI samples
@@ -138,7 +156,7 @@ class Server:
                 prompt = await run_in_threadpool(self._prepare_chat, body, folder)
             else:
                 prompt = await run_in_threadpool(self.pipe.prepare_raw, api.completion_prompt(body))
-            handle = self._submit(prompt, settings, seed, lambda: loop.call_soon_threadsafe(wake.set))
+            handles = self._submit(prompt, settings, seed, lambda: loop.call_soon_threadsafe(wake.set))
         except OmnijaxError as e:
             shutil.rmtree(folder, ignore_errors=True)
             return _refusal(e)
@@ -148,15 +166,17 @@ class Server:
         shutil.rmtree(folder, ignore_errors=True)  # prepared: the media files are no longer needed
         request_id = api.new_id("chatcmpl" if chat else "cmpl")
         speech = None if spoken is None else (prompt, settings, seed, spoken)
+        echo = None if chat or not settings.echo else api.completion_prompt(body)
         if settings.stream:
-            return StreamingResponse(self._stream(handle, wake, request_id, chat, settings.include_usage, speech),
+            return StreamingResponse(self._stream(handles, wake, request_id, chat, settings, speech, prompt, echo),
                                      media_type="text/event-stream",
                                      headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
-        watcher = asyncio.create_task(_cancel_on_disconnect(request, handle))
+        watcher = asyncio.create_task(_cancel_on_disconnect(request, handles))
         try:
-            async for _ in _events(handle, wake):
+            async for _ in _events(handles, wake):
                 pass
-            result = handle.result()
+            results = [h.result() for h in handles]
+            result = results[0]
             if speech is not None and result.finish_reason != "cancelled":
                 chunks = await run_in_threadpool(lambda: list(self._speech(prompt, result, settings, seed, spoken)))
                 self.pipe.attach_audio(result, chunks)
@@ -164,58 +184,130 @@ class Server:
             return _refusal(e)
         finally:
             watcher.cancel()
-            handle.cancel()
-        use = api.usage(result.prompt_tokens, len(result.token_ids), result.cached_tokens)
+            for h in handles:
+                h.cancel()
+        use = self._usage(results, settings)
         if chat:
-            out = api.chat_completion(request_id, self.model, result.text, result.finish_reason, use)
+            choices = [api.chat_choice(r.text, r.finish_reason, i, None if settings.logprobs is None else
+                                       lp.chat_logprobs(lp.answer_records(r.logprobs, r.finish_reason),
+                                                        settings.logprobs, self.token_text))
+                       for i, r in enumerate(results)]
             if result.audio is not None:
-                out["choices"][0]["message"] = openai_audio.audio_message(result, spoken["format"])
-            return JSONResponse(out)
-        return JSONResponse(api.completion(request_id, self.model, result.text, result.finish_reason, use))
+                choices[0]["message"] = openai_audio.audio_message(result, spoken["format"])
+            return JSONResponse(api.chat_completion(request_id, self.model, "", "", use, choices=choices))
+        shared = self._prompt_logprobs(results, settings, prompt, echo)
+        choices = []
+        for i, r in enumerate(results):
+            text = "" if settings.max_new_tokens == 0 else r.text
+            logprobs = None
+            if settings.logprobs is not None:
+                records = [] if settings.max_new_tokens == 0 else lp.answer_records(r.logprobs, r.finish_reason)
+                logprobs = lp.CompletionLogprobs(self.token_text, settings.logprobs,
+                                                 0 if echo is None else len(echo)).part(records)
+                if shared is not None:
+                    logprobs = lp.join(shared, logprobs)
+            reason = "length" if settings.max_new_tokens == 0 else r.finish_reason
+            choices.append(api.completion_choice(text if echo is None else echo + text, reason, i, logprobs))
+        return JSONResponse(api.completion(request_id, self.model, "", None, use, choices=choices))
 
-    async def _stream(self, handle, wake: asyncio.Event, request_id: str, chat: bool, include_usage: bool,
-                      speech: tuple | None = None):
-        """Server-sent events of the answer; with ``speech`` (prompt, settings, seed, spoken settings) the text
-        goes as ``delta.audio.transcript`` pieces, then the audio as ``delta.audio.data`` pieces
-        (demo/openai_audio.py)."""
+    @staticmethod
+    def _usage(results, settings: api.Settings) -> dict:
+        """The prompt counted once, the completion tokens of every choice (none with max_tokens 0)."""
+        shown = 0 if settings.max_new_tokens == 0 else sum(len(r.token_ids) for r in results)
+        return api.usage(results[0].prompt_tokens, shown, results[0].cached_tokens)
+
+    def _prompt_logprobs(self, results, settings: api.Settings, prompt, echo: str | None) -> dict | None:
+        """``echo``'s prompt part of the completions logprobs (from the choice that computed them), or None."""
+        if echo is None or settings.logprobs is None:
+            return None
+        scored = next((r.prompt_logprobs for r in results if r.prompt_logprobs is not None), None)
+        if scored is None or len(scored) < len(prompt.token_ids) - 1:  # cancelled before the prompt was run
+            return None
+        return lp.prompt_part(prompt.token_ids.tolist(), scored, self.token_text)
+
+    async def _stream(self, handles: list, wake: asyncio.Event, request_id: str, chat: bool, settings: api.Settings,
+                      speech: tuple | None = None, prompt=None, echo: str | None = None):
+        """Server-sent events of the answer's choices as their tokens come (each chunk names its choice's
+        ``index``); with ``speech`` (prompt, settings, seed, spoken settings; one choice) the text goes as
+        ``delta.audio.transcript`` pieces, then the audio as ``delta.audio.data`` pieces (demo/openai_audio.py).
+        Completions with ``echo`` start each choice with the prompt; with ``echo`` and ``logprobs`` the prompt's
+        log probabilities are known only once the answers end, so the chunks wait for them."""
         created = int(time.time())
         deltas = None if speech is None else openai_audio.AudioDeltas(speech[3]["format"], self.pipe.speech.sample_rate)
-        try:
+        model, top = self.model, settings.logprobs
+        held = [lp.StreamedRecords() for _ in handles]
+        offsets = [lp.CompletionLogprobs(self.token_text, top or 0, 0 if echo is None else len(echo))
+                   for _ in handles]
+        hidden = settings.max_new_tokens == 0  # echo only: the drawn token is not shown
+        waiting = echo is not None and top is not None  # the echo's logprobs come at the end
+
+        def piece(i: int, text: str, records: list, finish_reason: str | None = None) -> bytes:
             if chat:
-                first = {"role": "assistant", "content": ""} if deltas is None else \
-                    {"role": "assistant", "content": None, **deltas.start()}
-                yield api.sse(api.chat_chunk(request_id, self.model, created, first))
-            async for event in _events(handle, wake):
-                if not event.text:
+                logprobs = None if top is None else {"content": lp.chat_content(records, top, self.token_text),
+                                                     "refusal": None}
+                return api.sse(api.chat_chunk(request_id, model, created, {"content": text}, index=i,
+                                              logprobs=logprobs))
+            logprobs = None if top is None else offsets[i].part(records)
+            return api.sse(api.completion(request_id, model, text, finish_reason, None, created, chunk=True,
+                                          index=i, logprobs=logprobs))
+
+        later: list[tuple] = []  # (choice, text, records) waiting for the echo's log probabilities
+        try:
+            for i in range(len(handles)):
+                if chat:
+                    first = {"role": "assistant", "content": ""} if deltas is None else \
+                        {"role": "assistant", "content": None, **deltas.start()}
+                    yield api.sse(api.chat_chunk(request_id, model, created, first, index=i))
+                elif echo is not None and not waiting:
+                    yield api.sse(api.completion(request_id, model, echo, None, None, created, chunk=True, index=i))
+            async for i, event in _events(handles, wake, indexed=True):
+                records = held[i].take(event) if top is not None else []
+                if not event.text or hidden:
                     continue
                 if deltas is not None:
-                    yield api.sse(api.chat_chunk(request_id, self.model, created, deltas.transcript(event.text)))
-                elif chat:
-                    yield api.sse(api.chat_chunk(request_id, self.model, created, {"content": event.text}))
+                    yield api.sse(api.chat_chunk(request_id, model, created, deltas.transcript(event.text)))
+                elif waiting:
+                    later.append((i, event.text, records))
                 else:
-                    yield api.sse(api.completion(request_id, self.model, event.text, None, None, created,
-                                                 chunk=True))
-            result = handle.result()
-            if deltas is not None and result.finish_reason != "cancelled":
-                prompt, settings, seed, spoken = speech
-                chunks = iter(await run_in_threadpool(self._speech, prompt, result, settings, seed, spoken))
-                while (chunk := await run_in_threadpool(next, chunks, None)) is not None:
-                    yield api.sse(api.chat_chunk(request_id, self.model, created, deltas.data(chunk)))
-                yield api.sse(api.chat_chunk(request_id, self.model, created, deltas.end()))
-            use = api.usage(result.prompt_tokens, len(result.token_ids), result.cached_tokens)
-            if chat:
-                yield api.sse(api.chat_chunk(request_id, self.model, created, {}, result.finish_reason))
-                if include_usage:
-                    yield api.sse(api.chat_chunk(request_id, self.model, created, None, use=use))
-            else:
-                yield api.sse(api.completion(request_id, self.model, "", result.finish_reason,
-                                             use if include_usage else None, created, chunk=True))
+                    yield piece(i, event.text, records)
+            results = [h.result() for h in handles]
+            if waiting:
+                shared = self._prompt_logprobs(results, settings, prompt, echo)
+                for i in range(len(handles)):
+                    yield api.sse(api.completion(request_id, model, echo, None, None, created, chunk=True, index=i,
+                                                 logprobs=shared if shared is not None else lp.empty()))
+                for i, text, records in later:
+                    yield piece(i, text, records)
+            for i, result in enumerate(results):
+                if deltas is not None and result.finish_reason != "cancelled":
+                    prompt_, settings_, seed, spoken = speech
+                    chunks = iter(await run_in_threadpool(self._speech, prompt_, result, settings_, seed, spoken))
+                    while (chunk := await run_in_threadpool(next, chunks, None)) is not None:
+                        yield api.sse(api.chat_chunk(request_id, model, created, deltas.data(chunk)))
+                    yield api.sse(api.chat_chunk(request_id, model, created, deltas.end()))
+                rest = held[i].rest(result.finish_reason) if top is not None and not hidden else []
+                if rest:
+                    yield piece(i, "", rest)
+                if chat:
+                    yield api.sse(api.chat_chunk(request_id, model, created, {}, result.finish_reason, index=i))
+                else:
+                    yield api.sse(api.completion(request_id, model, "", "length" if hidden else result.finish_reason,
+                                                 None, created, chunk=True, index=i,
+                                                 logprobs=None if top is None else lp.empty()))
+            if settings.include_usage:
+                use = self._usage(results, settings)
+                if chat:
+                    yield api.sse(api.chat_chunk(request_id, model, created, None, use=use))
+                else:
+                    yield api.sse(api.completion(request_id, model, "", None, use, created, chunk=True,
+                                                 choices=[]))
             yield api.sse("[DONE]")
         except OmnijaxError as e:  # the stream has started: the error goes as an event
             yield api.sse(api.error_body(str(e), code=type(e).__name__))
             yield api.sse("[DONE]")
         finally:  # also when the client goes away (the generator is closed or cancelled)
-            handle.cancel()
+            for h in handles:
+                h.cancel()
 
     def models(self) -> dict:
         return {"object": "list", "data": [{"id": self.model, "object": "model", "created": self.created,
@@ -239,25 +331,31 @@ async def _json_body(request: Request) -> dict:
     return body
 
 
-async def _events(handle, wake: asyncio.Event):
-    """The request's token events as they come, without holding a thread (the engine sets ``wake``)."""
-    while True:
+async def _events(handles: list, wake: asyncio.Event, *, indexed: bool = False):
+    """The token events of the requests ``handles`` (a request's choices) as they come, without holding a thread
+    (the engine sets ``wake``); ``indexed``: (choice index, event) pairs."""
+    open_ = set(range(len(handles)))
+    while open_:
         wake.clear()
-        events, ended = handle.take()
-        for event in events:
-            yield event
-        if ended:
-            return
-        if not events:
+        any_events = False
+        for i in sorted(open_):
+            events, ended = handles[i].take()
+            any_events |= bool(events)
+            for event in events:
+                yield (i, event) if indexed else event
+            if ended:
+                open_.discard(i)
+        if open_ and not any_events:
             await wake.wait()
 
 
-async def _cancel_on_disconnect(request: Request, handle) -> None:
-    """Cancel ``handle`` when the client closes the connection before the answer is sent."""
+async def _cancel_on_disconnect(request: Request, handles: list) -> None:
+    """Cancel ``handles`` when the client closes the connection before the answer is sent."""
     while True:
         message = await request.receive()
         if message["type"] == "http.disconnect":
-            handle.cancel()
+            for handle in handles:
+                handle.cancel()
             return
 
 

@@ -271,14 +271,14 @@ def test_a_failing_request_ends_alone_and_a_lost_device_state_is_rebuilt(gemma3_
     step = s.slots.step
     lost = []
 
-    def step_losing_the_cache(rows, chunks=None):
+    def step_losing_the_cache(rows, chunks=None, **kwargs):
         if not lost and rows and s.running == 2 and all(x.decoding for x in s._slot_of):
             # the first step decoding both slots: as a program that failed after its inputs were donated
             lost.append(rows)
             for a in jax.tree.leaves((s.slots.cache, s.slots.state)):
                 a.delete()
             raise RuntimeError("the device failed")
-        return step(rows, chunks)
+        return step(rows, chunks, **kwargs)
 
     s.slots.step = step_losing_the_cache
     first = [s.submit(request(gemma3_pipeline, p, n)) for p, n in zip(PROMPTS[:3], MAX_NEW[:3])]
