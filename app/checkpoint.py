@@ -24,7 +24,7 @@ from safetensors import safe_open
 from omnijax.common.errors import CheckpointError, SettingError
 from omnijax.common.quantized import INT4_GROUP, QuantizedArray, can_quantize, check_quantize, quantize
 from omnijax.common.weights import ParamPath, TensorSpec
-from omnijax.common.sharding import named_sharding
+from omnijax.app.weight_cache import place  # noqa: F401  (re-exported: the loader's placing)
 
 log = logging.getLogger(__name__)
 
@@ -229,6 +229,11 @@ class TensorIndex:
                 raise CheckpointError(f"{self.folder / file} is not a readable safetensors file: {e}") from e
         return self._open[file], disk
 
+    def source_files(self) -> list[pathlib.Path]:
+        """The files whose content the tensors come from: the weight files and config.json (the weight cache's
+        key)."""
+        return [self.folder / "config.json"] + sorted(self.folder / f for f in {f for f, _ in self.disk_key.values()})
+
     def close(self):
         self._open.clear()
 
@@ -287,12 +292,6 @@ def check_weight_map(params: dict[ParamPath, tuple[tuple, tuple]], weight_map: d
     return skipped
 
 
-def place(array: np.ndarray, axes: tuple, mesh) -> jax.Array:
-    """A host array as a device array laid out by its logical ``axes`` (each device gets its own piece)."""
-    sharding = named_sharding(axes, array.shape, mesh)
-    return jax.make_array_from_callback(array.shape, sharding, lambda idx, a=array: a[idx])
-
-
 def quantized_value(parts: dict[str, np.ndarray], mode: str, axis: int, axes: tuple, mesh) -> QuantizedArray:
     """``quantize``'s numpy output placed on the mesh: every leaf carries the weight's logical axes."""
     leaves = {name: place(a, axes, mesh) for name, a in parts.items()}
@@ -311,12 +310,14 @@ def quantize_mode_for(shape: tuple, mode: str | None, axis: int | None) -> str |
 def load_params(index: TensorSource, params: dict[ParamPath, tuple[tuple, tuple]],
                 weight_map: dict[ParamPath, TensorSpec], *, dtype: str, mesh,
                 unused_patterns: Iterable[str] = (), quantize_mode: str | None = None,
-                quant_axes: dict[ParamPath, int] | None = None) -> dict:
+                quant_axes: dict[ParamPath, int] | None = None, cache_writer=None) -> dict:
     """Read every parameter into a sharded device array; returns the nested pure-dict params pytree.
 
     quantize_mode: None, "int8" or "int4": the parameters of ``quant_axes`` ({path: contracted axis}) are stored
     as ``QuantizedArray``s, quantized one tensor at a time on the host (a source that reads a tensor straight
-    into its quantized form, ``read_quantized``, is asked first)."""
+    into its quantized form, ``read_quantized``, is asked first).
+    cache_writer: an ``app.weight_cache.EntryWriter`` given every parameter's host arrays as they are placed (and
+    committed at the end), or None."""
     quantize_mode = check_quantize(quantize_mode)
     quant_axes = quant_axes or {}
     skipped = check_weight_map(params, weight_map, index.keys(), unused_patterns)
@@ -341,6 +342,8 @@ def load_params(index: TensorSource, params: dict[ParamPath, tuple[tuple, tuple]
             parts = direct(spec.keys[0], mode, int(quant_axes[path]), shape)
             if parts is not None:
                 _set(tree, path, quantized_value(parts, mode, int(quant_axes[path]), axes, mesh))
+                if cache_writer is not None:
+                    cache_writer.add_quantized(path, parts, 8 if mode == "int8" else 4, int(quant_axes[path]))
                 continue
         parts = [index.read(key) for key in spec.keys]
         name = spec.keys[0] if len(spec.keys) == 1 else f"{spec.keys[0]} (+{len(spec.keys) - 1} joined)"
@@ -361,14 +364,22 @@ def load_params(index: TensorSource, params: dict[ParamPath, tuple[tuple, tuple]
         if mode is not None:
             check_finite(array, name)
             axis = int(quant_axes[path])
-            value = quantized_value(quantize(array, mode, axis), mode, axis, axes, mesh)
+            parts = quantize(array, mode, axis)
+            value = quantized_value(parts, mode, axis, axes, mesh)
+            if cache_writer is not None:
+                cache_writer.add_quantized(path, parts, 8 if mode == "int8" else 4, axis)
+            del parts
         else:
             array = np.ascontiguousarray(array.astype(target, copy=False)).reshape(shape)  # (0-d stays 0-d)
             check_finite(array, name)  # in the dtype it is used in
             value = place(array, axes, mesh)
+            if cache_writer is not None:
+                cache_writer.add_float(path, array)
         del array
         _set(tree, path, value)
     index.close()
+    if cache_writer is not None:
+        cache_writer.commit()
     return tree
 
 

@@ -47,7 +47,8 @@ def test_smoke_report_has_every_field(tmp_path):
 
 
 def test_load_smoke_on_a_tiny_gguf(tmp_path):
-    """bench.load on a tiny GGUF file and its safetensors conversion, one repeat."""
+    """bench.load on a tiny GGUF file (float32, bfloat16, int8, int4) and its safetensors conversion: a first load
+    and one repeat."""
     from bench.load import main as load
     from fixtures.tiny_gguf import write_tiny_gemma3_gguf
 
@@ -55,10 +56,12 @@ def test_load_smoke_on_a_tiny_gguf(tmp_path):
     out = tmp_path / "results"
     assert load(["--gguf", str(gguf), "--repeats", "1", "--out", str(out)]) == 0
     report = json.loads((out / "latest-load.json").read_text())
-    assert [(r["checkpoint"], r["dtype"]) for r in report["runs"]] == [
-        ("GGUF", "float32"), ("GGUF", "bfloat16"), ("safetensors (from the GGUF)", "float32")]
+    assert [(r["checkpoint"], r["dtype"], r["quantize"]) for r in report["runs"]] == [
+        ("GGUF", "float32", None), ("GGUF", "bfloat16", None), ("GGUF", "float32", "int8"), ("GGUF", "float32", "int4"),
+        ("safetensors (from the GGUF)", "float32", None)]
     for r in report["runs"]:
         assert r["load_s"] >= r["weights_s"] > 0 and r["peak_rss_mb"] > 0 and r["weights_mb"] > 0, r
+        assert r["first_load_s"] > 0 and r["first_peak_rss_mb"] > 0, r
     assert report["runs"][1]["weights_mb"] < report["runs"][0]["weights_mb"]  # bfloat16: half the bytes
     assert "tiny.gguf" in (out / "latest-load.md").read_text()
 
