@@ -25,6 +25,7 @@ from omnijax.app.checkpoint_source import open_checkpoint
 from omnijax.app.compilation_cache import enable_compilation_cache
 from omnijax.app.weight_cache import WeightCache, safetensors_dtype
 from omnijax.app.config_limits import check_config_limits
+from omnijax.common.host_memory import release_free_memory
 from omnijax.common.errors import CapabilityError, CheckpointError, PromptError, SettingError
 from omnijax.common.quantized import check_quantize
 from omnijax.app.families import family_for_config
@@ -201,6 +202,7 @@ class Pipeline:
                                         **ckpt.processor_kwargs)
         check_vocabulary(processor.tokenizer, cfg.decoder.vocab_size, tuple(t for _, t in cfg.media_token_ids),
                          cfg.eos_ids, str(ckpt.path))
+        release_free_memory()  # the tokenizer's scratch: the weights come next
         if mesh is None:
             try:
                 mesh = make_mesh(model_axis)
@@ -210,6 +212,7 @@ class Pipeline:
         skeleton = abstract_model(cfg, spec)
         graphdef, shapes = abstract_params(skeleton)
         params = load_weights(ckpt, spec, cfg, skeleton, shapes, dtype=dtype, quantize=quantize, mesh=mesh)
+        release_free_memory()
         engine = Engine(cfg, graphdef, params, mesh, collate=processor.collate, dtype=_JAX_DTYPES[dtype],
                         max_context=max_context)
         scheduler = Scheduler(engine, processor, slots=max_batch,

@@ -25,6 +25,7 @@ written under a temporary name and renamed when complete, so a process killed wh
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import json
 import logging
@@ -121,6 +122,35 @@ def max_cache_bytes(environ=os.environ) -> int:
     if not math.isfinite(gb) or gb < 0:
         gb = DEFAULT_MAX_GB
     return int(min(gb, 1 << 20) * 2**30)
+
+
+# the code a conversion runs: the loader, the GGUF reader and dequantizer, the families' weight maps and transforms,
+# the quantizer (relative to the package); with the gguf and numpy versions, part of every key
+_CONVERSION_CODE = ("app/checkpoint.py", "app/weight_cache.py", "app/gguf", "app/families", "common/quantized.py",
+                    "common/weights.py")
+
+
+@functools.lru_cache(maxsize=1)
+def code_fingerprint() -> str:
+    """A hash of the source of the code that converts a checkpoint (``_CONVERSION_CODE``) and of the versions of
+    the packages it calls: an entry converted by other code is never read back."""
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        gguf_version = version("gguf")
+    except PackageNotFoundError:
+        gguf_version = "none"
+    root = pathlib.Path(__file__).resolve().parents[1]
+    digest = hashlib.sha256(f"gguf {gguf_version} numpy {np.__version__}".encode())
+    for part in _CONVERSION_CODE:
+        target = root / part
+        for file in sorted(target.rglob("*.py")) if target.is_dir() else [target]:
+            digest.update(f"{file.relative_to(root)}\0".encode())
+            try:
+                digest.update(file.read_bytes())
+            except OSError:
+                digest.update(b"(unreadable)")
+    return digest.hexdigest()[:32]
 
 
 # ---- content hashes of the source files ----------------------------------------------------------------------
@@ -227,7 +257,7 @@ class WeightCache:
             log.warning("weight cache not used: %s", e)
             return None
         plan = hashlib.sha256(json.dumps(sorted((_name(p), list(s)) for p, (s, _) in shapes.items())).encode())
-        setting = dict(setting, format=FORMAT_VERSION, source=digest, params=plan.hexdigest())
+        setting = dict(setting, format=FORMAT_VERSION, source=digest, params=plan.hexdigest(), code=code_fingerprint())
         key = hashlib.sha256(json.dumps(setting, sort_keys=True).encode()).hexdigest()[:40]
         return cls(folder, key, setting, shapes, max_cache_bytes(environ))
 
@@ -239,7 +269,8 @@ class WeightCache:
             return None
         try:
             tree = self._read(mesh)
-        except (CheckpointError, OSError, ValueError, KeyError, TypeError) as e:
+        except (CheckpointError, OSError, ValueError, KeyError, TypeError, AttributeError, IndexError,
+                OverflowError, RecursionError) as e:
             log.warning("weight cache entry %s is not usable (%s); converting the checkpoint again", self.file, e)
             self.file.unlink(missing_ok=True)
             return None

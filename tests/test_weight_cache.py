@@ -125,7 +125,22 @@ def huge_header(entry: pathlib.Path) -> None:
         f.write((1 << 62).to_bytes(8, "little"))
 
 
-@pytest.mark.parametrize("damage", [damage_data, truncate, garbage_header, huge_header])
+def hostile_metadata(entry: pathlib.Path) -> None:
+    """Valid JSON of the wrong kind: every parameter's record a list."""
+    import json
+
+    with open(entry, "r+b") as f:
+        n = int.from_bytes(f.read(8), "little")
+        header = json.loads(f.read(n))
+        meta = header["__metadata__"]
+        meta["params"] = json.dumps({name: [] for name in json.loads(meta["params"])})
+        text = json.dumps(header).encode()
+        assert len(text) <= n
+        f.seek(8)
+        f.write(text + b" " * (n - len(text)))
+
+
+@pytest.mark.parametrize("damage", [damage_data, truncate, garbage_header, huge_header, hostile_metadata])
 def test_a_damaged_entry_is_detected_and_built_again(tiny_gguf, cache_dir, conversions, damage, caplog):
     first = Pipeline.from_pretrained(tiny_gguf, quantize="int8")
     [entry] = entries(cache_dir)
