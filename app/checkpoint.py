@@ -24,7 +24,7 @@ from safetensors import safe_open
 from omnijax.common.errors import CheckpointError, SettingError
 from omnijax.common.quantized import INT4_GROUP, QuantizedArray, can_quantize, check_quantize, quantize
 from omnijax.common.weights import ParamPath, TensorSpec
-from omnijax.app.weight_cache import place  # noqa: F401  (re-exported: the loader's placing)
+from omnijax.app.weight_cache import place, read_header, read_tensor
 
 log = logging.getLogger(__name__)
 
@@ -174,6 +174,7 @@ class TensorIndex:
                 raise CheckpointError(f"tensor {key!r} appears twice in {str(folder)!r} (as {canonical!r})")
             self.disk_key[canonical] = (file, key)
         self._open: dict[str, object] = {}
+        self._layouts: dict[str, tuple | None] = {}
 
     @staticmethod
     def _keys_of(file: pathlib.Path) -> list[str]:
@@ -212,11 +213,38 @@ class TensorIndex:
                                       f"be float ({', '.join(sorted(FLOAT_DTYPES))})")
 
     def read(self, key: str) -> np.ndarray:
+        """The tensor ``key`` as stored, in a fresh host array: read with plain file reads into an aligned buffer
+        (``read_tensor``: a one-device mesh uses it in place), not through safetensors' memory map, whose pages
+        would count as resident while the file is open (the whole model once more by the last tensor). A tensor
+        of a dtype that reader does not know is read by safetensors."""
         handle, disk = self._handle(key)
+        file = self.disk_key[key][0]
+        layout = self._layout(file)
+        if layout is not None and disk in layout[0]:
+            header, data_start, f = layout
+            try:
+                return read_tensor(f, header[disk], data_start, disk)
+            except (CheckpointError, OSError) as e:
+                raise CheckpointError(f"tensor {key!r} could not be read from {str(self.folder)!r}: {e}") from e
         try:
             return handle.get_tensor(disk)
         except Exception as e:
             raise CheckpointError(f"tensor {key!r} could not be read from {str(self.folder)!r}: {e}") from e
+
+    def _layout(self, file: str):
+        """(checked header of the tensors whose dtype ``read_tensor`` knows, data start, open file) of weight file
+        ``file``, or None when its header does not read that way (safetensors reads it then)."""
+        if file not in self._layouts:
+            layout = None
+            try:
+                f = open(self.folder / file, "rb", buffering=0)
+                header, data_start = read_header(f, os.fstat(f.fileno()).st_size, self.folder / file,
+                                                 known_dtypes_only=False)
+                layout = (header, data_start, f)
+            except (CheckpointError, OSError):
+                pass
+            self._layouts[file] = layout
+        return self._layouts[file]
 
     def _handle(self, key: str):
         if key not in self.disk_key:
@@ -236,6 +264,10 @@ class TensorIndex:
 
     def close(self):
         self._open.clear()
+        for layout in self._layouts.values():
+            if layout is not None:
+                layout[2].close()
+        self._layouts.clear()
 
 
 def abstract_params(abstract_model: nnx.Module) -> tuple[nnx.GraphDef, dict[ParamPath, tuple[tuple, tuple]]]:

@@ -479,9 +479,10 @@ def prune(folder: pathlib.Path, max_bytes: int, keep: pathlib.Path | None = None
 
 # ---- safetensors, read without a memory map ------------------------------------------------------------------
 
-def read_header(f, size: int, where) -> tuple[dict, int]:
+def read_header(f, size: int, where, known_dtypes_only: bool = True) -> tuple[dict, int]:
     """(header dict, where the data start) of the safetensors file open as ``f`` (``size`` bytes), checked: the
-    header is bounded JSON, every tensor's dtype is known, its offsets are inside the file and match its shape."""
+    header is bounded JSON, every tensor's dtype is known, its offsets are inside the file and match its shape.
+    known_dtypes_only=False: tensors of other dtypes are left out of the result instead of refused."""
     head = os.pread(f.fileno(), 8, 0)
     if len(head) != 8:
         raise CheckpointError(f"{where} is truncated")
@@ -498,10 +499,13 @@ def read_header(f, size: int, where) -> tuple[dict, int]:
     if not isinstance(header, dict):
         raise CheckpointError(f"{where} has a header that is not a JSON object")
     data_start, data_size = 8 + n, size - 8 - n
-    for name, info in header.items():
+    for name, info in list(header.items()):
         if name == "__metadata__":
             if not isinstance(info, dict) or not all(isinstance(v, str) for v in info.values()):
                 raise CheckpointError(f"{where}: its metadata is not a table of strings")
+            continue
+        if not known_dtypes_only and not (isinstance(info, dict) and info.get("dtype") in _SAFETENSORS_DTYPES):
+            del header[name]
             continue
         try:
             dtype = _SAFETENSORS_DTYPES[info["dtype"]]
