@@ -1,8 +1,9 @@
 """Reading a Hugging Face checkpoint folder: config, safetensors index, and parameters placed on the mesh.
 
-Tensors are read one at a time (``safe_open``, or a ``TensorSource`` such as a GGUF file's), re-laid out per the family's weight map, cast to the requested
-dtype and handed shard by shard to ``jax.make_array_from_callback``: the host never holds a second full copy of the
-model.
+Tensors are read one at a time (plain file reads into aligned host buffers, or a ``TensorSource`` such as a GGUF
+file's), re-laid out per the family's weight map, cast to the requested dtype and placed (``place``: used in place
+on a one-device mesh, else handed shard by shard to ``jax.make_array_from_callback``): the host never holds a second
+full copy of the model. A conversion worth keeping is written to the weight cache as it goes (app/weight_cache.py).
 """
 
 from __future__ import annotations

@@ -170,7 +170,8 @@ class Pipeline:
         quantize: None, "int8" or "int4": the decoder's weight matrices (projections, experts, embedding / output
         matrix) are stored quantized (int8 per output channel; int4 in groups of 32, two per byte) and widened
         next to their products (common/matmul_policy.py); the rest stays in ``dtype``. A GGUF file's tensors are
-        converted one at a time.
+        converted one at a time. A conversion (a GGUF file, or ``quantize``) is kept in the weight cache
+        (app/weight_cache.py), which the next load of the same content and setting reads back instead.
         mesh: a ("data", "model") jax Mesh; default: all devices with ``model_axis`` of them (default all)
         sharding the weights. max_context: context budget in tokens (prompt + new tokens) of each request, at most
         the model's own limit (default: that limit up to 8192). max_audio_seconds: longest audio clip accepted

@@ -249,3 +249,27 @@ def test_the_cached_gguf_tokenizer_reads_back_as_built(tmp_path):
     assert special_tokens(read) == special_tokens(built) and byte_fallback_ids(read) == byte_fallback_ids(built)
     messages = [{"role": "user", "content": "hi"}]
     assert read.apply_chat_template(messages, tokenize=False) == built.apply_chat_template(messages, tokenize=False)
+
+
+def test_safetensors_tensors_are_read_as_safetensors_reads_them(tmp_path):
+    """TensorIndex reads tensors with plain file reads into aligned buffers; what it reads equals safetensors' own
+    reading for every dtype, and a dtype that reader does not know (bool) still comes through safetensors."""
+    import ml_dtypes
+    from safetensors import safe_open
+    from safetensors.numpy import save_file
+
+    from omnijax.app.checkpoint import TensorIndex
+
+    rng = np.random.default_rng(0)
+    tensors = {"a": rng.standard_normal((3, 5)).astype(np.float32), "b": rng.standard_normal(7).astype(np.float16),
+               "c": rng.standard_normal((2, 64)).astype(ml_dtypes.bfloat16), "d": np.arange(5, dtype=np.int64),
+               "e": np.array([True, False, True]), "f": np.array(2.5, np.float32), "g": np.zeros((0, 4), np.float32)}
+    save_file(tensors, str(tmp_path / "model.safetensors"))
+    index = TensorIndex(tmp_path)
+    with safe_open(str(tmp_path / "model.safetensors"), framework="numpy") as f:
+        for key in tensors:
+            ours, ref = index.read(key), f.get_tensor(key)
+            assert ours.dtype == ref.dtype and ours.shape == ref.shape and np.array_equal(ours, ref), key
+            if key in "abcd":
+                assert ours.ctypes.data % weight_cache.ALIGN == 0, key
+    index.close()
