@@ -81,9 +81,7 @@ def test_a_second_load_reads_the_cache_and_gives_identical_weights(tiny_gguf, ca
     assert len(conversions) == 1 and len(entries(cache_dir)) == 1
     second = Pipeline.from_pretrained(tiny_gguf, dtype=dtype, quantize=quantize)
     assert len(conversions) == 1  # read from the entry: no conversion
-    assert_same(flat(first), flat(second))
-    a = first.generate(PROMPT, max_new_tokens=4).token_ids
-    assert second.generate(PROMPT, max_new_tokens=4).token_ids == a
+    assert_same(flat(first), flat(second))  # bit for bit: the same answers
 
 
 def test_the_entry_is_a_safetensors_file(tiny_gguf, cache_dir):
