@@ -16,7 +16,6 @@ import re
 import stat
 from typing import Iterable, Protocol
 
-import jax
 import ml_dtypes
 import numpy as np
 from flax import nnx

@@ -98,8 +98,8 @@ def markdown(report: dict) -> str:
              "RSS before weights MB | rise while weights stream MB | weights MB | largest tensor MB |",
              "|---|---|---|---|---|---|---|---|---|---|---|"]
     for r in report["runs"]:
-        lines.append(f"| {r['checkpoint']} | {r.get('quantize') or r['dtype']} | {r.get('first_load_s', float('nan')):.2f} "
-                     f"| {r['load_s']:.2f} | {r['weights_s']:.2f} | "
+        lines.append(f"| {r['checkpoint']} | {r.get('quantize') or r['dtype']} | "
+                     f"{r.get('first_load_s', float('nan')):.2f} | {r['load_s']:.2f} | {r['weights_s']:.2f} | "
                      f"{r['peak_rss_mb']:.0f} | {r['peak_before_weights_mb']:.0f} | "
                      f"{r['rss_before_weights_mb']:.0f} | {r['weights_peak_mb']:.0f} | "
                      f"{r['weights_mb']:.0f} | {r['largest_tensor_mb']:.0f} |")
@@ -120,7 +120,8 @@ def run(out: pathlib.Path, repeats: int, gguf: pathlib.Path | None = None) -> di
 
     gguf = gguf or gemma3_270m_gguf()
     cases = [("GGUF", gguf, "float32", None), ("GGUF", gguf, "bfloat16", None), ("GGUF", gguf, "float32", "int8"),
-             ("GGUF", gguf, "float32", "int4"), ("safetensors (from the GGUF)", reference_folder(gguf), "float32", None)]
+             ("GGUF", gguf, "float32", "int4"),
+             ("safetensors (from the GGUF)", reference_folder(gguf), "float32", None)]
     runs = []
     for name, path, dtype, quantize in cases:
         folder = tempfile.mkdtemp(prefix="omnijax-bench-weights-")
