@@ -1,8 +1,9 @@
 """Reading a Hugging Face checkpoint folder: config, safetensors index, and parameters placed on the mesh.
 
-Tensors are read one at a time (``safe_open``, or a ``TensorSource`` such as a GGUF file's), re-laid out per the family's weight map, cast to the requested
-dtype and handed shard by shard to ``jax.make_array_from_callback``: the host never holds a second full copy of the
-model.
+Tensors are read one at a time (plain file reads into aligned host buffers, or a ``TensorSource`` such as a GGUF
+file's), re-laid out per the family's weight map, cast to the requested dtype and placed (``place``: used in place
+on a one-device mesh, else handed shard by shard to ``jax.make_array_from_callback``): the host never holds a second
+full copy of the model. A conversion worth keeping is written to the weight cache as it goes (app/weight_cache.py).
 """
 
 from __future__ import annotations
@@ -15,7 +16,6 @@ import re
 import stat
 from typing import Iterable, Protocol
 
-import jax
 import ml_dtypes
 import numpy as np
 from flax import nnx
@@ -24,7 +24,7 @@ from safetensors import safe_open
 from omnijax.common.errors import CheckpointError, SettingError
 from omnijax.common.quantized import INT4_GROUP, QuantizedArray, can_quantize, check_quantize, quantize
 from omnijax.common.weights import ParamPath, TensorSpec
-from omnijax.common.sharding import named_sharding
+from omnijax.app.weight_cache import place, read_header, read_tensor
 
 log = logging.getLogger(__name__)
 
@@ -174,6 +174,7 @@ class TensorIndex:
                 raise CheckpointError(f"tensor {key!r} appears twice in {str(folder)!r} (as {canonical!r})")
             self.disk_key[canonical] = (file, key)
         self._open: dict[str, object] = {}
+        self._layouts: dict[str, tuple | None] = {}
 
     @staticmethod
     def _keys_of(file: pathlib.Path) -> list[str]:
@@ -212,11 +213,38 @@ class TensorIndex:
                                       f"be float ({', '.join(sorted(FLOAT_DTYPES))})")
 
     def read(self, key: str) -> np.ndarray:
+        """The tensor ``key`` as stored, in a fresh host array: read with plain file reads into an aligned buffer
+        (``read_tensor``: a one-device mesh uses it in place), not through safetensors' memory map, whose pages
+        would count as resident while the file is open (the whole model once more by the last tensor). A tensor
+        of a dtype that reader does not know is read by safetensors."""
         handle, disk = self._handle(key)
+        file = self.disk_key[key][0]
+        layout = self._layout(file)
+        if layout is not None and disk in layout[0]:
+            header, data_start, f = layout
+            try:
+                return read_tensor(f, header[disk], data_start, disk)
+            except (CheckpointError, OSError) as e:
+                raise CheckpointError(f"tensor {key!r} could not be read from {str(self.folder)!r}: {e}") from e
         try:
             return handle.get_tensor(disk)
         except Exception as e:
             raise CheckpointError(f"tensor {key!r} could not be read from {str(self.folder)!r}: {e}") from e
+
+    def _layout(self, file: str):
+        """(checked header of the tensors whose dtype ``read_tensor`` knows, data start, open file) of weight file
+        ``file``, or None when its header does not read that way (safetensors reads it then)."""
+        if file not in self._layouts:
+            layout = None
+            try:
+                f = open(self.folder / file, "rb", buffering=0)
+                header, data_start = read_header(f, os.fstat(f.fileno()).st_size, self.folder / file,
+                                                 known_dtypes_only=False)
+                layout = (header, data_start, f)
+            except (CheckpointError, OSError):
+                pass
+            self._layouts[file] = layout
+        return self._layouts[file]
 
     def _handle(self, key: str):
         if key not in self.disk_key:
@@ -229,8 +257,17 @@ class TensorIndex:
                 raise CheckpointError(f"{self.folder / file} is not a readable safetensors file: {e}") from e
         return self._open[file], disk
 
+    def source_files(self) -> list[pathlib.Path]:
+        """The files whose content the tensors come from: the weight files and config.json (the weight cache's
+        key)."""
+        return [self.folder / "config.json"] + sorted(self.folder / f for f in {f for f, _ in self.disk_key.values()})
+
     def close(self):
         self._open.clear()
+        for layout in self._layouts.values():
+            if layout is not None:
+                layout[2].close()
+        self._layouts.clear()
 
 
 def abstract_params(abstract_model: nnx.Module) -> tuple[nnx.GraphDef, dict[ParamPath, tuple[tuple, tuple]]]:
@@ -287,12 +324,6 @@ def check_weight_map(params: dict[ParamPath, tuple[tuple, tuple]], weight_map: d
     return skipped
 
 
-def place(array: np.ndarray, axes: tuple, mesh) -> jax.Array:
-    """A host array as a device array laid out by its logical ``axes`` (each device gets its own piece)."""
-    sharding = named_sharding(axes, array.shape, mesh)
-    return jax.make_array_from_callback(array.shape, sharding, lambda idx, a=array: a[idx])
-
-
 def quantized_value(parts: dict[str, np.ndarray], mode: str, axis: int, axes: tuple, mesh) -> QuantizedArray:
     """``quantize``'s numpy output placed on the mesh: every leaf carries the weight's logical axes."""
     leaves = {name: place(a, axes, mesh) for name, a in parts.items()}
@@ -311,12 +342,14 @@ def quantize_mode_for(shape: tuple, mode: str | None, axis: int | None) -> str |
 def load_params(index: TensorSource, params: dict[ParamPath, tuple[tuple, tuple]],
                 weight_map: dict[ParamPath, TensorSpec], *, dtype: str, mesh,
                 unused_patterns: Iterable[str] = (), quantize_mode: str | None = None,
-                quant_axes: dict[ParamPath, int] | None = None) -> dict:
+                quant_axes: dict[ParamPath, int] | None = None, cache_writer=None) -> dict:
     """Read every parameter into a sharded device array; returns the nested pure-dict params pytree.
 
     quantize_mode: None, "int8" or "int4": the parameters of ``quant_axes`` ({path: contracted axis}) are stored
     as ``QuantizedArray``s, quantized one tensor at a time on the host (a source that reads a tensor straight
-    into its quantized form, ``read_quantized``, is asked first)."""
+    into its quantized form, ``read_quantized``, is asked first).
+    cache_writer: an ``app.weight_cache.EntryWriter`` given every parameter's host arrays as they are placed (and
+    committed at the end), or None."""
     quantize_mode = check_quantize(quantize_mode)
     quant_axes = quant_axes or {}
     skipped = check_weight_map(params, weight_map, index.keys(), unused_patterns)
@@ -341,6 +374,8 @@ def load_params(index: TensorSource, params: dict[ParamPath, tuple[tuple, tuple]
             parts = direct(spec.keys[0], mode, int(quant_axes[path]), shape)
             if parts is not None:
                 _set(tree, path, quantized_value(parts, mode, int(quant_axes[path]), axes, mesh))
+                if cache_writer is not None:
+                    cache_writer.add_quantized(path, parts, 8 if mode == "int8" else 4, int(quant_axes[path]))
                 continue
         parts = [index.read(key) for key in spec.keys]
         name = spec.keys[0] if len(spec.keys) == 1 else f"{spec.keys[0]} (+{len(spec.keys) - 1} joined)"
@@ -361,14 +396,22 @@ def load_params(index: TensorSource, params: dict[ParamPath, tuple[tuple, tuple]
         if mode is not None:
             check_finite(array, name)
             axis = int(quant_axes[path])
-            value = quantized_value(quantize(array, mode, axis), mode, axis, axes, mesh)
+            parts = quantize(array, mode, axis)
+            value = quantized_value(parts, mode, axis, axes, mesh)
+            if cache_writer is not None:
+                cache_writer.add_quantized(path, parts, 8 if mode == "int8" else 4, axis)
+            del parts
         else:
             array = np.ascontiguousarray(array.astype(target, copy=False)).reshape(shape)  # (0-d stays 0-d)
             check_finite(array, name)  # in the dtype it is used in
             value = place(array, axes, mesh)
+            if cache_writer is not None:
+                cache_writer.add_float(path, array)
         del array
         _set(tree, path, value)
     index.close()
+    if cache_writer is not None:
+        cache_writer.commit()
     return tree
 
 

@@ -23,7 +23,9 @@ import numpy as np
 from omnijax.app.checkpoint import abstract_params, load_params, quantizable_params
 from omnijax.app.checkpoint_source import open_checkpoint
 from omnijax.app.compilation_cache import enable_compilation_cache
+from omnijax.app.weight_cache import WeightCache, safetensors_dtype
 from omnijax.app.config_limits import check_config_limits
+from omnijax.common.host_memory import release_free_memory
 from omnijax.common.errors import CapabilityError, CheckpointError, PromptError, SettingError
 from omnijax.common.quantized import check_quantize
 from omnijax.app.families import family_for_config
@@ -85,6 +87,36 @@ def check_load_settings(dtype, model_axis, max_context, max_audio_seconds, max_b
         raise SettingError(f"video_size must be one of {', '.join(map(repr, VIDEO_SIZES))}, got {video_size!r}")
 
 
+def load_weights(ckpt, spec, cfg, skeleton, shapes, *, dtype: str, quantize: str | None, mesh) -> dict:
+    """The params pytree of ``ckpt`` placed on ``mesh``: read back from the weight cache (app/weight_cache.py) when
+    the checkpoint needs a conversion (a GGUF file, or ``quantize``) that was done before, else read tensor by
+    tensor (``load_params``), and kept in the cache when it was a conversion."""
+    start = time.perf_counter()
+    weight_map = spec.weight_map(cfg)
+    # quantized weights are made from float32 tensors (one at a time), the others cast to dtype as they come
+    tensors = ckpt.open_tensors(spec, weight_map, "float32" if quantize else dtype)
+    params, source, cache = None, ckpt.format, None
+    if ckpt.format == "gguf" or quantize is not None:
+        setting = {"family": spec.name, "dtype": safetensors_dtype(dtype), "quantize": quantize or "none"}
+        cache = WeightCache.open(tensors.source_files(), setting, shapes)
+        params = cache.read(mesh) if cache is not None else None
+    if params is not None:
+        tensors.close()
+        source = f"{ckpt.format}, converted weights from the cache"
+    else:
+        writer = cache.writer() if cache is not None else None
+        try:
+            params = load_params(tensors, shapes, weight_map, dtype=dtype, mesh=mesh,
+                                 unused_patterns=spec.unused_keys(cfg, ckpt.hf_config), quantize_mode=quantize,
+                                 quant_axes=quantizable_params(skeleton) if quantize else None, cache_writer=writer)
+        except BaseException:
+            if writer is not None:
+                writer.abandon()
+            raise
+    log.info("loaded %s (%s, %s) in %.1fs", ckpt.path, spec.name, source, time.perf_counter() - start)
+    return params
+
+
 class Pipeline:
     def __init__(self, folder: pathlib.Path, spec, cfg, engine: Engine, processor, hf_config: dict,
                  scheduler: Scheduler, *, dtype: str = "float32", quantize: str | None = None):
@@ -141,7 +173,8 @@ class Pipeline:
         quantize: None, "int8" or "int4": the decoder's weight matrices (projections, experts, embedding / output
         matrix) are stored quantized (int8 per output channel; int4 in groups of 32, two per byte) and widened
         next to their products (common/matmul_policy.py); the rest stays in ``dtype``. A GGUF file's tensors are
-        converted one at a time.
+        converted one at a time. A conversion (a GGUF file, or ``quantize``) is kept in the weight cache
+        (app/weight_cache.py), which the next load of the same content and setting reads back instead.
         mesh: a ("data", "model") jax Mesh; default: all devices with ``model_axis`` of them (default all)
         sharding the weights. max_context: context budget in tokens (prompt + new tokens) of each request, at most
         the model's own limit (default: that limit up to 8192). max_audio_seconds: longest audio clip accepted
@@ -173,6 +206,7 @@ class Pipeline:
                                         **ckpt.processor_kwargs)
         check_vocabulary(processor.tokenizer, cfg.decoder.vocab_size, tuple(t for _, t in cfg.media_token_ids),
                          cfg.eos_ids, str(ckpt.path))
+        release_free_memory()  # the tokenizer's scratch: the weights come next
         if mesh is None:
             try:
                 mesh = make_mesh(model_axis)
@@ -181,14 +215,8 @@ class Pipeline:
         cfg = dataclasses.replace(cfg, decoder=cfg.decoder.with_kv_repeat(mesh.shape["model"]))
         skeleton = abstract_model(cfg, spec)
         graphdef, shapes = abstract_params(skeleton)
-        weight_map = spec.weight_map(cfg)
-        start = time.perf_counter()
-        # quantized weights are made from float32 tensors (one at a time), the others cast to dtype as they come
-        tensors = ckpt.open_tensors(spec, weight_map, "float32" if quantize else dtype)
-        params = load_params(tensors, shapes, weight_map, dtype=dtype, mesh=mesh,
-                             unused_patterns=spec.unused_keys(cfg, ckpt.hf_config), quantize_mode=quantize,
-                             quant_axes=quantizable_params(skeleton) if quantize else None)
-        log.info("loaded %s (%s, %s) in %.1fs", ckpt.path, spec.name, ckpt.format, time.perf_counter() - start)
+        params = load_weights(ckpt, spec, cfg, skeleton, shapes, dtype=dtype, quantize=quantize, mesh=mesh)
+        release_free_memory()
         engine = Engine(cfg, graphdef, params, mesh, collate=processor.collate, dtype=_JAX_DTYPES[dtype],
                         max_context=max_context)
         scheduler = Scheduler(engine, processor, slots=max_batch,

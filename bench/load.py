@@ -2,10 +2,13 @@
 
     python -m bench.load [--out bench/results] [--repeats 2] [--gguf FILE]
 
-Loads the Q4_K_M GGUF file (dequantized into float32 and into bfloat16) and, for comparison, the float32
-safetensors folder transformers saves from it (bench/real_gemma3.py), each in a fresh subprocess, and reports:
+Loads the Q4_K_M GGUF file (dequantized into float32 and into bfloat16, and quantized to int8 and int4) and, for
+comparison, the float32 safetensors folder transformers saves from it (bench/real_gemma3.py), each in a fresh
+subprocess: first with an empty weight cache (app/weight_cache.py: a folder of the run's own; ``first_load_s``,
+the conversion), then ``--repeats`` times reading it back (a second load: the figures below are those). The
+tokenizer cache and the compilation cache are the user's, as a user's second run finds them. Reports:
 load_s (the whole ``from_pretrained``: header, config, tokenizer, weights, engine), weights_s (reading,
-dequantizing and placing the weights), peak_rss_mb (the process's VmHWM over the load, imports included),
+converting or reading back, and placing the weights), peak_rss_mb (the process's VmHWM over the load, imports included),
 peak_before_weights_mb (the same before the weights: imports, config, tokenizer), rss_before_weights_mb, weights_peak_mb (how far resident memory rose above that while the weights streamed in:
 the peak is reset just before) against weights_mb (the loaded parameters) and largest_tensor_mb. Writes
 ``load-<time>.json``, ``latest-load.json`` and ``latest-load.md`` into ``--out``.
@@ -15,14 +18,19 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import pathlib
 import platform
+import shutil
 import subprocess
 import sys
+import tempfile
 import time
 
 MB = 1 << 20
 
+
+SETTINGS = ("float32", "bfloat16", "int8", "int4")  # the GGUF loads measured: dtype, or float32 quantized
 
 def _status_kb(field: str) -> int:
     with open("/proc/self/status") as f:
@@ -38,7 +46,7 @@ def _reset_peak() -> None:
         f.write("5")
 
 
-def probe(path: str, dtype: str) -> dict:
+def probe(path: str, dtype: str, quantize: str | None = None) -> dict:
     """Load ``path`` in this process and measure it (run it in a fresh process: see ``measure``)."""
     start = time.perf_counter()
     import jax
@@ -48,7 +56,7 @@ def probe(path: str, dtype: str) -> dict:
     jax.devices()
     imports_s = time.perf_counter() - start
     stage: dict = {}
-    real_load = pipeline_module.load_params
+    real_load = pipeline_module.load_weights
 
     def measured_load(*args, **kwargs):
         stage["peak_before_weights_kb"] = _status_kb("VmHWM")
@@ -60,13 +68,13 @@ def probe(path: str, dtype: str) -> dict:
         stage["weights_peak_kb"] = _status_kb("VmHWM")
         return params
 
-    pipeline_module.load_params = measured_load
+    pipeline_module.load_weights = measured_load
     t = time.perf_counter()
-    pipe = pipeline_module.Pipeline.from_pretrained(path, dtype=dtype)
+    pipe = pipeline_module.Pipeline.from_pretrained(path, dtype=dtype, quantize=quantize)
     load_s = time.perf_counter() - t
     leaves = jax.tree.leaves(pipe.engine.params)
     return {
-        "path": str(path), "dtype": dtype, "imports_s": imports_s, "load_s": load_s,
+        "path": str(path), "dtype": dtype, "quantize": quantize, "imports_s": imports_s, "load_s": load_s,
         "weights_s": stage["weights_s"],
         "peak_rss_mb": max(stage["peak_before_weights_kb"], _status_kb("VmHWM")) / 1024,
         "peak_before_weights_mb": stage["peak_before_weights_kb"] / 1024,
@@ -78,10 +86,11 @@ def probe(path: str, dtype: str) -> dict:
     }
 
 
-def measure(path, dtype: str, env: dict | None = None) -> dict:
+def measure(path, dtype: str, env: dict | None = None, quantize: str | None = None) -> dict:
     """``probe`` in a fresh Python process."""
-    proc = subprocess.run([sys.executable, "-m", "bench.load", "--probe", str(path), "--dtype", dtype],
-                          capture_output=True, text=True, env=env, timeout=1800)
+    cmd = [sys.executable, "-m", "bench.load", "--probe", str(path), "--dtype", dtype]
+    proc = subprocess.run(cmd + (["--quantize", quantize] if quantize else []), capture_output=True, text=True,
+                          env=env, timeout=1800)
     if proc.returncode != 0:
         raise RuntimeError(f"load probe failed ({proc.returncode}):\n{proc.stderr[-4000:]}")
     return json.loads(proc.stdout.strip().splitlines()[-1])
@@ -89,36 +98,50 @@ def measure(path, dtype: str, env: dict | None = None) -> dict:
 
 def markdown(report: dict) -> str:
     lines = [f"# Load: {report['gguf']} ({report['machine']})", "",
-             "| checkpoint | dtype | load s | weights s | peak RSS MB | peak before weights MB | RSS before "
-             "weights MB | rise while weights stream MB | weights MB | largest tensor MB |",
-             "|---|---|---|---|---|---|---|---|---|---|"]
+             f"CPU: {report.get('cpu', '?')}", "",
+             "| checkpoint | setting | first load s | load s | weights s | peak RSS MB | peak before weights MB | "
+             "RSS before weights MB | rise while weights stream MB | weights MB | largest tensor MB |",
+             "|---|---|---|---|---|---|---|---|---|---|---|"]
     for r in report["runs"]:
-        lines.append(f"| {r['checkpoint']} | {r['dtype']} | {r['load_s']:.1f} | {r['weights_s']:.1f} | "
+        lines.append(f"| {r['checkpoint']} | {r.get('quantize') or r['dtype']} | "
+                     f"{r.get('first_load_s', float('nan')):.2f} | {r['load_s']:.2f} | {r['weights_s']:.2f} | "
                      f"{r['peak_rss_mb']:.0f} | {r['peak_before_weights_mb']:.0f} | "
                      f"{r['rss_before_weights_mb']:.0f} | {r['weights_peak_mb']:.0f} | "
                      f"{r['weights_mb']:.0f} | {r['largest_tensor_mb']:.0f} |")
-    lines += ["", "Each figure is the best (time) / largest (memory) of the repeats, each in a fresh process."]
+    lines += ["", "First load: an empty weight cache (the conversion); the other figures: the best (time) / largest "
+                  "(memory) of the second loads, each in a fresh process."]
     return "\n".join(lines) + "\n"
 
 
-def run(out: pathlib.Path, repeats: int, gguf: pathlib.Path | None = None) -> dict:
+def run(out: pathlib.Path, repeats: int, gguf: pathlib.Path | None = None,
+        settings: tuple[str, ...] | None = None) -> dict:
     """Measure the loads of ``gguf`` (default: the real 270M) and of its safetensors conversion; write the report."""
+    from bench.real_decode import cpu_description
     from bench.real_gemma3 import gemma3_270m_gguf, reference_folder
 
     gguf = gguf or gemma3_270m_gguf()
-    cases = [("GGUF", gguf, "float32"), ("GGUF", gguf, "bfloat16"),
-             ("safetensors (from the GGUF)", reference_folder(gguf), "float32")]
+    settings = SETTINGS if settings is None else settings
+    loads = {"float32": ("float32", None), "bfloat16": ("bfloat16", None), "int8": ("float32", "int8"),
+             "int4": ("float32", "int4")}
+    cases = [("GGUF", gguf, *loads[name]) for name in settings]
+    cases.append(("safetensors (from the GGUF)", reference_folder(gguf), "float32", None))
     runs = []
-    for name, path, dtype in cases:
-        samples = [measure(path, dtype) for _ in range(repeats)]
-        best = dict(samples[0], checkpoint=name)
+    for name, path, dtype, quantize in cases:
+        folder = tempfile.mkdtemp(prefix="omnijax-bench-weights-")
+        env = dict(os.environ, OMNIJAX_WEIGHT_CACHE_DIR=folder)
+        try:
+            first = measure(path, dtype, env, quantize)
+            samples = [measure(path, dtype, env, quantize) for _ in range(repeats)]
+        finally:
+            shutil.rmtree(folder, ignore_errors=True)
+        best = dict(samples[0], checkpoint=name, first_load_s=first["load_s"], first_peak_rss_mb=first["peak_rss_mb"])
         for key in ("load_s", "weights_s", "imports_s"):
             best[key] = min(s[key] for s in samples)
         for key in ("peak_rss_mb", "peak_before_weights_mb", "weights_peak_mb", "rss_before_weights_mb"):
             best[key] = max(s[key] for s in samples)
         best["samples"] = samples
         runs.append(best)
-    report = {"machine": f"{platform.machine()}, {platform.processor() or platform.system()}",
+    report = {"machine": f"{platform.machine()}, {platform.processor() or platform.system()}", "cpu": cpu_description(),
               "time": time.strftime("%Y-%m-%d %H:%M:%S"), "gguf": gguf.name, "runs": runs}
     out.mkdir(parents=True, exist_ok=True)
     (out / f"load-{time.strftime('%Y%m%d-%H%M%S')}.json").write_text(json.dumps(report, indent=1))
@@ -132,13 +155,22 @@ def main(argv=None) -> int:
     p.add_argument("--out", default="bench/results")
     p.add_argument("--repeats", type=int, default=2)
     p.add_argument("--gguf", help="a Gemma 3 GGUF file (default: the real 270M of the test extra)")
+    p.add_argument("--settings", default=",".join(SETTINGS),
+                   help=f"the GGUF loads to measure, of {', '.join(SETTINGS)} (default all; the safetensors "
+                        f"conversion is always measured)")
     p.add_argument("--probe", help=argparse.SUPPRESS)
     p.add_argument("--dtype", default="float32", help=argparse.SUPPRESS)
+    p.add_argument("--quantize", default=None, help=argparse.SUPPRESS)
     args = p.parse_args(argv)
     if args.probe:
-        print(json.dumps(probe(args.probe, args.dtype)))
+        print(json.dumps(probe(args.probe, args.dtype, args.quantize)))
         return 0
-    print(markdown(run(pathlib.Path(args.out), args.repeats, pathlib.Path(args.gguf) if args.gguf else None)))
+    settings = tuple(s for s in args.settings.split(",") if s)
+    unknown = sorted(set(settings) - set(SETTINGS))
+    if unknown:
+        p.error(f"unknown settings {unknown}; known: {', '.join(SETTINGS)}")
+    print(markdown(run(pathlib.Path(args.out), args.repeats, pathlib.Path(args.gguf) if args.gguf else None,
+                       settings)))
     return 0
 
 

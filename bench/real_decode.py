@@ -6,8 +6,11 @@
 
 Every measurement runs in its own process (one system, one setting), so each peak resident memory (VmHWM) is that
 system's alone; the systems take turns in each round (llama.cpp, then each omnijax setting), after one warm-up
-process each (which builds what is cached between runs: the GGUF tokenizer, compiled programs), so every load time
-is a second run's. A process loads the model (timed: ``load_s``), generates once to warm up, then times one token
+process each (which builds what is cached between runs: the GGUF tokenizer, compiled programs, omnijax's converted
+weights in a weight cache of the run's own: its load time is reported as the first load), so every other load time
+is a second run's. omnijax serves one request with a context of ``CONTEXT`` tokens, as llama.cpp is given
+(``n_ctx``): the runtime's caches are sized alike. Peak resident memory is read right after the load
+(``load_peak_rss_mb``) and at the end (``peak_rss_mb``: load and decode). A process loads the model (timed: ``load_s``), generates once to warm up, then times one token
 and ``--new-tokens`` tokens from the same prompt (EOS ignored): decode tokens/s = (new tokens - 1) / (time of all
 - time of one). Headline ratios are taken within each round (the machine is shared: its speed drifts) and their
 median reported. Writes ``real-decode-<time>.json`` and ``latest-real-decode.md`` / ``.json`` into ``--out``.
@@ -32,6 +35,7 @@ PROMPT = "The history of the city begins with a small settlement by the river, w
 # the flags that decide what the products of either system can use
 SIMD_FLAGS = ("avx2", "fma", "f16c", "avx512f", "avx512bw", "avx512vl", "avx512_vnni", "avx512_bf16", "amx_bf16",
               "amx_int8", "asimd", "sve")
+CONTEXT = 512  # llama.cpp's n_ctx, and omnijax's max_context (one request at a time: max_batch 1)
 OMNIJAX_SETTINGS = (("int8", "float32", "int8"), ("int4", "float32", "int4"), ("bfloat16", "bfloat16", None),
                     ("float32", "float32", None))
 
@@ -75,8 +79,9 @@ def probe_llama_cpp(path: str, new_tokens: int, threads: int) -> dict:
     from llama_cpp import Llama
 
     start = time.perf_counter()
-    llm = Llama(model_path=path, n_threads=threads, n_threads_batch=threads, n_ctx=512, verbose=False)
+    llm = Llama(model_path=path, n_threads=threads, n_threads_batch=threads, n_ctx=CONTEXT, verbose=False)
     load_s = time.perf_counter() - start
+    load_peak = peak_rss_mb()
     prompt = llm.tokenize(PROMPT.encode(), add_bos=True)
 
     def run(n: int) -> list[int]:
@@ -89,7 +94,7 @@ def probe_llama_cpp(path: str, new_tokens: int, threads: int) -> dict:
         return out
 
     run(4)
-    return dict(timed_decode(run, new_tokens), load_s=load_s, peak_rss_mb=peak_rss_mb())
+    return dict(timed_decode(run, new_tokens), load_s=load_s, load_peak_rss_mb=load_peak, peak_rss_mb=peak_rss_mb())
 
 
 def probe_omnijax(path: str, new_tokens: int, dtype: str, quantize: str | None) -> dict:
@@ -99,8 +104,9 @@ def probe_omnijax(path: str, new_tokens: int, dtype: str, quantize: str | None) 
     from omnijax.common.kernels import native_library
 
     start = time.perf_counter()
-    pipe = Pipeline.from_pretrained(path, dtype=dtype, quantize=quantize)
+    pipe = Pipeline.from_pretrained(path, dtype=dtype, quantize=quantize, max_batch=1, max_context=CONTEXT)
     load_s = time.perf_counter() - start
+    load_peak = peak_rss_mb()
     prompt = pipe.prepare_raw(PROMPT)
 
     def run(n: int) -> list[int]:
@@ -110,15 +116,16 @@ def probe_omnijax(path: str, new_tokens: int, dtype: str, quantize: str | None) 
     run(new_tokens)
     result = timed_decode(run, new_tokens)
     weights = sum(x.nbytes for x in jax.tree.leaves(pipe.engine.params["decoder"]))
-    return dict(result, load_s=load_s, peak_rss_mb=peak_rss_mb(), decoder_weight_mb=weights / 2**20,
+    return dict(result, load_s=load_s, load_peak_rss_mb=load_peak, peak_rss_mb=peak_rss_mb(),
+                decoder_weight_mb=weights / 2**20,
                 kernels=native_library.chosen_isa() or "missing")
 
 
-def measure(system: str, path, new_tokens: int, threads: int) -> dict:
+def measure(system: str, path, new_tokens: int, threads: int, env: dict | None = None) -> dict:
     """One probe in a fresh process (``threads`` CPU threads for llama.cpp; XLA uses the machine's cores)."""
     cmd = [sys.executable, "-m", "bench.real_decode", "--probe", system, "--gguf", str(path),
            "--new-tokens", str(new_tokens), "--threads", str(threads)]
-    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=1800)
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=1800, env=env)
     lines = [l for l in proc.stdout.splitlines() if l.startswith("{")]
     if proc.returncode != 0 or not lines:
         raise RuntimeError(f"{system} probe failed ({proc.returncode}):\n{proc.stderr[-3000:]}")
@@ -134,15 +141,17 @@ def markdown(report: dict) -> str:
              f"{report['new_tokens']} new tokens, llama.cpp with {report['threads']} threads; {report['rounds']} "
              f"interleaved rounds, each process alone; median (min-max). Ratios: median over rounds of the ratio "
              f"within the round.", "", f"CPU: {report['cpu']}; omnijax's CPU kernels: {report['kernels']}.", "",
-             "| system | decode tok/s | ratio to llama.cpp | peak RSS MB | RSS ratio | load s (second run) | "
-             "decoder weights MB |", "|---|---|---|---|---|---|---|"]
+             "| system | decode tok/s | ratio to llama.cpp | peak RSS MB (load and decode) | RSS ratio | "
+             "peak RSS MB after load | load s (second run) | load s (first run) | decoder weights MB |",
+             "|---|---|---|---|---|---|---|---|---|"]
     for name in report["systems"]:
         s = report["systems"][name]
         tok = s["decode_tok_s"]
         ratio = report["ratios"].get(name, {})
         lines.append(f"| {name} | {tok['median']:.1f} ({tok['min']:.1f}-{tok['max']:.1f}) | "
                      f"{ratio.get('decode', 1.0):.2f}x | {s['peak_rss_mb']['max']:.0f} | "
-                     f"{ratio.get('rss', 1.0):.2f} | {s['load_s']['median']:.2f} | "
+                     f"{ratio.get('rss', 1.0):.2f} | {s['load_peak_rss_mb']['max']:.0f} | "
+                     f"{s['load_s']['median']:.2f} | {s.get('first_load_s', float('nan')):.2f} | "
                      f"{s.get('decoder_weight_mb', float('nan')):.0f} |")
     lines += ["", "Targets: decode >= 1.2x llama.cpp's with int4 and >= 1.0x with int8, peak RSS <= 1.5x llama.cpp's, "
                   "load <= 2 s."]
@@ -165,19 +174,31 @@ def run(out: pathlib.Path, rounds: int, threads: int, new_tokens: int, systems: 
         from bench.real_gemma3 import gemma3_270m_gguf
 
         path = gemma3_270m_gguf()
-    if warm_up:
-        for name in systems:  # builds the caches a second run reads
-            measure(name, path, 8, threads)
+    import shutil
+    import tempfile
+
+    weights = tempfile.mkdtemp(prefix="omnijax-bench-weights-")  # the run's own weight cache (converted weights)
+    env = dict(os.environ, OMNIJAX_WEIGHT_CACHE_DIR=weights)
+    first = {}
     results = {name: [] for name in systems}
-    for _ in range(rounds):
-        for name in systems:
-            results[name].append(measure(name, path, new_tokens, threads))
+    try:
+        if warm_up:
+            for name in systems:  # builds the caches a second run reads
+                first[name] = measure(name, path, 8, threads, env)["load_s"]
+        for _ in range(rounds):
+            for name in systems:
+                results[name].append(measure(name, path, new_tokens, threads, env))
+    finally:
+        shutil.rmtree(weights, ignore_errors=True)
     report = {"machine": f"{platform.machine()}, {os.cpu_count()} CPUs", "date": time.strftime("%Y-%m-%d %H:%M:%S"),
               "rounds": rounds, "threads": threads, "new_tokens": new_tokens, "gguf": str(path), "systems": {},
               "ratios": {}, "agreement": {}, "cpu": cpu_description(),
               "kernels": next((r[0]["kernels"] for r in results.values() if "kernels" in r[0]), "not run")}
     for name, runs in results.items():
-        entry = {k: summary([r[k] for r in runs]) for k in ("decode_tok_s", "peak_rss_mb", "load_s", "ttft_s")}
+        entry = {k: summary([r[k] for r in runs])
+                 for k in ("decode_tok_s", "peak_rss_mb", "load_peak_rss_mb", "load_s", "ttft_s")}
+        if name in first:
+            entry["first_load_s"] = first[name]
         if "decoder_weight_mb" in runs[0]:
             entry["decoder_weight_mb"] = runs[0]["decoder_weight_mb"]
         entry["tokens"] = runs[0]["tokens"]

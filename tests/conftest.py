@@ -39,6 +39,16 @@ if _RUN_CACHE not in os.environ:
     atexit.register(shutil.rmtree, os.environ[_RUN_CACHE], ignore_errors=True)
 os.environ.update(JAX_COMPILATION_CACHE_DIR=os.environ[_RUN_CACHE], JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS="0",
                   JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES="0")
+# Likewise the converted-weights cache (app/weight_cache.py): one of the run's own, shared by its processes (a second
+# load of a checkpoint in the run reads it), removed at the end; the user's is left alone.
+_RUN_WEIGHTS = "OMNIJAX_TEST_RUN_WEIGHT_CACHE"
+if _RUN_WEIGHTS not in os.environ:
+    import atexit
+    import tempfile
+
+    os.environ[_RUN_WEIGHTS] = tempfile.mkdtemp(prefix="omnijax-test-weight-cache-")
+    atexit.register(shutil.rmtree, os.environ[_RUN_WEIGHTS], ignore_errors=True)
+os.environ["OMNIJAX_WEIGHT_CACHE_DIR"] = os.environ[_RUN_WEIGHTS]
 
 
 def _write_whole() -> None:

@@ -47,19 +47,21 @@ def test_smoke_report_has_every_field(tmp_path):
 
 
 def test_load_smoke_on_a_tiny_gguf(tmp_path):
-    """bench.load on a tiny GGUF file and its safetensors conversion, one repeat."""
+    """bench.load on a tiny GGUF file (float32 and int4) and its safetensors conversion: a first load (the
+    conversion into an empty weight cache) and one repeat (read back from it)."""
     from bench.load import main as load
     from fixtures.tiny_gguf import write_tiny_gemma3_gguf
 
     gguf = write_tiny_gemma3_gguf(tmp_path / "tiny.gguf")
     out = tmp_path / "results"
-    assert load(["--gguf", str(gguf), "--repeats", "1", "--out", str(out)]) == 0
+    assert load(["--gguf", str(gguf), "--repeats", "1", "--out", str(out), "--settings", "float32,int4"]) == 0
     report = json.loads((out / "latest-load.json").read_text())
-    assert [(r["checkpoint"], r["dtype"]) for r in report["runs"]] == [
-        ("GGUF", "float32"), ("GGUF", "bfloat16"), ("safetensors (from the GGUF)", "float32")]
+    assert [(r["checkpoint"], r["dtype"], r["quantize"]) for r in report["runs"]] == [
+        ("GGUF", "float32", None), ("GGUF", "float32", "int4"), ("safetensors (from the GGUF)", "float32", None)]
     for r in report["runs"]:
         assert r["load_s"] >= r["weights_s"] > 0 and r["peak_rss_mb"] > 0 and r["weights_mb"] > 0, r
-    assert report["runs"][1]["weights_mb"] < report["runs"][0]["weights_mb"]  # bfloat16: half the bytes
+        assert r["first_load_s"] > 0 and r["first_peak_rss_mb"] > 0, r
+    assert report["runs"][1]["weights_mb"] < report["runs"][0]["weights_mb"]  # int4: fewer bytes
     assert "tiny.gguf" in (out / "latest-load.md").read_text()
 
 

@@ -84,8 +84,10 @@ def dequantize_rows_chunked(read_rows, info, chunk_bytes: int = CHUNK_BYTES):
 def dequantize_tensor(read_rows, info, dtype, chunk_bytes: int = CHUNK_BYTES) -> np.ndarray:
     """The tensor ``info`` (a ``TensorInfo``) as ``dtype``, in its shape (``dequantize_rows_chunked`` written into
     one array of ``dtype``)."""
+    from omnijax.app.weight_cache import aligned_empty
+
     row_len = info.shape[-1] if info.shape else 1
-    out = np.empty((info.rows, row_len), dtype)
+    out = aligned_empty((info.rows, row_len), dtype)  # aligned: a one-device mesh uses it in place
     for part, values in dequantize_rows_chunked(read_rows, info, chunk_bytes):
         out[part] = values
     return out.reshape(info.shape)

@@ -98,6 +98,7 @@ class GGUFTensors:
         the loader then reads the tensor whole. A NaN or an infinity in the stored values (a broken block scale)
         raises CheckpointError naming the tensor, as the float path does."""
         from omnijax.app.checkpoint import check_finite
+        from omnijax.app.weight_cache import aligned_empty
 
         info = self.info(key)
         if axis != len(shape) - 1 or tuple(info.shape) != tuple(shape) or self.arch.transforms_for(key):
@@ -109,9 +110,13 @@ class GGUFTensors:
             chunk = quantize(values, mode, -1)
             for name, a in chunk.items():
                 if name not in out:
-                    out[name] = np.empty((rows,) + a.shape[1:], a.dtype)
+                    out[name] = aligned_empty((rows,) + a.shape[1:], a.dtype)
                 out[name][part] = a
         return {name: a.reshape(tuple(shape[:-1]) + a.shape[1:]) for name, a in out.items()}
+
+    def source_files(self) -> list:
+        """The files whose content the tensors come from (the weight cache's key)."""
+        return [self.file.path]
 
     def close(self) -> None:
         self.file.close()
