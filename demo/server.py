@@ -22,7 +22,6 @@ import contextlib
 import json
 import logging
 import pathlib
-import secrets
 import shutil
 import tempfile
 import time
@@ -38,6 +37,7 @@ from omnijax.app.scheduler import ClosedError, QueueFullError
 from omnijax.common.errors import OmnijaxError
 from omnijax.demo import openai_audio
 from omnijax.demo import openai_protocol as api
+from omnijax.demo import openai_request
 from omnijax.demo.api_key import ApiKeyCheck
 from omnijax.demo.body_limit import BodyLimit
 from omnijax.demo.host_check import HostCheck
@@ -46,7 +46,7 @@ from omnijax.demo.metrics import CONTENT_TYPE, metrics_text
 log = logging.getLogger(__name__)
 
 DEFAULT_MAX_BODY_MB = 64
-DEFAULT_MAX_TOKENS = 256  # a request that names no max_tokens gets at most this many (within the context)
+DEFAULT_MAX_TOKENS = openai_request.DEFAULT_MAX_TOKENS  # without max_tokens at most this many (within the context)
 
 
 def error_response(status: int, message: str, type_: str = "invalid_request_error", param: str | None = None,
@@ -81,35 +81,16 @@ class Server:
         self.upload_root = pathlib.Path(upload_dir or tempfile.mkdtemp(prefix="omnijax-serve-"))
         self.created = int(time.time())
 
-    # ---- request -> engine ---------------------------------------------------------------------------------
-    def _check_model(self, body: dict) -> None:
-        name = body.get("model")
-        if name is not None and name != self.model:
-            raise api.RequestError(f"the model {str(name)[:200]!r} does not exist; this server serves "
-                                   f"{self.model!r}", param="model", status=404, code="model_not_found")
-
-    def _submit(self, prompt, settings: api.Settings, seed: int, listener):
-        """The request on the engine: without max_tokens as much as fits up to DEFAULT_MAX_TOKENS."""
-        limit = settings.max_new_tokens
-        if limit is None:  # as much as fits, up to the default
-            limit = max(1, min(DEFAULT_MAX_TOKENS, self.pipe.scheduler.context - len(prompt.token_ids)))
-        return self.pipe.submit(prompt, max_new_tokens=limit, temperature=settings.temperature,
-                                top_k=settings.top_k, top_p=settings.top_p, seed=seed,
-                                stop=settings.stop or None,
-                                ignore_eos=settings.ignore_eos, listener=listener)
-
+    # ---- request -> engine (demo/openai_request.py) ---------------------------------------------------------
     def _speech(self, prompt, result, settings: api.Settings, seed: int, spoken: dict):
         """The spoken answer's chunks, made one at a time by the caller (a blocking iterator)."""
         return self.pipe.speak_answer(prompt, result, voice=spoken["voice"], temperature=settings.temperature,
                                       top_k=settings.top_k, top_p=settings.top_p, seed=seed,
                                       max_speech_frames=self.max_speech_frames)
 
-    def _prepare_chat(self, body: dict, folder: pathlib.Path):
-        messages = api.chat_messages(body, allow_remote=self.allow_remote_media)
-        if not self.pipe.has_chat_template:
-            raise api.RequestError("this model has no chat template (a base model): use /v1/completions",
-                                   param="messages")
-        return self.pipe.prepare(api.resolve_media(messages, folder, self.fetch))
+    def _prepare(self, request: openai_request.ApiRequest, folder: pathlib.Path):
+        return openai_request.prepare_prompt(self.pipe, request, folder, allow_remote=self.allow_remote_media,
+                                             fetch=self.fetch)
 
     # ---- handlers ------------------------------------------------------------------------------------------
     async def chat(self, request: Request):
@@ -121,24 +102,16 @@ class Server:
     async def _complete(self, request: Request, *, chat: bool):
         try:
             body = await _json_body(request)
-            settings = api.settings_of(body, chat=chat)
-            self._check_model(body)
-            spoken = openai_audio.audio_request(body, self.pipe.voices)
-            if spoken is not None and not chat:
-                raise api.RequestError("/v1/completions answers in text only; ask /v1/chat/completions for audio",
-                                       param="modalities")
+            parsed = openai_request.read_request(body, chat=chat, model=self.model, voices=self.pipe.voices)
         except OmnijaxError as e:
             return _refusal(e)
-        seed = secrets.randbelow(2**63) if settings.seed is None else settings.seed  # unseeded: as OpenAI samples
+        settings, seed, spoken = parsed.settings, parsed.seed, parsed.spoken
         folder = pathlib.Path(tempfile.mkdtemp(prefix="request-", dir=self.upload_root))
         loop = asyncio.get_running_loop()
         wake = asyncio.Event()
         try:
-            if chat:
-                prompt = await run_in_threadpool(self._prepare_chat, body, folder)
-            else:
-                prompt = await run_in_threadpool(self.pipe.prepare_raw, api.completion_prompt(body))
-            handle = self._submit(prompt, settings, seed, lambda: loop.call_soon_threadsafe(wake.set))
+            prompt = await run_in_threadpool(self._prepare, parsed, folder)
+            handle = openai_request.submit(self.pipe, prompt, parsed, lambda: loop.call_soon_threadsafe(wake.set))
         except OmnijaxError as e:
             shutil.rmtree(folder, ignore_errors=True)
             return _refusal(e)
@@ -165,13 +138,7 @@ class Server:
         finally:
             watcher.cancel()
             handle.cancel()
-        use = api.usage(result.prompt_tokens, len(result.token_ids), result.cached_tokens)
-        if chat:
-            out = api.chat_completion(request_id, self.model, result.text, result.finish_reason, use)
-            if result.audio is not None:
-                out["choices"][0]["message"] = openai_audio.audio_message(result, spoken["format"])
-            return JSONResponse(out)
-        return JSONResponse(api.completion(request_id, self.model, result.text, result.finish_reason, use))
+        return JSONResponse(openai_request.answer_body(request_id, self.model, result, parsed))
 
     async def _stream(self, handle, wake: asyncio.Event, request_id: str, chat: bool, include_usage: bool,
                       speech: tuple | None = None):
