@@ -180,6 +180,7 @@ def write_json_atomically(path: pathlib.Path, value: dict) -> None:
     """``value`` as ``path``, replaced whole (a reader sees the old file or the new one)."""
     tmp = path.with_name(f".{path.name}.tmp")
     try:
+        path.parent.mkdir(parents=True, exist_ok=True)
         tmp.write_text(json.dumps(value, indent=1) + "\n")
         os.replace(tmp, path)
     except OSError as e:
@@ -243,8 +244,9 @@ class _Run:
         self.window = 0
         self.started = time.perf_counter()
         self._reported = -math.inf
-        self.bar = ProgressBar(max(total - finished.count, 0),
-                               options.progress and log is not None and log.isatty(), log or sys.stderr, unit="line")
+        on_terminal = log is not None and getattr(log, "isatty", lambda: False)()
+        self.bar = ProgressBar(max(total - finished.count, 0), options.progress and on_terminal, log or sys.stderr,
+                               unit="line")
 
     # ---- main thread ---------------------------------------------------------------------------------------
     def _start(self) -> None:

@@ -9,9 +9,11 @@ The runner is demo/batch_file.py; the line and row formats demo/batch_rows.py.
 from __future__ import annotations
 
 import argparse
+import pathlib
 import sys
 
 from omnijax.app.cli import add_engine_flags, add_model_flags, load_pipeline
+from omnijax.common.errors import CheckpointError
 from omnijax.demo.batch_file import DEFAULT_MAX_LINE_MB
 
 
@@ -52,6 +54,8 @@ def run_batch_command(args) -> int:
                            max_line_mb=args.max_line_mb, progress=not args.no_progress)
     batch_paths(args.input, args.output, args.errors, args.progress_file)  # before the model loads
     model_settings(args)
+    if args.model is not None and not pathlib.Path(args.model).expanduser().exists():
+        raise CheckpointError(f"--model {args.model!r} does not exist")
     summary = run_batch(lambda: load_pipeline(args), args.input, args.output, options, errors=args.errors,
                         progress_file=args.progress_file, log=sys.stderr)
     return 130 if summary.interrupted else 0

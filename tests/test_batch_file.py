@@ -328,3 +328,33 @@ def test_sigkill_mid_run_then_resume_answers_every_custom_id_once(tmp_path, tiny
         else:
             expected = gemma3_pipeline.generate(messages_of(line, tmp_path), max_new_tokens=MAX_NEW).text
             assert choice["message"]["content"] == expected
+
+
+def test_ctrl_c_stops_the_run_cleanly_and_a_rerun_finishes_it(tmp_path, gemma3_pipeline, monkeypatch):
+    """Ctrl-C (SIGINT, here sent by the run to itself once it has written its fifth row) ends the run at once: the
+    rows written are whole and kept, the requests in flight are cancelled, and a rerun answers the rest once."""
+    import omnijax.demo.batch_file as batch_file
+
+    lines, answered, nameless = many_lines(40)
+    inp = write_lines(tmp_path / "requests.jsonl", lines)
+    out = tmp_path / "results.jsonl"
+    write, written = batch_file._Run._write, []
+
+    def write_then_interrupt(self, row, *, ok):
+        write(self, row, ok=ok)
+        written.append(row)
+        if len(written) == 5:
+            os.kill(os.getpid(), signal.SIGINT)
+
+    monkeypatch.setattr(batch_file._Run, "_write", write_then_interrupt)
+    summary = run_batch(gemma3_pipeline, inp, out, OPTIONS, log=None)
+    assert summary.interrupted and summary.written == len(written) == 5
+    assert json.loads((tmp_path / "results.jsonl.progress.json").read_text())["state"] == "interrupted"
+    assert not (tmp_path / "results.jsonl.lock").exists() and not (tmp_path / ".results.jsonl.media").exists()
+    monkeypatch.setattr(batch_file._Run, "_write", write)
+    again = run_batch(gemma3_pipeline, inp, out, OPTIONS, log=None)
+    assert not again.interrupted and (again.already, again.written) == (5, len(lines) - 5)
+    ok, refused = rows(out), rows(default_errors_path(out))
+    assert sorted(row["custom_id"] for row in ok) == sorted(answered)
+    assert sorted(row["error"]["line"] for row in refused if row["custom_id"] is None) == sorted(nameless)
+    assert len(ok) + len(refused) == len(lines)  # one row per line
