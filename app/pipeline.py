@@ -30,10 +30,12 @@ from omnijax.app.families import family_for_config
 from omnijax.app.generation import Engine
 from omnijax.app.model import abstract_model
 from omnijax.app.requests import GenerationResult, Request, RequestHandle
-from omnijax.app.sampling import SamplingParams, check_max_speech_frames, check_settings
+from omnijax.app.sampling import (SamplingParams, check_choices, check_max_speech_frames, check_settings,
+                                  choice_seed)
 from omnijax.app.scheduler import (DEFAULT_MAX_QUEUE, DEFAULT_MEDIA_CACHE_MB, DEFAULT_PREFIX_CACHE_MB, Scheduler)
-from omnijax.app.slots import DEFAULT_CHUNK, DEFAULT_SLOTS
+from omnijax.app.slots import DEFAULT_MAX_BATCHED_TOKENS, DEFAULT_SLOTS
 from omnijax.app.speech_events import AudioChunk, TextPiece
+from omnijax.app.token_logprobs import check_logprobs
 from omnijax.app.vocabulary import check_vocabulary
 from omnijax.common.sharding import make_mesh
 from omnijax.preprocess.processor import PreparedPrompt
@@ -58,15 +60,16 @@ MAX_PROMPT_LOGITS_BYTES = 4 << 30  # the logits one prompt_logits call returns
 
 
 def check_load_settings(dtype, model_axis, max_context, max_audio_seconds, max_batch=DEFAULT_SLOTS,
-                        chunk=DEFAULT_CHUNK, max_queue=DEFAULT_MAX_QUEUE, prefix_cache_mb=0.0,
-                        media_cache_mb=0.0, video_size="processor") -> None:
+                        max_batched_tokens=DEFAULT_MAX_BATCHED_TOKENS, max_queue=DEFAULT_MAX_QUEUE,
+                        prefix_cache_mb=0.0, media_cache_mb=0.0, video_size="processor") -> None:
     """SettingError naming the first ``from_pretrained`` argument of the wrong type or out of range."""
     if dtype not in _JAX_DTYPES:
         raise SettingError(f"unsupported dtype {dtype!r}; use one of {', '.join(sorted(_JAX_DTYPES))}")
     for name, value, low in (("model_axis", model_axis, 1), ("max_context", max_context, 2)):
         if value is not None and (isinstance(value, bool) or not isinstance(value, numbers.Integral) or value < low):
             raise SettingError(f"{name} must be None or an integer >= {low}, got {value!r}")
-    for name, value, high in (("max_batch", max_batch, MAX_BATCH), ("chunk", chunk, 1 << 16),
+    for name, value, high in (("max_batch", max_batch, MAX_BATCH),
+                              ("max_batched_tokens", max_batched_tokens, 1 << 16),
                               ("max_queue", max_queue, 1 << 20)):
         if isinstance(value, bool) or not isinstance(value, numbers.Integral) or not 1 <= value <= high:
             raise SettingError(f"{name} must be an integer in [1, {high}], got {value!r}")
@@ -128,8 +131,8 @@ class Pipeline:
     def from_pretrained(cls, path=None, *, dtype: str = "float32", quantize: str | None = None, mesh=None,
                         model_axis: int | None = None, max_context: int | None = None,
                         max_audio_seconds: float | None = None, max_batch: int = DEFAULT_SLOTS,
-                        chunk: int = DEFAULT_CHUNK, prefix_cache_mb: float = DEFAULT_PREFIX_CACHE_MB,
-                        media_cache_mb: float = DEFAULT_MEDIA_CACHE_MB,
+                        max_batched_tokens: int = DEFAULT_MAX_BATCHED_TOKENS,
+                        prefix_cache_mb: float = DEFAULT_PREFIX_CACHE_MB, media_cache_mb: float = DEFAULT_MEDIA_CACHE_MB,
                         max_queue: int = DEFAULT_MAX_QUEUE, video_size: str = "processor") -> "Pipeline":
         """Load a local Hugging Face checkpoint folder, a GGUF file, or a folder holding one GGUF file (``path=None``:
         the embedded default model).
@@ -143,14 +146,14 @@ class Pipeline:
         sharding the weights. max_context: context budget in tokens (prompt + new tokens) of each request, at most
         the model's own limit (default: that limit up to 8192). max_audio_seconds: longest audio clip accepted
         (families with audio input). The serving engine: ``max_batch`` requests decode together (each holds a
-        cache of ``max_context`` tokens), prompts are prefilled in chunks of up to ``chunk`` tokens, the prefix
-        and media caches keep up to ``prefix_cache_mb`` / ``media_cache_mb`` (0: off), and at most
+        cache of ``max_context`` tokens), each step runs up to ``max_batched_tokens`` prompt tokens (of up to four
+        requests) beside the decode rows, the prefix and media caches keep up to ``prefix_cache_mb`` / ``media_cache_mb`` (0: off), and at most
         ``max_queue`` requests wait for a slot. video_size: the frame size bounds of videos where the family's
         processor overrides its saved video processor's (Qwen3-Omni): "processor" (default: as transformers'
         processor resizes them when no size is passed) or "checkpoint" (the saved ``size``).
         """
-        check_load_settings(dtype, model_axis, max_context, max_audio_seconds, max_batch, chunk, max_queue,
-                            prefix_cache_mb, media_cache_mb, video_size)
+        check_load_settings(dtype, model_axis, max_context, max_audio_seconds, max_batch, max_batched_tokens,
+                            max_queue, prefix_cache_mb, media_cache_mb, video_size)
         quantize = check_quantize(quantize)
         enable_compilation_cache()
         if path is None:
@@ -189,7 +192,8 @@ class Pipeline:
         engine = Engine(cfg, graphdef, params, mesh, collate=processor.collate, dtype=_JAX_DTYPES[dtype],
                         max_context=max_context)
         scheduler = Scheduler(engine, processor, slots=max_batch,
-                              context=max_context or min(engine.max_context, DEFAULT_CONTEXT), chunk=chunk,
+                              context=max_context or min(engine.max_context, DEFAULT_CONTEXT),
+                              max_batched_tokens=max_batched_tokens,
                               prefix_cache_mb=prefix_cache_mb, media_cache_mb=media_cache_mb, max_queue=max_queue,
                               threaded=jax.process_count() == 1)
         processor.budget = RequestBudget.for_context(scheduler.context)
@@ -269,15 +273,45 @@ class Pipeline:
     # ---- requests --------------------------------------------------------------------------------------------
     def submit(self, prompt, *, max_new_tokens: int = 64, temperature: float = 0.0, top_k: int = 0,
                top_p: float = 1.0, seed: int = 0, stop: Sequence[str] | None = None,
-               ignore_eos: bool = False, listener=None) -> RequestHandle:
+               ignore_eos: bool = False, logprobs: int | bool | None = None, prompt_logprobs: bool = False,
+               listener=None, group=None) -> RequestHandle:
         """Queue one conversation, raw prompt string or PreparedPrompt on the engine without waiting: the handle's
         ``events()`` stream its tokens, ``result()`` waits for the GenerationResult, ``cancel()`` stops it.
         Settings are checked first (SamplingError, PromptError); ``ignore_eos``: generate exactly
-        ``max_new_tokens`` tokens; ``listener``: called from the engine's thread at each new event (it must not
-        block; e.g. to wake an event loop)."""
+        ``max_new_tokens`` tokens; ``logprobs``: None (off), or the alternatives (0..20; True: 0) each token's
+        ``TokenLogprob`` carries, in every event and in ``GenerationResult.logprobs``; ``prompt_logprobs``: also
+        each prompt token's log probability (``GenerationResult.prompt_logprobs``); ``listener``: called from the
+        engine's thread at each new event (it must not block; e.g. to wake an event loop); ``group``: see
+        ``Request.group`` (``submit_choices`` sets it)."""
         sampling, max_new_tokens, stop = check_settings(max_new_tokens, temperature, top_k, top_p, seed, stop)
+        logprobs = check_logprobs(logprobs)
         prepared = prompt if isinstance(prompt, PreparedPrompt) else self.prepare(prompt)
-        return self.scheduler.submit(Request(prepared, max_new_tokens, sampling, stop, bool(ignore_eos)), listener)
+        return self.scheduler.submit(Request(prepared, max_new_tokens, sampling, stop, bool(ignore_eos),
+                                             prompt_logprobs=bool(prompt_logprobs), logprobs=logprobs, group=group),
+                                     listener)
+
+    def submit_choices(self, prompt, n: int, *, seed: int = 0, prompt_logprobs: bool = False, **settings
+                       ) -> list[RequestHandle]:
+        """``n`` answers (1..8) to one prompt, queued together: a handle per answer (``submit``'s settings apply to
+        each). Answer i draws with seed ``seed + i`` (``choice_seed``), so it is what a lone request with that seed
+        gives. The prompt is prepared once and prefilled once: the other answers wait for the first one's prefill
+        and take the prompt from the prefix cache (when it is on and the prompt has 16 tokens or more).
+        ``prompt_logprobs`` is asked of one answer only (the last: it prefills the whole prompt beside the first)."""
+        n = check_choices(n)
+        check_settings(settings.get("max_new_tokens", 64), settings.get("temperature", 0.0), settings.get("top_k", 0),
+                       settings.get("top_p", 1.0), seed, settings.get("stop"))
+        prepared = prompt if isinstance(prompt, PreparedPrompt) else self.prepare(prompt)
+        group = object() if n > 1 else None
+        handles: list[RequestHandle] = []
+        try:
+            for i in range(n):
+                handles.append(self.submit(prepared, seed=choice_seed(seed, i), group=group,
+                                           prompt_logprobs=prompt_logprobs and i == n - 1, **settings))
+        except BaseException:
+            for h in handles:
+                h.cancel()
+            raise
+        return handles
 
     def wait(self, handle: RequestHandle) -> GenerationResult:
         """``handle.result()``, driving the engine from this thread where it has no thread of its own (several JAX
@@ -296,23 +330,30 @@ class Pipeline:
 
     def generate(self, messages, *, max_new_tokens: int = 64, temperature: float = 0.0, top_k: int = 0,
                  top_p: float = 1.0, seed: int = 0, stop: Sequence[str] | None = None, speak: bool = False,
-                 voice: str | None = None, max_speech_frames: int | None = None):
+                 voice: str | None = None, max_speech_frames: int | None = None,
+                 logprobs: int | bool | None = None, n: int = 1):
         """One conversation (or raw prompt string) -> GenerationResult; a list of them -> list of GenerationResult
         (the requests run side by side on the engine; every one with these settings).
 
         speak: also answer aloud (one conversation, a model with a talker): the result carries ``audio``,
         ``sample_rate`` and ``audio_codes``. voice: one of ``voices`` (default: the first). max_speech_frames: a
-        cap on the codec frames spoken (default 4096)."""
+        cap on the codec frames spoken (default 4096). logprobs: None (off), or how many alternatives (0..20) each
+        token's ``TokenLogprob`` in ``GenerationResult.logprobs`` carries. n: answers per conversation (1..8; see
+        ``submit_choices``): with n > 1 each conversation gives a list of n results."""
         sampling, _, _ = check_settings(max_new_tokens, temperature, top_k, top_p, seed, stop)
+        check_logprobs(logprobs)
+        n = check_choices(n)
         batch = _is_batch(messages)
         if speak:
+            if n > 1:
+                raise SettingError("speak=True answers once: n must be 1")
             self._check_speak(messages, voice, max_speech_frames)
         conversations = list(messages) if batch else [messages]
         if len(conversations) > MAX_BATCH:  # before any of them is prepared
             raise SettingError(f"a batch holds at most {MAX_BATCH} conversations, got {len(conversations)}")
         prompts = [self.prepare(c) for c in conversations]
         results = self.generate_prepared(prompts, max_new_tokens=max_new_tokens, temperature=temperature,
-                                         top_k=top_k, top_p=top_p, seed=seed, stop=stop)
+                                         top_k=top_k, top_p=top_p, seed=seed, stop=stop, logprobs=logprobs, n=n)
         if speak:
             chunks = list(self._speak(prompts[0], results[0], voice, sampling, max_speech_frames))
             _attach_audio(results[0], chunks, self.speech)
@@ -357,29 +398,33 @@ class Pipeline:
 
     def generate_prepared(self, prompts: list[PreparedPrompt], *, max_new_tokens: int = 64, temperature: float = 0.0,
                           top_k: int = 0, top_p: float = 1.0, seed: int = 0, stop: Sequence[str] | None = None,
-                          ignore_eos: bool = False) -> list[GenerationResult]:
-        """``generate`` for prompts already prepared (``prepare``), one result per prompt (1 to 1024 of them)."""
+                          ignore_eos: bool = False, logprobs: int | bool | None = None, n: int = 1) -> list:
+        """``generate`` for prompts already prepared (``prepare``), one result per prompt (1 to 1024 of them; with
+        ``n`` > 1, a list of n results per prompt)."""
         check_settings(max_new_tokens, temperature, top_k, top_p, seed, stop)
+        check_logprobs(logprobs)
+        n = check_choices(n)
         if not 1 <= len(prompts) <= MAX_BATCH:
             raise SettingError(f"generate takes 1 to {MAX_BATCH} prompts at once, got {len(prompts)}")
         for p in prompts:
             self.scheduler.check_fits(len(p.token_ids), max_new_tokens)
         settings = dict(max_new_tokens=max_new_tokens, temperature=temperature, top_k=top_k, top_p=top_p, seed=seed,
-                        stop=stop, ignore_eos=ignore_eos)
+                        stop=stop, ignore_eos=ignore_eos, logprobs=logprobs)
         handles: list[RequestHandle] = []
         try:
             for p in prompts:
-                handles.append(self.submit(p, **settings))
+                handles.extend(self.submit_choices(p, n, **settings))
         except BaseException:
             for h in handles:
                 h.cancel()
             raise
-        return self._wait(handles)
+        results = self._wait(handles)
+        return results if n == 1 else [results[i:i + n] for i in range(0, len(results), n)]
 
     def stream(self, messages, *, max_new_tokens: int = 64, temperature: float = 0.0, top_k: int = 0,
                top_p: float = 1.0, seed: int = 0, stop: Sequence[str] | None = None, speak: bool = False,
-               voice: str | None = None,
-               max_speech_frames: int | None = None) -> Generator[Any, None, GenerationResult]:
+               voice: str | None = None, max_speech_frames: int | None = None,
+               logprobs: int | bool | None = None) -> Generator[Any, None, GenerationResult]:
         """Text pieces of one conversation's answer as they are generated (one piece per token, "" while a token
         adds no visible text yet, so a consumer can stop between any two tokens), then possibly one last piece.
 
@@ -390,7 +435,8 @@ class Pipeline:
         stops reading) cancels the request and frees its slot.
 
         speak: the events are ``TextPiece`` (the text pieces) and then ``AudioChunk`` (the spoken answer, chunk by
-        chunk as it is made; app/speech_events.py); the chunks joined are exactly ``result.audio``.
+        chunk as it is made; app/speech_events.py); the chunks joined are exactly ``result.audio``. logprobs: as
+        ``generate`` (in the returned result; ``submit`` gives them token by token in its events).
         """
         sampling, _, _ = check_settings(max_new_tokens, temperature, top_k, top_p, seed, stop)
         if _is_batch(messages):
@@ -400,7 +446,7 @@ class Pipeline:
         start = time.perf_counter()
         prompt = self.prepare(messages)
         handle = self.submit(prompt, max_new_tokens=max_new_tokens, temperature=temperature, top_k=top_k,
-                             top_p=top_p, seed=seed, stop=stop)
+                             top_p=top_p, seed=seed, stop=stop, logprobs=logprobs)
         wrap = TextPiece if speak else str
         try:
             for event in self._events(handle):

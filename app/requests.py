@@ -18,6 +18,7 @@ from typing import Iterator
 import numpy as np
 
 from omnijax.app.sampling import SamplingParams
+from omnijax.app.token_logprobs import TokenLogprob
 from omnijax.common.interruptible import get_item, wait_event
 from omnijax.preprocess.processor import PreparedPrompt
 
@@ -36,7 +37,9 @@ class GenerationResult:
     code groups], the codec codes the audio was made from); None otherwise. prompt_logits: float32 [prompt tokens,
     vocab], the logits at every prompt position, for a request that asked for them (``Request.prompt_logits``);
     prompt_logprobs: float32 [prompt tokens - 1], the natural-log probability of each prompt token after the first
-    given those before it (``Request.prompt_logprobs``)."""
+    given those before it (``Request.prompt_logprobs``). logprobs: one ``TokenLogprob`` per generated token (the
+    token's natural-log probability under the model's distribution, before any sampling setting, and its most
+    likely alternatives) for a request that asked for them (``Request.logprobs``); None otherwise."""
 
     text: str
     token_ids: list[int]
@@ -50,6 +53,7 @@ class GenerationResult:
     audio_codes: np.ndarray | None = None
     prompt_logits: np.ndarray | None = None
     prompt_logprobs: np.ndarray | None = None
+    logprobs: list[TokenLogprob] | None = None
 
 
 @dataclasses.dataclass(frozen=True)
@@ -58,7 +62,11 @@ class Request:
     ``stop``: stop strings (checked by ``check_stops``); ``prompt_logits``: also return the logits at every prompt
     position; ``prompt_logprobs``: also return each prompt token's log-probability given the ones before it
     (computed on the device: one float per token comes back). With either, the whole prompt is prefilled (none of
-    it taken from the prefix cache) and kept out of the prefix cache."""
+    it taken from the prefix cache) and kept out of the prefix cache. ``logprobs``: None, or how many of the most
+    likely alternatives (0..20) each generated token's ``TokenLogprob`` carries (checked by
+    ``app.token_logprobs.check_logprobs``). ``group``: requests of one group (any value compared with ``==``: the
+    choices of one prompt) share its prefill: one waits while another of its group prefills the prompt, then takes
+    it from the prefix cache."""
 
     prompt: PreparedPrompt
     max_new_tokens: int
@@ -67,6 +75,8 @@ class Request:
     ignore_eos: bool = False
     prompt_logits: bool = False
     prompt_logprobs: bool = False
+    logprobs: int | None = None
+    group: object = None
 
     @property
     def whole_prompt(self) -> bool:
@@ -76,11 +86,13 @@ class Request:
 
 @dataclasses.dataclass(frozen=True)
 class TokenEvent:
-    """One generated token: its id and the text it settles ("" while it shows nothing yet). The last event of an
-    answer may carry no token (``token_id`` None): text held back until the end (an unfinished character)."""
+    """One generated token: its id and the text it settles ("" while it shows nothing yet); ``logprob``: its
+    ``TokenLogprob`` when the request asks for log probabilities. The last event of an answer may carry no token
+    (``token_id`` None): text held back until the end (an unfinished character)."""
 
     token_id: int | None
     text: str
+    logprob: TokenLogprob | None = None
 
 
 class RequestHandle:

@@ -127,6 +127,22 @@ def check_stops(stop) -> tuple[str, ...]:
     return stops
 
 
+MAX_CHOICES = 8  # n: the answers one request may ask for
+
+
+def check_choices(value) -> int:
+    """``n`` (how many answers one prompt gets) as an int in [1, MAX_CHOICES]; SamplingError otherwise."""
+    if not _is_int(value) or not 1 <= value <= MAX_CHOICES:
+        raise SamplingError(f"n must be an integer in [1, {MAX_CHOICES}], got {value!r}"[:300])
+    return int(value)
+
+
+def choice_seed(seed: int, index: int) -> int:
+    """The seed of answer ``index`` of a request with ``n`` > 1 answers: seed + index, wrapped into the signed 64-bit
+    range (answer 0 is the request's own seed; answer i of seed s draws what a lone request with seed s + i does)."""
+    return (seed + index - SEED_RANGE[0]) % (1 << 64) + SEED_RANGE[0]
+
+
 def check_settings(max_new_tokens, temperature, top_k, top_p, seed, stop) -> tuple[SamplingParams, int,
                                                                                     tuple[str, ...]]:
     """(SamplingParams, max_new_tokens, stop strings) after checking every value (SamplingError names a bad one)."""

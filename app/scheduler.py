@@ -4,11 +4,16 @@ One thread owns the device state (app/slots.py) and loops:
 
 1. take new requests and cancellations (any thread submits; ``submit`` checks the prompt fits first);
 2. give free slots to waiting requests, oldest first: encode their media (app/media_cache.py, each item once),
-   find the longest cached prefix (app/prefix_cache.py) and copy it into the slot, cut the rest into chunks;
-3. run one chunk of the oldest prefilling request (so long prompts do not stall the others); after its last chunk
-   draw its first token and make its slot active (and keep its keys / values as a prefix entry);
-4. dispatch one decode step over the active slots (each with its own sampling settings);
-5. read back the previous step's tokens (the device works on the next one meanwhile): each request's answer text
+   find the longest cached prefix (app/prefix_cache.py) and copy it into the slot (a request of a ``group``, the
+   choices of one prompt, waits while another of its group prefills that prompt, then takes it from the prefix
+   cache: one prefill for all);
+3. dispatch one step (app/slots.py): a token for every active slot (each with its own sampling settings) and,
+   in the same program, the next prompt chunk of up to four prefilling requests, oldest first, within
+   ``max_batched_tokens`` prompt tokens (shared between them, so a new request starts at the next step however
+   long the prompts before it are); after a request's last chunk its first token is drawn and its slot made
+   active (and its keys / values kept as a prefix entry);
+4. read back the previous step's tokens (the device works on the next one meanwhile; with their log probabilities
+   in a step where some request asks for them, app/token_logprobs.py): each request's answer text
    grows by O(1) work per token (app/answer_text.py); a request that ends (end id, stop string, max tokens,
    cancellation) frees its slot for the next one.
 
@@ -35,7 +40,9 @@ from omnijax.app.generation import bucket_for
 from omnijax.app.media_cache import EncodedItem, MediaCache
 from omnijax.app.prefix_cache import PrefixCache, PrefixEntry, key_ids
 from omnijax.app.requests import GenerationResult, Request, RequestHandle, TokenEvent
-from omnijax.app.slots import DEFAULT_CHUNK, DEFAULT_SLOTS, ChunkMedia, Slots
+from omnijax.app.slots import DEFAULT_MAX_BATCHED_TOKENS, DEFAULT_SLOTS, MAX_CHUNK_ROWS, Chunk, ChunkMedia, Slots, \
+    chunk_rows
+from omnijax.app.token_logprobs import host_rows
 from omnijax.common.errors import OmnijaxError, PromptError
 from omnijax.common.sharding import host_array
 from omnijax.preprocess.buckets import length_bucket
@@ -66,11 +73,12 @@ class Live:
     answer: AnswerText
     slot: int | None = None
     ids: np.ndarray | None = None  # key ids of the prompt (app/prefix_cache.py)
-    chunks: list = dataclasses.field(default_factory=list)
+    done: int = 0  # prompt tokens in the slot's cache (cached prefix and prefilled chunks)
     keep_at: set = dataclasses.field(default_factory=set)  # chunk ends whose keys / values become prefix entries
     media: dict = dataclasses.field(default_factory=dict)  # placeholder id -> (features [R, D], extras [E, R, D])
     logit_rows: list = dataclasses.field(default_factory=list)  # host logits of each chunk (prompt_logits)
     logprob_rows: list = dataclasses.field(default_factory=list)  # device log-probabilities of each chunk
+    token_logprobs: list = dataclasses.field(default_factory=list)  # TokenLogprob per generated token (logprobs)
     generated: int = 0
     cached: int = 0
     first_token: float | None = None
@@ -80,6 +88,12 @@ class Live:
     @property
     def request(self) -> Request:
         return self.handle.request
+
+    @property
+    def prefilling(self) -> bool:
+        """In a slot, with prompt tokens still to run."""
+        return self.slot is not None and not self.decoding and not self.finished and \
+            self.done < len(self.request.prompt.token_ids)
 
 
 TTFT_BUCKETS = (0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0)
@@ -112,22 +126,24 @@ class Scheduler:
     """Continuous batching over ``slots`` slots for one loaded model.
 
     engine: app/generation.py's Engine; processor: the family processor (decoding tokens to text).
-    context: the longest prompt plus answer one slot holds (default: the engine's context budget). chunk: the
-    longest prompt chunk run between two decode steps. prefix_cache_mb / media_cache_mb: their budgets (0: off).
+    context: the longest prompt plus answer one slot holds (default: the engine's context budget).
+    max_batched_tokens: the prompt tokens one step runs beside the decode rows (a media block longer than that runs
+    whole, alone). prefix_cache_mb / media_cache_mb: their budgets (0: off).
     max_queue: requests waiting for a slot (beyond those a free slot takes at the next step) above which ``submit``
     raises QueueFullError. threaded: run the loop in a thread of its own (False: the caller drives it with
     ``run``; what several JAX processes need)."""
 
     def __init__(self, engine, processor, *, slots: int = DEFAULT_SLOTS, context: int | None = None,
-                 chunk: int = DEFAULT_CHUNK, prefix_cache_mb: float = DEFAULT_PREFIX_CACHE_MB,
+                 max_batched_tokens: int = DEFAULT_MAX_BATCHED_TOKENS, prefix_cache_mb: float = DEFAULT_PREFIX_CACHE_MB,
                  media_cache_mb: float = DEFAULT_MEDIA_CACHE_MB, max_queue: int = DEFAULT_MAX_QUEUE,
                  threaded: bool = True):
-        if chunk < 1 or max_queue < 1:
-            raise ValueError(f"chunk and max_queue must be >= 1, got {chunk} and {max_queue}")
+        if max_batched_tokens < 1 or max_queue < 1:
+            raise ValueError(f"max_batched_tokens and max_queue must be >= 1, got {max_batched_tokens} and "
+                             f"{max_queue}")
         self.engine = engine
         self.processor = processor
         self.slots = Slots(engine, slots=slots, context=context)
-        self.chunk = chunk
+        self.max_batched_tokens = max_batched_tokens
         self.max_queue = max_queue
         self.media = MediaCache(self._encode_one, int(media_cache_mb * 2**20))
         self.prefix = PrefixCache(int(prefix_cache_mb * 2**20))
@@ -138,8 +154,9 @@ class Scheduler:
         self._wake = threading.Condition()
         self._waiting: collections.deque[Live] = collections.deque()
         self._slot_of: list[Live | None] = [None] * self.slots.slots
-        self._pending = None  # (tokens, active, lives) of the decode step not read back yet
-        self._firsts: list = []  # (live, first token) of requests inserted, not read back yet
+        self._pending = None  # (tokens, active, lives, log probabilities) of the decode step not read back yet
+        self._firsts: list = []  # (live, first token, its log probabilities) of requests inserted at this step, read
+        # back at the next
         self._order = 0
         self._thread: threading.Thread | None = None
         self._stop = False
@@ -197,10 +214,21 @@ class Scheduler:
         return sum(live is not None for live in self._slot_of)
 
     def warm_up(self) -> None:
-        """Compile what text requests run (every prompt chunk length up to ``chunk``, every decode row count) now,
-        so the first requests do not wait for it. Call it before any request."""
-        longest = bucket_for(self.chunk, self.engine.buckets)
-        self.slots.warm_up([b for b in self.engine.buckets if b <= longest])
+        """Compile what text requests run (every step shape: decode row counts, and chunk groups of 1, 2 or 4
+        prompt chunks of each length within ``max_batched_tokens``) now, so the first requests do not wait for it.
+        Call it before any request."""
+        shapes = [(c, t) for c in (1, 2, MAX_CHUNK_ROWS) if c <= chunk_rows(self.slots.slots)
+                  for t in self.engine.buckets if self._fits(c, t)]
+        self.slots.warm_up(shapes)
+
+    def _fits(self, rows: int, length: int) -> bool:
+        """Whether a chunk group of ``rows`` chunks padded to ``length`` tokens is within the step's budget (one
+        chunk: up to the budget's bucket; several: their padded tokens within the budget, or within one of the
+        smallest bucket each when the budget is smaller)."""
+        if rows == 1:
+            return length <= bucket_for(self.max_batched_tokens, self.engine.buckets)
+        return rows <= chunk_rows(self.slots.slots) and \
+            rows * length <= max(self.max_batched_tokens, rows * self.engine.buckets[0])
 
     def compilations(self) -> int:
         """Programs compiled so far by the engine (media encoders) and the slots."""
@@ -253,11 +281,10 @@ class Scheduler:
         try:
             self._take_inbox()
             self._admit()
-            self._prefill_one()
-            dispatched = self._dispatch_decode()
             firsts, self._firsts = self._firsts, []
-            for live, token in firsts:
-                self._read_first(live, token)
+            dispatched = self._dispatch()
+            for live, token, logprobs in firsts:
+                self._read_first(live, token, logprobs)
             pending, self._pending = self._pending, dispatched
             if pending is not None:
                 self._read_step(*pending)
@@ -305,8 +332,12 @@ class Scheduler:
                 self._end(live, "cancelled")
 
     def _admit(self) -> None:
+        held = []
         while self._waiting and None in self._slot_of:
             live = self._waiting.popleft()
+            if self._after_prefill_of_its_group(live):
+                held.append(live)
+                continue
             live.slot = self._slot_of.index(None)
             self._slot_of[live.slot] = live
             before = self.slots.dispatched
@@ -314,9 +345,21 @@ class Scheduler:
                 self._start(live)
             except Exception as e:  # noqa: BLE001 - this request's media or prefix failed: it ends alone
                 self._fail_request(live, e, device_state_used=self.slots.dispatched != before)
+        self._waiting.extendleft(reversed(held))
+
+    def _after_prefill_of_its_group(self, live: Live) -> bool:
+        """Whether ``live`` waits for a request of its ``group`` (the same prompt: the choices of one ``n`` > 1
+        request) still prefilling in a slot: once that one's prompt is a prefix cache entry, ``live`` takes it from
+        there (its keys, values and last logits) instead of running the prompt again."""
+        group = live.request.group
+        if group is None or live.request.whole_prompt or not self.prefix.enabled \
+                or len(live.request.prompt.token_ids) < MIN_PREFIX_TOKENS:
+            return False
+        return any(x is not None and x.request.group == group and not x.decoding and not x.request.whole_prompt
+                   for x in self._slot_of)
 
     def _start(self, live: Live) -> None:
-        """Media encoded, a cached prefix copied into the slot, the rest of the prompt cut into chunks."""
+        """Media encoded, a cached prefix copied into the slot, the points where its keys / values are kept."""
         self.slots.ensure_allocated()
         prompt = live.request.prompt
         placeholders, media = {}, {}
@@ -338,8 +381,8 @@ class Scheduler:
         points = prefix_points(start, n, prompt.bidirectional, PREFIX_EVERY) if self.prefix.enabled and not whole \
             else ()
         live.keep_at = {p for p in points if p >= MIN_PREFIX_TOKENS}
-        live.chunks = plan_chunks(start, n, prompt.bidirectional, self.chunk, tuple(live.keep_at))
-        if not live.chunks:  # the whole prompt was cached, with its logits
+        live.done = start
+        if start == n:  # the whole prompt was cached, with its logits
             self._insert(live, entry.logits)
 
     def _host_media(self, items: list[EncodedItem], deepstack: bool) -> tuple[np.ndarray, np.ndarray]:
@@ -377,26 +420,86 @@ class Scheduler:
         valid = host_array(valid) if valid is not None else np.ones(features.shape[0], bool)
         return EncodedItem(host_array(features)[valid], tuple(host_array(e)[valid] for e in extras))
 
-    def _prefill_one(self) -> None:
-        """The next chunk of the oldest prefilling request; after its last chunk its first token is drawn (read
-        back once the next decode step is dispatched)."""
-        todo = [x for x in self._slot_of if x is not None and x.chunks]
-        if not todo:
-            return None
-        live = min(todo, key=lambda x: x.order)
-        before = self.slots.dispatched
-        try:
-            self._prefill_chunk(live)
-        except Exception as e:  # noqa: BLE001 - this request's chunk failed: it ends alone if on the host
-            self._fail_request(live, e, device_state_used=self.slots.dispatched != before)
+    def _plan(self) -> list[tuple[Live, int, int]]:
+        """The prompt chunks of the next step: (live, a, b) for prompt tokens a..b-1 of up to ``MAX_CHUNK_ROWS``
+        prefilling requests, oldest first, sharing ``max_batched_tokens`` (fewer requests when their chunks do not
+        fit: a media block is never split; the oldest always runs)."""
+        todo = sorted((x for x in self._slot_of if x is not None and x.prefilling), key=lambda x: x.order)
+        rows = chunk_rows(min(len(todo), MAX_CHUNK_ROWS, chunk_rows(self.slots.slots)))
+        while todo:
+            share = max(self.max_batched_tokens // rows, 1)
+            picked = []
+            for live in todo[:rows]:
+                prompt = live.request.prompt
+                a, b = plan_chunks(live.done, len(prompt.token_ids), prompt.bidirectional, share,
+                                   tuple(live.keep_at))[0]
+                picked.append((live, a, b))
+            if rows == 1 or self._fits(rows, bucket_for(max(b - a for _, a, b in picked), self.engine.buckets)):
+                return picked
+            rows //= 2
+        return []
 
-    def _prefill_chunk(self, live: Live) -> None:
-        a, b = live.chunks.pop(0)
+    def _dispatch(self):
+        """One step: the decode rows and the planned prompt chunks in one program (two when the batch axis is split
+        over devices: the chunks first); then each finished prompt's first token drawn. Returns what the decode
+        rows will read back (None when no row decoded)."""
+        chunks, planned = [], []
+        for live, a, b in self._plan():
+            try:
+                chunks.append(self._chunk(live, a, b))
+                planned.append((live, a, b))
+            except Exception as e:  # noqa: BLE001 - this request's chunk could not be made: it ends alone
+                self._fail_request(live, e, device_state_used=False)
+        decoding = any(x is not None and x.decoding and not x.finished for x in self._slot_of)
+        if not planned and not decoding:
+            return None
+        group = None
+        if planned:
+            group = self.slots.chunk_group(chunks, bucket_for(max(b - a for _, a, b in planned), self.engine.buckets))
+        rows = 0
+        if decoding or (planned and self.slots.decode_rows_with_chunks):
+            # the rows up to the highest occupied slot, prefilling ones included (inactive: the step leaves them
+            # be), so a burst of requests decodes at one row count from its first step and compiles one program,
+            # not each bucket on the way up; every slot beside prompt chunks (one program per chunk shape)
+            rows = self.slots.decode_rows_with_chunks if planned and self.slots.decode_rows_with_chunks else \
+                self.slots.rows_for(max(i for i, x in enumerate(self._slot_of) if x is not None))
+        lives = list(self._slot_of[:rows])
+        # log probabilities only in a step where some request asks for them (another program: compiled at first use)
+        wanted = any(x is not None and x.decoding and x.request.logprobs is not None for x in lives)
+        dispatched = None
+        if group is not None and not self.slots.decode_rows_with_chunks:
+            _, _, logits, hidden, _ = self.slots.step(0, group)
+            if rows:
+                tokens, active, _, _, logprobs = self.slots.step(rows, logprobs=wanted)
+                dispatched = tokens, active, lives, logprobs
+        else:
+            tokens, active, logits, hidden, logprobs = self.slots.step(rows, group, logprobs=wanted)
+            if rows:
+                dispatched = tokens, active, lives, logprobs
+        if rows:
+            self.stats.steps += 1
+        for i, (live, a, b) in enumerate(planned):
+            if live.finished:  # ended by an earlier chunk's failure
+                continue
+            before = self.slots.dispatched
+            try:
+                mine = lambda x: x if x.shape[0] == 1 else x[i:i + 1]  # noqa: E731 - its row of the group
+                self._chunk_done(live, a, b, mine(logits), mine(hidden))
+            except Exception as e:  # noqa: BLE001 - ends alone if on the host
+                self._fail_request(live, e, device_state_used=self.slots.dispatched != before)
+        return dispatched
+
+    def _chunk(self, live: Live, a: int, b: int) -> Chunk:
         prompt = live.request.prompt
-        ids = prompt.token_ids
         rope = np.arange(a, b)[None] if prompt.rope_positions is None else prompt.rope_positions[:, a:b]
-        logits, hidden = self.slots.extend(ids[a:b], a, live.slot, rope, prompt.bidirectional[a:b],
-                                           self._chunk_media(live, a, b), bucket_for(b - a, self.engine.buckets))
+        return Chunk(prompt.token_ids[a:b], a, live.slot, rope, prompt.bidirectional[a:b],
+                     self._chunk_media(live, a, b))
+
+    def _chunk_done(self, live: Live, a: int, b: int, logits, hidden) -> None:
+        """After the step ran prompt tokens a..b-1 of ``live`` (``logits`` [1, V] at b-1, ``hidden`` [1, T, D]):
+        the rows a request asked for, prefix entries, and after the last chunk its first token."""
+        ids = live.request.prompt.token_ids
+        live.done = b
         if live.request.prompt_logits:
             live.logit_rows.append(host_array(self.slots.head(hidden))[0, :b - a])
         if live.request.prompt_logprobs:  # position t scores token t + 1 (past the prompt: a pad, cut off at the end)
@@ -404,55 +507,54 @@ class Scheduler:
             targets = np.full(hidden.shape[1], self.engine.cfg.pad_id, np.int32)
             targets[:len(following)] = following
             live.logprob_rows.append(self.slots.logprobs(hidden, targets)[0, :b - a])
-        if live.chunks:
+        n = len(ids)
+        if b < n:
             if b in live.keep_at:
                 self._keep_prefix(live, b, None)
-            return None
-        n = len(ids)
+            return
         if self.prefix.enabled and n >= MIN_PREFIX_TOKENS and live.cached < n and not live.request.whole_prompt:
             self._keep_prefix(live, n, logits)
         self._insert(live, logits)
 
     def _insert(self, live: Live, logits) -> None:
         req = live.request
-        token = self.slots.insert(live.slot, logits, req.sampling, req.max_new_tokens, req.prompt.rope_delta,
-                                  not req.ignore_eos)
+        token, logprobs = self.slots.insert(live.slot, logits, req.sampling, req.max_new_tokens,
+                                            req.prompt.rope_delta, not req.ignore_eos, req.logprobs is not None)
         live.decoding = True
-        self._firsts.append((live, token))
+        self._firsts.append((live, token, logprobs))
 
     def _keep_prefix(self, live: Live, length: int, logits) -> None:
         saved = self.slots.snapshot(live.slot, length_bucket(length, 64))
         nbytes = sum(int(a.nbytes) for a in jax.tree.leaves(saved)) + (0 if logits is None else int(logits.nbytes))
         self.prefix.store_entry(live.ids, PrefixEntry(saved, length, logits, nbytes))
 
-    def _dispatch_decode(self):
-        if not any(x is not None and x.decoding and not x.finished for x in self._slot_of):
-            return None
-        # the rows up to the highest occupied slot, prefilling ones included (inactive: the step leaves them be), so
-        # a burst of requests decodes at one row count from its first step and compiles one program, not each
-        # bucket on the way up
-        rows = self.slots.rows_for(max(i for i, x in enumerate(self._slot_of) if x is not None))
-        tokens, active = self.slots.decode(rows)
-        self.stats.steps += 1
-        return tokens, active, list(self._slot_of[:rows])
-
-    def _read_first(self, live: Live, token) -> None:
+    def _read_first(self, live: Live, token, logprobs) -> None:
         live.first_token = time.perf_counter()
         self.stats.first_token(live.first_token - live.handle.submitted)
-        self._push(live, int(host_array(token)))
+        token = host_array(token).reshape(1)
+        record = None if logprobs is None else \
+            host_rows(tuple(host_array(a) for a in logprobs), token, [live.request.logprobs])[0]
+        self._push(live, int(token[0]), record)
 
-    def _read_step(self, tokens, active, lives) -> None:
+    def _read_step(self, tokens, active, lives, logprobs) -> None:
         tokens, active = host_array(tokens), host_array(active)
+        records = [None] * len(lives)
+        if logprobs is not None:
+            records = host_rows(tuple(host_array(a) for a in logprobs), tokens,
+                                [None if x is None else x.request.logprobs for x in lives])
         for row, live in enumerate(lives):
             if live is not None and active[row] and not live.finished and live.decoding:
-                self._push(live, int(tokens[row]))
+                self._push(live, int(tokens[row]), records[row])
 
-    def _push(self, live: Live, token: int) -> None:
-        """One generated token of ``live``: its text to the caller; the end of the answer frees the slot."""
+    def _push(self, live: Live, token: int, logprob=None) -> None:
+        """One generated token of ``live`` (with its ``TokenLogprob`` when the request asks for one): its text to
+        the caller; the end of the answer frees the slot."""
         if live.finished:
             return
         live.generated += 1
-        live.handle._emit(TokenEvent(token, live.answer.push(token)))
+        if logprob is not None:
+            live.token_logprobs.append(logprob)
+        live.handle._emit(TokenEvent(token, live.answer.push(token), logprob))
         if live.answer.done or live.generated >= live.request.max_new_tokens:
             if live.answer.finish_reason == "stop":
                 self.slots.release(live.slot)  # the device does not know stop strings: it may still be active
@@ -499,7 +601,8 @@ class Scheduler:
             prompt_logits=self._prompt_rows(live.logit_rows, (self.engine.cfg.decoder.vocab_size,))
             if live.request.prompt_logits else None,
             prompt_logprobs=self._prompt_rows([host_array(r) for r in live.logprob_rows], ())[:prompt_tokens - 1]
-            if live.request.prompt_logprobs else None))
+            if live.request.prompt_logprobs else None,
+            logprobs=live.token_logprobs if live.request.logprobs is not None else None))
 
     @staticmethod
     def _prompt_rows(chunks: list[np.ndarray], row_shape: tuple) -> np.ndarray:

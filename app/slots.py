@@ -4,21 +4,26 @@ that fill and decode them.
 Every slot holds one request: its row of every layer's cache (full layers: the context length; sliding / chunked
 layers: a ring of the window) and its decoding state (``SlotState``: the next token to feed, how many it has
 generated, whether it is active, its sampling settings). The model runs through one forward
-(``DecoderModel.forward``: new tokens after their rows of the cache); the programs, all on fixed shapes:
+(``DecoderModel.forward``: new tokens after their rows of the cache) in one program, ``step``, on fixed shapes:
 
-- ``extend``: a chunk of one request's prompt (a bucketed length; the forward on one row of many tokens) attends
-  to its row and is written into it (its logits at the last token, and its last layer's output at every token,
+- a decode group: one token for every active slot of the first ``rows`` slots (rows: a power of two, so a lone
+  request decodes at batch 1) with each slot's own settings; a slot turns inactive on an end id or its last token;
+- beside it, prompt chunks of up to ``MAX_CHUNK_ROWS`` requests (``ChunkGroup``: C rows of a bucketed length T,
+  each continuing its slot; their media come as one feature row per token, so a shape is one program whatever
+  media the chunks hold): their logits at each chunk's last token, and their last layer's output at every token,
   which ``head`` turns into the logits at every token for ``Pipeline.prompt_logits``, and ``logprobs`` into each
-  next prompt token's log-probability for scoring); its media come as one feature row per token
-  (``ChunkMedia``), so a chunk length is one program whatever media the chunk holds;
-- ``insert``: the first token of a prefilled request, drawn from the prompt's last logits, makes its slot active;
-- ``decode``: one token for every active slot of the first ``rows`` slots (the forward on many rows of one token;
-  rows: a power of two, so a lone request decodes at batch 1) with each slot's own settings; a slot turns inactive
-  on an end id or its last token;
+  next prompt token's log-probability for scoring.
+
+Both groups go through the weights once (decoder/packing.py). With ``logprobs``, the step's variant that also
+returns each decoded token's log probability and the top 20 (app/token_logprobs.py), compiled the first time a step
+holds a request that asks for them. Other programs:
+
+- ``insert``: the first token of a prefilled request, drawn from its prompt's last logits, makes its slot active
+  (with ``logprobs``, its log probabilities too);
 - ``release``: a slot stops (a cancelled or stopped request) at the next step;
 - ``snapshot`` / ``restore``: a row's keys and values copied out (the prefix cache) and into another row.
 
-Requests coming and going change only array contents: nothing compiles again once each bucket has run
+Requests coming and going change only array contents: nothing compiles again once each shape has run
 (``warm_up`` compiles them up front). The host side (app/scheduler.py) decides what runs when.
 """
 
@@ -31,13 +36,15 @@ import jax.numpy as jnp
 import numpy as np
 
 from omnijax.app.sampling import SamplingParams, choose_rows, row_settings
+from omnijax.app.token_logprobs import token_logprobs
 from omnijax.common.matmul_policy import narrow_products, products_setting
 from omnijax.common.sharding import named_sharding, use_mesh
 from omnijax.decoder.kv_cache import KEY_AXES, VALUE_AXES, init_cache, restore_row, snapshot_row
 from omnijax.decoder.model import TokenBatch, one_token_batch
 
-DEFAULT_CHUNK = 512  # the longest chunk of a prompt, unless a media block needs more (it is never split)
+DEFAULT_MAX_BATCHED_TOKENS = 512  # prompt tokens of one step, unless a media block needs more (it is never split)
 DEFAULT_SLOTS = 8
+MAX_CHUNK_ROWS = 4  # prompt chunks of different requests in one step: 1, 2 or 4 rows
 
 
 class ChunkMedia(NamedTuple):
@@ -48,6 +55,40 @@ class ChunkMedia(NamedTuple):
     rows: np.ndarray
     is_media: np.ndarray
     deepstack: np.ndarray
+
+
+class ChunkGroup(NamedTuple):
+    """A step's prompt chunks as the program takes them (host arrays; C rows of T tokens, C a power of two, rows
+    past the chunks being padding): tokens [C, T], count [C], start [C], rows [C] (each chunk's slot; padding: the
+    slot count, past the last row), rope_pos [axes, C, T], bidirectional [C, T], media [C, T, D], is_media [C, T],
+    deepstack [E, C, T, D]."""
+
+    tokens: np.ndarray
+    count: np.ndarray
+    start: np.ndarray
+    rows: np.ndarray
+    rope_pos: np.ndarray
+    bidirectional: np.ndarray
+    media: np.ndarray
+    is_media: np.ndarray
+    deepstack: np.ndarray
+
+
+class Chunk(NamedTuple):
+    """One request's prompt chunk for a step: ``tokens`` [count] at positions start.. of slot ``row``, their RoPE
+    positions [axes, count], which are in media blocks (``bidirectional`` [count]) and their ``media``."""
+
+    tokens: np.ndarray
+    start: int
+    row: int
+    rope_pos: np.ndarray
+    bidirectional: np.ndarray
+    media: ChunkMedia | None
+
+
+def chunk_rows(n: int) -> int:
+    """The row count of a step's chunk group holding ``n`` chunks: 1, 2 or 4."""
+    return 1 if n <= 1 else 2 if n == 2 else MAX_CHUNK_ROWS
 
 
 class SlotState(NamedTuple):
@@ -109,7 +150,7 @@ class Slots:
         self.state = None
         self._laid_out = False  # the programs know the allocated state's layout
         self.dispatched = 0  # programs given the device state so far (each donates it)
-        self._empty_media: dict[int, tuple] = {}
+        self._empty_media: dict[tuple[int, int], tuple] = {}
         self._programs(None, None)
 
     def _programs(self, cache_sharding, state_sharding) -> None:
@@ -118,14 +159,13 @@ class Slots:
         one = None if state_sharding is None else jax.sharding.NamedSharding(self.engine.mesh,
                                                                                jax.sharding.PartitionSpec())
         out = lambda *shardings: None if cache_sharding is None else shardings  # noqa: E731
-        self._extend = jax.jit(self._extend_impl, static_argnames=("products",), donate_argnames=("cache",),
-                               out_shardings=out(one, one, cache_sharding))
+        self._step = jax.jit(self._step_impl, static_argnames=("rows", "products", "logprobs"),
+                             donate_argnames=("cache", "state"),
+                             out_shardings=out(one, one, state_sharding, cache_sharding, one, one, one))
         self._head = jax.jit(self._head_impl, static_argnames=("products",))
         self._logprobs = jax.jit(self._logprobs_impl, static_argnames=("products",))
-        self._insert = jax.jit(self._insert_impl, donate_argnames=("state",), out_shardings=out(state_sharding, one))
-        self._decode = jax.jit(self._decode_impl, static_argnames=("rows", "products"),
-                               donate_argnames=("cache", "state"),
-                               out_shardings=out(one, one, state_sharding, cache_sharding))
+        self._insert = jax.jit(self._insert_impl, static_argnames=("logprobs",), donate_argnames=("state",),
+                               out_shardings=out(state_sharding, one, one))
         self._release = jax.jit(lambda state, slot: state._replace(active=state.active.at[slot].set(False)),
                                 donate_argnames=("state",), out_shardings=None if state_sharding is None
                                 else state_sharding)
@@ -134,14 +174,42 @@ class Slots:
                                 out_shardings=None if cache_sharding is None else cache_sharding)
 
     # ---- jitted bodies -------------------------------------------------------------------------------------
-    def _extend_impl(self, params, cache, tokens, count, start, row, rope_pos, bidirectional, media, is_media,
-                     deepstack, *, products):
+    def _step_impl(self, params, cache, state: SlotState, eos_ids, chunks: ChunkGroup | None, *, rows, products,
+                   logprobs=False):
+        """One step: the decode group of the first ``rows`` slots (none when 0) and the prompt ``chunks`` (None:
+        none) -> (decode tokens [rows], which rows were active, the state, the cache, the chunks' logits at their
+        last tokens [C, V], their last layer's output [C, T, D], and with ``logprobs`` the decode tokens'
+        ``StepLogprobs``, else None); an absent group's outputs are empty."""
         dec = self.engine.model(params).decoder
-        count, start = count[None], start[None]
+        batches = []
+        if rows:
+            token, active = state.token[:rows], state.active[:rows]
+            pos = cache["length"][:rows] + state.delta[:rows]
+            batches.append(one_token_batch(token, jnp.broadcast_to(pos[None], (dec.spec.rope_axes, rows)), cache,
+                                           active))
+        if chunks is not None:
+            batches.append(TokenBatch(chunks.tokens, chunks.count, chunks.start, chunks.rows, chunks.rope_pos,
+                                      chunks.bidirectional, chunks.media, chunks.is_media, chunks.deepstack))
         with narrow_products(products):
-            h, cache = dec.forward(TokenBatch(tokens, count, start, row, rope_pos, bidirectional, media, is_media,
-                                              deepstack), cache, attention=self.engine.attention)
-            return dec.last_logits(h, count), h, cache
+            h, cache = dec.forward(tuple(batches), cache, attention=self.engine.attention)
+            h = (h,) if len(batches) == 1 else h
+            d, v = dec.spec.hidden_size, dec.spec.vocab_size
+            chunk_h = h[-1] if chunks is not None else jnp.zeros((0, 0, d), jnp.float32)
+            chunk_logits = dec.last_logits(chunk_h, chunks.count) if chunks is not None \
+                else jnp.zeros((0, v), jnp.float32)
+            if not rows:
+                empty = jnp.zeros((0,), jnp.int32)
+                return empty, empty.astype(bool), state, cache, chunk_logits, chunk_h, None
+            logits = dec.last_logits(h[0], batches[0].count)
+        index = state.index[:rows] + 1
+        nxt = choose_rows(logits, {k: v[:rows] for k, v in state.settings.items()}, index)
+        remaining = state.remaining[:rows]
+        ended = (jnp.isin(nxt, eos_ids) & state.eos_on[:rows]) | (remaining <= 1)
+        head = lambda a, v: a.at[:rows].set(jnp.where(active, v, a[:rows]))  # noqa: E731
+        state = state._replace(token=head(state.token, nxt), index=head(state.index, index),
+                               remaining=head(state.remaining, remaining - 1),
+                               active=state.active.at[:rows].set(active & ~ended))
+        return nxt, active, state, cache, chunk_logits, chunk_h, token_logprobs(logits, nxt) if logprobs else None
 
     def _head_impl(self, params, hidden, *, products):
         with narrow_products(products):
@@ -151,31 +219,15 @@ class Slots:
         with narrow_products(products):
             return self.engine.model(params).decoder.next_token_logprobs(hidden, targets)
 
-    def _insert_impl(self, state: SlotState, slot, logits_1V, settings, max_new, delta, eos_on, eos_ids):
+    def _insert_impl(self, state: SlotState, slot, logits_1V, settings, max_new, delta, eos_on, eos_ids, *,
+                     logprobs=False):
         token = choose_rows(logits_1V, {k: v[None] for k, v in settings.items()}, jnp.zeros((1,), jnp.int32))[0]
         ended = (jnp.isin(token, eos_ids) & eos_on) | (max_new <= 1)
         put = lambda a, v: a.at[slot].set(v)  # noqa: E731
-        return SlotState(put(state.token, token), put(state.index, 0), put(state.active, ~ended),
-                         put(state.remaining, max_new - 1), put(state.delta, delta), put(state.eos_on, eos_on),
-                         {k: put(state.settings[k], v) for k, v in settings.items()}), token
-
-    def _decode_impl(self, params, cache, state: SlotState, eos_ids, *, rows, products):
-        dec = self.engine.model(params).decoder
-        token, active = state.token[:rows], state.active[:rows]
-        pos = cache["length"][:rows] + state.delta[:rows]
-        with narrow_products(products):
-            batch = one_token_batch(token, jnp.broadcast_to(pos[None], (dec.spec.rope_axes, rows)), cache, active)
-            h, cache = dec.forward(batch, cache, attention=self.engine.attention)
-            logits = dec.last_logits(h, batch.count)
-        index = state.index[:rows] + 1
-        nxt = choose_rows(logits, {k: v[:rows] for k, v in state.settings.items()}, index)
-        remaining = state.remaining[:rows]
-        ended = (jnp.isin(nxt, eos_ids) & state.eos_on[:rows]) | (remaining <= 1)
-        head = lambda a, v: a.at[:rows].set(jnp.where(active, v, a[:rows]))  # noqa: E731
-        state = state._replace(token=head(state.token, nxt), index=head(state.index, index),
-                               remaining=head(state.remaining, remaining - 1),
-                               active=state.active.at[:rows].set(active & ~ended))
-        return nxt, active, state, cache
+        state = SlotState(put(state.token, token), put(state.index, 0), put(state.active, ~ended),
+                          put(state.remaining, max_new - 1), put(state.delta, delta), put(state.eos_on, eos_on),
+                          {k: put(state.settings[k], v) for k, v in settings.items()})
+        return state, token, token_logprobs(logits_1V, token[None]) if logprobs else None
 
     # ---- host side -----------------------------------------------------------------------------------------
     def ensure_allocated(self) -> None:
@@ -210,71 +262,87 @@ class Slots:
         """The decode step's row count for active slots up to ``highest_slot``."""
         return next(r for r in self.rows if r > highest_slot)
 
-    def _media_inputs(self, media: ChunkMedia | None, count: int, length: int) -> tuple[jax.Array, ...]:
-        """The chunk program's media inputs (rows [1, length, D], is_media [1, length], deepstack [E, 1, length, D])
-        as device arrays laid out alike whatever the chunk holds; a chunk without media takes zeros made once per
-        length."""
-        if media is None:
-            if length not in self._empty_media:
-                spec = self.cfg.decoder
-                self._empty_media[length] = self._media_inputs(ChunkMedia(
-                    np.zeros((count, spec.hidden_size), np.float32), np.zeros(count, bool),
-                    np.zeros((spec.deepstack_layers, count, spec.hidden_size), np.float32)), count, length)
-            return self._empty_media[length]
-        pad = length - count
-        arrays = (np.pad(media.rows, ((0, pad), (0, 0)))[None], np.pad(media.is_media, (0, pad))[None],
-                  np.pad(media.deepstack, ((0, 0), (0, pad), (0, 0)))[:, None])
-        return tuple(self.engine.put(a, (None,) * a.ndim) for a in arrays)
+    def chunk_group(self, chunks: list[Chunk], length: int) -> ChunkGroup:
+        """A step's ``chunks`` (at most ``MAX_CHUNK_ROWS``, each at most ``length`` tokens) as the program's
+        inputs: ``chunk_rows`` rows of ``length`` tokens, padded with rows that take no token; media inputs without
+        media are zeros made once per shape."""
+        c, spec = chunk_rows(len(chunks)), self.cfg.decoder
+        axes = spec.rope_axes
+        tokens = np.full((c, length), self.cfg.pad_id, np.int32)
+        count, start = np.zeros(c, np.int32), np.zeros(c, np.int32)
+        rows = np.full(c, self.slots, np.int32)  # past the last row: padding
+        rope = np.zeros((axes, c, length), np.float32)
+        bid = np.zeros((c, length), bool)
+        for i, ch in enumerate(chunks):
+            n = len(ch.tokens)
+            tokens[i, :n], count[i], start[i], rows[i] = ch.tokens, n, ch.start, ch.row
+            rope[:, i, :n] = ch.rope_pos
+            bid[i, :n] = ch.bidirectional
+        if all(ch.media is None for ch in chunks):
+            if (c, length) not in self._empty_media:
+                self._empty_media[(c, length)] = tuple(self.engine.put(a, (None,) * a.ndim) for a in (
+                    np.zeros((c, length, spec.hidden_size), np.float32), np.zeros((c, length), bool),
+                    np.zeros((spec.deepstack_layers, c, length, spec.hidden_size), np.float32)))
+            media = self._empty_media[(c, length)]
+        else:
+            rows_m = np.zeros((c, length, spec.hidden_size), np.float32)
+            is_media = np.zeros((c, length), bool)
+            deep = np.zeros((spec.deepstack_layers, c, length, spec.hidden_size), np.float32)
+            for i, ch in enumerate(chunks):
+                if ch.media is not None:
+                    n = len(ch.tokens)
+                    rows_m[i, :n], is_media[i, :n], deep[:, i, :n] = ch.media.rows, ch.media.is_media, \
+                        ch.media.deepstack
+            media = tuple(self.engine.put(a, (None,) * a.ndim) for a in (rows_m, is_media, deep))
+        return ChunkGroup(tokens, count, start, rows, rope, bid, *media)
 
-    def extend(self, tokens: np.ndarray, start: int, row: int, rope_pos: np.ndarray, bidirectional: np.ndarray,
-               media: ChunkMedia | None, length: int) -> tuple[jax.Array, jax.Array]:
-        """Run one chunk (``tokens`` [count] of a prompt at positions start.., with its ``media``) into slot ``row``,
-        right-padded to ``length`` -> (the logits [1, V] at its last token, the last layer's output [1, length, D]
-        at every position: see ``head``), device arrays."""
-        count = len(tokens)
-        tok = np.full((1, length), self.cfg.pad_id, np.int32)
-        tok[0, :count] = tokens
-        pos = np.zeros((rope_pos.shape[0], 1, length), np.float32)
-        pos[:, 0, :count] = rope_pos
-        bid = np.zeros((1, length), bool)
-        bid[0, :count] = bidirectional
-        rows, is_media, deep = self._media_inputs(media, count, length)
+    def step(self, rows: int, chunks: ChunkGroup | None = None, logprobs: bool = False) -> tuple:
+        """One step of the first ``rows`` slots (0: none) and the prompt ``chunks`` -> (tokens [rows], which rows
+        were active, the chunks' logits at their last tokens [C, V], their last layer's output [C, T, D]: see
+        ``head``; with ``logprobs`` the decode rows' ``StepLogprobs``, else None) as device arrays."""
         self.dispatched += 1
         with use_mesh(self.engine.mesh):
-            logits, hidden, self.cache = self._extend(self.engine.params, self.cache, tok, np.int32(count),
-                                                      np.int32(start), np.int32(row), pos, bid, rows, is_media, deep,
-                                                      products=products_setting())
-        return logits, hidden
+            token, active, self.state, self.cache, logits, hidden, step = self._step(
+                self.engine.params, self.cache, self.state, self.engine.eos_ids, chunks, rows=rows,
+                products=products_setting(), logprobs=bool(logprobs))
+        return token, active, logits, hidden, step
+
+    def lower_step(self, rows: int, chunk_shape: tuple[int, int] | None = None):
+        """The step program for ``rows`` decode rows and a chunk group of ``chunk_shape`` (C, T) lowered (for
+        checks of the compiled program; nothing runs)."""
+        self.ensure_allocated()
+        chunks = None
+        if chunk_shape is not None:
+            c, t = chunk_shape
+            chunks = self.chunk_group([Chunk(np.array([self.cfg.pad_id]), 0, 0,
+                                             np.zeros((self.cfg.decoder.rope_axes, 1), np.float32), np.zeros(1, bool),
+                                             None)] * c, t)
+        with use_mesh(self.engine.mesh):
+            return self._step.lower(self.engine.params, self.cache, self.state, self.engine.eos_ids, chunks,
+                                    rows=rows, products=products_setting())
 
     def head(self, hidden: jax.Array) -> jax.Array:
-        """The logits [1, T, V] (float32, device) of ``extend``'s last-layer output: the final norm and the output
-        matrix, as the chunk program applies them at its last token."""
+        """The logits [1, T, V] (float32, device) of one chunk's last-layer output [1, T, D] (a row of ``step``'s):
+        the final norm and the output matrix, as the step applies them at its last token."""
         with use_mesh(self.engine.mesh):
             return self._head(self.engine.params, hidden, products=products_setting())
 
     def logprobs(self, hidden: jax.Array, targets: np.ndarray) -> jax.Array:
-        """float32 [1, T] (device): at each position of ``extend``'s last-layer output [1, T, D], the natural-log
+        """float32 [1, T] (device): at each position of one chunk's last-layer output [1, T, D], the natural-log
         probability of ``targets`` [T] (the prompt's next token there; its value past the prompt means nothing)."""
         with use_mesh(self.engine.mesh):
             return self._logprobs(self.engine.params, hidden, np.asarray(targets, np.int32)[None],
                                   products=products_setting())
 
     def insert(self, slot: int, logits_1V: jax.Array, sampling: SamplingParams, max_new: int, delta: int,
-               eos_on: bool) -> jax.Array:
-        """Make ``slot`` active with its first token drawn from ``logits``; returns that token (device)."""
+               eos_on: bool, logprobs: bool = False):
+        """Make ``slot`` active with its first token drawn from ``logits`` -> (that token, with ``logprobs`` its
+        ``StepLogprobs`` of one row, else None), device arrays."""
         self.dispatched += 1
-        self.state, token = self._insert(self.state, np.int32(slot), logits_1V, row_settings(sampling),
-                                         np.int32(max_new), np.float32(delta), np.bool_(eos_on), self.engine.eos_ids)
-        return token
-
-    def decode(self, rows: int) -> tuple[jax.Array, jax.Array]:
-        """One step of the first ``rows`` slots -> (tokens [rows], which rows were active) as device arrays."""
-        self.dispatched += 1
-        with use_mesh(self.engine.mesh):
-            token, active, self.state, self.cache = self._decode(self.engine.params, self.cache, self.state,
-                                                                 self.engine.eos_ids, rows=rows,
-                                                                 products=products_setting())
-        return token, active
+        self.state, token, step = self._insert(self.state, np.int32(slot), logits_1V, row_settings(sampling),
+                                               np.int32(max_new), np.float32(delta), np.bool_(eos_on),
+                                               self.engine.eos_ids, logprobs=bool(logprobs))
+        return token, step
 
     def release(self, slot: int) -> None:
         self.dispatched += 1
@@ -289,19 +357,27 @@ class Slots:
         self.dispatched += 1
         self.cache = self._restore(self.cache, np.int32(slot), saved, np.int32(length))
 
-    def warm_up(self, chunk_lengths) -> None:
-        """Compile the chunk program for each of ``chunk_lengths`` (text), insert, release and every decode row
-        count (nothing stays active)."""
+    def warm_up(self, shapes) -> None:
+        """Compile the step for each chunk group shape (C, T) of ``shapes`` (text) and for every decode row count,
+        and insert and release (nothing stays active)."""
         self.ensure_allocated()
-        rope = np.zeros((self.cfg.decoder.rope_axes, 1), np.float32)
         logits = None
-        for length in chunk_lengths:
-            logits, _ = self.extend(np.array([self.cfg.pad_id]), 0, 0, rope, np.zeros(1, bool), None, length)
-        self.insert(0, logits, SamplingParams(), 2, 0, True)
-        self.release(0)
+        for c, t in shapes:
+            chunk = Chunk(np.array([self.cfg.pad_id]), 0, 0, np.zeros((self.cfg.decoder.rope_axes, 1), np.float32),
+                          np.zeros(1, bool), None)
+            _, _, logits, _, _ = self.step(self.decode_rows_with_chunks, self.chunk_group([chunk] * c, t))
+        if logits is not None:
+            self.insert(0, logits[:1], SamplingParams(), 2, 0, True)
+            self.release(0)
         for rows in self.rows:
-            jax.block_until_ready(self.decode(rows))
+            jax.block_until_ready(self.step(rows))
+
+    @property
+    def decode_rows_with_chunks(self) -> int:
+        """The decode rows of a step with prompt chunks: every slot, in the same program (0 when the batch axis is
+        split over devices: a chunk then runs in a program of its own, beside the decode step)."""
+        return self.slots if self.engine.mesh.shape["data"] == 1 else 0
 
     def compilations(self) -> int:
-        return sum(f._cache_size() for f in (self._extend, self._head, self._logprobs, self._insert, self._decode,
-                                             self._release, self._snapshot, self._restore))
+        return sum(f._cache_size() for f in (self._step, self._head, self._logprobs, self._insert, self._release,
+                                             self._snapshot, self._restore))

@@ -1,6 +1,6 @@
 """Figures of the decoder core's shape budgets, measured on a loaded omnijax pipeline:
 
-- the serving engine's prompt-chunk program (the program every prompt, prompt-logits and scoring request runs, a
+- the serving engine's step with a prompt chunk (the program every prompt, prompt-logits and scoring request runs, a
   chunk at a time): its compile time into a cache of a short and a long context (it reads the cache in blocks, so
   the program should not grow with the context), and its temporary memory for chunks of 64 to 512 tokens (XLA's
   memory analysis);
@@ -17,8 +17,6 @@ import jax.numpy as jnp
 import numpy as np
 
 from omnijax.app.slots import Slots
-from omnijax.common.matmul_policy import products_setting
-from omnijax.common.sharding import use_mesh
 from omnijax.decoder.kv_cache import init_cache
 
 
@@ -26,20 +24,12 @@ def chunk_compile(engine, chunk: int, context: int) -> dict:
     """Seconds to lower and compile the chunk program for a ``chunk``-token text chunk into one slot of a
     ``context``-token cache (a fresh compile, the persistent cache off), and its temporary bytes."""
     slots = Slots(engine, slots=1, context=context)
-    slots.ensure_allocated()
-    cfg = engine.cfg
-    tokens = np.full((1, chunk), cfg.pad_id, np.int32)
-    rope = np.zeros((cfg.decoder.rope_axes, 1, chunk), np.float32)
-    rows, is_media, deep = slots._media_inputs(None, chunk, chunk)
-    args = (engine.params, slots.cache, tokens, np.int32(chunk), np.int32(0), np.int32(0), rope,
-            np.zeros((1, chunk), bool), rows, is_media, deep)
     enabled = jax.config.jax_enable_compilation_cache
     jax.config.update("jax_enable_compilation_cache", False)
     try:
-        with use_mesh(engine.mesh):
-            start = time.perf_counter()
-            compiled = slots._extend.lower(*args, products=products_setting()).compile()
-            seconds = time.perf_counter() - start
+        start = time.perf_counter()
+        compiled = slots.lower_step(slots.decode_rows_with_chunks, (1, chunk)).compile()
+        seconds = time.perf_counter() - start
     finally:
         jax.config.update("jax_enable_compilation_cache", enabled)
     memory = compiled.memory_analysis()

@@ -13,6 +13,9 @@ the chat figure):
 - a short request arriving while 8 long ones decode: its whole time against theirs;
 - a chat's second turn (the first turn's prompt and answer plus a new question) with the prefix cache: its time to
   first token against the first turn's;
+- at the server's defaults (no settings: its slots, context, step token budget and caches): 32 short requests at
+  once (time to first token p50 / p99), and a short request arriving just after one with a ~4k-token prompt (its
+  time to first token against the long one's: the engine runs the short prompt beside the long one's chunks);
 - what bounds the throughput ratio: the same prompts processed alone (one new token each; no batching shortens
   this work), so one-at-a-time seconds / these seconds is the most any batching could give on this workload, and
   the machine's float32 product rate at 1, 16 and 512 rows (what a decode step of 1 or 16 rows and a prompt chunk
@@ -56,11 +59,14 @@ class Sizes:
     short: tuple[int, int] = (20, 8)
     system_words: int = 300
     context: int = 2048
+    prefill_words: int = 3000  # the long prompt a short request arrives behind (about 4k tokens)
+    many_short: int = 32  # short requests arriving at once at the defaults
 
 
 SIZES = {"bench": Sizes(), "real": Sizes(),
          # the tests' run: the same code path at a few tokens each (it checks the report, never the speed)
-         "smoke": Sizes(words=(4, 20), new_tokens=(2, 6), long=(8, 12), short=(4, 2), system_words=30, context=512)}
+         "smoke": Sizes(words=(4, 20), new_tokens=(2, 6), long=(8, 12), short=(4, 2), system_words=30, context=512,
+                        prefill_words=200, many_short=4)}
 
 
 def workload(pipe, n: int, seed: int = 0, sizes: Sizes = Sizes()) -> list[tuple]:
@@ -186,6 +192,45 @@ def chat_turns(pipe, seed: int = 2, sizes: Sizes = Sizes()) -> dict:
             "ratio": float(np.median(ratios))}
 
 
+def many_short(pipe, n: int = 32, seed: int = 4, sizes: Sizes = Sizes()) -> dict:
+    """``n`` short requests arriving at once: time to first token p50 / p99 and the seconds until the last ends."""
+    rng = np.random.default_rng(seed)
+    work = [(pipe.prepare(chat(pipe, text(rng, sizes.short[0]))), sizes.short[1]) for _ in range(n)]
+    return continuous(pipe, work)
+
+
+def behind_long_prefill(pipe, seed: int = 5, sizes: Sizes = Sizes()) -> dict:
+    """A short request submitted just after one with a long prompt (both 8 new tokens): the times to first token
+    from their submissions."""
+    rng = np.random.default_rng(seed)
+    long_prompt = pipe.prepare(chat(pipe, text(rng, sizes.prefill_words)))
+    short_prompt = pipe.prepare(chat(pipe, text(rng, sizes.short[0])))
+    long = _submit(pipe, long_prompt, sizes.short[1])
+    short = _submit(pipe, short_prompt, sizes.short[1])
+    long_r, short_r = long.result(), short.result()
+    return {"long_prompt_tokens": len(long_prompt.token_ids), "long_ttft_s": long_r.first_token_seconds,
+            "short_ttft_s": short_r.first_token_seconds, "long_cached_tokens": long_r.cached_tokens,
+            "ratio": short_r.first_token_seconds / long_r.first_token_seconds}
+
+
+def at_defaults(folder, sizes: Sizes) -> dict:
+    """The server's defaults: many short requests, and one behind a long prompt (each run twice, the second
+    measured: the first compiles)."""
+    from omnijax.app.pipeline import Pipeline
+
+    pipe = Pipeline.from_pretrained(folder)
+    try:
+        many_short(pipe, sizes.many_short, sizes=sizes, seed=6)
+        out = {"many_short": many_short(pipe, sizes.many_short, sizes=sizes)}
+        behind_long_prefill(pipe, sizes=sizes, seed=7)
+        out["behind_long_prefill"] = behind_long_prefill(pipe, sizes=sizes)
+        out["slots"], out["context"] = pipe.scheduler.slots.slots, pipe.scheduler.context
+        out["many_short"]["requests"] = sizes.many_short
+        return out
+    finally:
+        pipe.close()
+
+
 def model_folder(name: str, checkpoints: pathlib.Path):
     if name == "real":
         from bench.real_gemma3 import gemma3_270m_gguf
@@ -214,6 +259,7 @@ def run(name: str, n: int, checkpoints: pathlib.Path) -> dict:
     chat_turns(cached, seed=3, sizes=sizes)  # compiles
     figures["chat"] = chat_turns(cached, sizes=sizes)
     cached.close()
+    figures["defaults"] = at_defaults(folder, sizes)
     figures["product_gflops"] = product_rates(rounds=2 if name == "smoke" else 20)
     one, prompts = figures["one_at_a_time"]["seconds"], figures["prompts_alone"]["seconds"]
     return {"model": name, "checkpoint": str(folder), "requests": n,
@@ -242,6 +288,13 @@ def markdown(report: dict) -> str:
              f"{s['long_s']:.2f} s) | < 0.25 |",
              f"| chat second turn TTFT / first turn's | {c['ratio']:.3f} ({c['second_turn_ttft_s']:.3f} s / "
              f"{c['first_turn_ttft_s']:.3f} s) | <= 0.3 |"]
+    d = f["defaults"]
+    m, b = d["many_short"], d["behind_long_prefill"]
+    rows += ["", f"At the server's defaults ({d['slots']} slots, a {d['context']}-token context):", "",
+             f"- {m['requests']} short requests at once: time to first token p50 "
+             f"{m['ttft_p50_s']:.3f} s, p99 {m['ttft_p99_s']:.3f} s, all done in {m['seconds']:.1f} s;",
+             f"- a short request just after one with a {b['long_prompt_tokens']}-token prompt: its time to first "
+             f"token {b['short_ttft_s']:.3f} s against the long one's {b['long_ttft_s']:.3f} s ({b['ratio']:.2f}x)."]
     a, g = f["prompts_alone"], f["product_gflops"]
     rows += ["", "What bounds the throughput ratio:", "",
              f"- the {a['prompt_tokens']} prompt tokens processed alone take {a['seconds']:.1f} s of the "

@@ -20,6 +20,7 @@ from omnijax.common.norms import RMSNorm, rms_norm
 from omnijax.common.sharding import constrain
 from omnijax.decoder.attention_op import PromptMeta, cache_attention, prompt_attention
 from omnijax.decoder.kv_cache import LayerCache
+from omnijax.decoder.packing import Packing
 from omnijax.decoder.rope import apply_rotary, rope_key
 from omnijax.decoder.spec import AttentionSpec
 
@@ -40,22 +41,31 @@ class PromptContext(NamedTuple):
     backend: str = "auto"
 
 
-class BatchContext(NamedTuple):
-    """What every layer of a forward over new tokens shares: S sequences of T tokens, sequence s continuing cache
-    row ``row0 + s`` (decode: S rows of one token; a prompt chunk: one row of T tokens).
+class GroupContext(NamedTuple):
+    """One group of a forward over new tokens: S sequences of T tokens, sequence s continuing cache row
+    ``rows[s]`` (None: row s; decode: S rows of one token; prompt chunks: C rows of T tokens).
 
     pos [S, T]: the tokens' sequence positions (-1: padding, or a row that takes no token); block [S, T]: their
-    media block ids (-1 text; None: no media in the batch); rope {rope_key: (cos, sin) [S, T, ...]}; slot_pos
-    {slots: [S, slots]}: the position each slot of the rows' caches holds before the batch (-1 empty); held: the
-    most slots any row holds (a long cache is read only that far); backend: the attention backend
-    (``attention_op.backend_for``), chosen by the engine."""
+    media block ids (-1 text; None: no media in the group); slot_pos {slots: [S, slots]}: the position each slot of
+    the rows' caches holds before the batch (-1 empty); held: the most slots any row holds (a long cache is read
+    only that far)."""
 
-    row0: jax.Array
+    rows: jax.Array | None
     pos: jax.Array
     block: jax.Array | None
-    rope: dict
     slot_pos: dict
     held: jax.Array
+
+
+class BatchContext(NamedTuple):
+    """What every layer of a forward over new tokens shares: its groups (``GroupContext``) and how they lie in the
+    forward's tokens (``packing``: decoder/packing.py); pos and rope {rope_key: (cos, sin)} of every token in that
+    layout; backend: the attention backend (``attention_op.backend_for``), chosen by the engine."""
+
+    groups: tuple
+    packing: Packing
+    pos: jax.Array
+    rope: dict
     backend: str = "auto"
 
 
@@ -179,12 +189,15 @@ class Attention(nnx.Module):
                 shared: tuple[jax.Array, jax.Array] | None = None) -> tuple[jax.Array, tuple | None]:
         """New tokens attending to their rows' caches (as they were before the batch) and to each other ->
         (output [S, T, D], the tokens' keys and values [S, T, K, H], or None for a layer that attends to the keys /
-        values ``shared`` of an earlier layer's tokens, over that layer's cache ``cache``)."""
+        values ``shared`` of an earlier layer's tokens, over that layer's cache ``cache``). With several groups
+        (``ctx.packing``) the tokens lie in one flat row [1, N, ...]; each group attends in its own shape."""
         spec = self.spec
         q, k, v = self._project(x_STD, ctx.pos, self._rope(ctx))
         own = None if k is None else (k, v)
         k, v = own if own is not None else shared
-        out = cache_attention(q, cache.k, cache.v, ctx.row0, ctx.slot_pos[cache.k.shape[-1]], k, v, ctx.pos,
-                              ctx.block, spec.mask, scale=spec.q_scale, softcap=spec.softcap, held=ctx.held,
-                              backend=ctx.backend)
-        return self._output(out), own
+        split = ctx.packing.split
+        outs = [cache_attention(qg, cache.k, cache.v, g.rows, g.slot_pos[cache.k.shape[-1]], kg, vg, g.pos, g.block,
+                                spec.mask, scale=spec.q_scale, softcap=spec.softcap, held=g.held,
+                                backend=ctx.backend)
+                for g, qg, kg, vg in zip(ctx.groups, split(q), split(k), split(v))]
+        return self._output(ctx.packing.join(outs)), own

@@ -219,18 +219,28 @@ def _history_block(c: int) -> int:
     return c if c <= 512 or c % K_BLOCK else K_BLOCK
 
 
-def cache_attention(q_STNH: jax.Array, cache_k_RKHC: jax.Array, cache_v_RKCH: jax.Array, row0: jax.Array | int,
+def cache_rows(cache_RX: jax.Array, rows_S: jax.Array | None, s: int) -> jax.Array:
+    """The cache rows S sequences continue: ``rows_S`` None -> the first S rows (all of them without a copy when S is
+    every row, so a sharded batch axis is not sliced); else the rows ``rows_S`` names (an index past the last row,
+    a padding sequence's, reads the last row: what it computes is never used)."""
+    if rows_S is None:
+        return cache_RX if s == cache_RX.shape[0] else cache_RX[:s]
+    return jnp.take(cache_RX, rows_S, axis=0, mode="clip")
+
+
+def cache_attention(q_STNH: jax.Array, cache_k_RKHC: jax.Array, cache_v_RKCH: jax.Array, rows_S: jax.Array | None,
                     slot_pos_SC: jax.Array, k_STKH: jax.Array, v_STKH: jax.Array, q_pos_ST: jax.Array,
                     q_block_ST: jax.Array | None, mask: MaskSpec, *, scale: float, softcap: float | None = None,
                     held: jax.Array | None = None, backend: str = "auto") -> jax.Array:
-    """S sequences of T new tokens, sequence s continuing cache row ``row0 + s``, each token attending to its row's
-    cache (the keys before the batch) and to the new tokens of its own sequence -> [S, T, N, H].
+    """S sequences of T new tokens, sequence s continuing cache row ``rows_S[s]`` (``rows_S`` None: row s), each token
+    attending to its row's cache (the keys before the batch) and to the new tokens of its own sequence ->
+    [S, T, N, H].
 
     cache_k [R, K, H, C] / cache_v [R, K, C, H]: every row's cache (keys transposed, so the scores are a plain
-    [G*T, H] x [H, C] product per kv head); rows row0 .. row0 + S - 1 are read. slot_pos [S, C]: the position each
+    [G*T, H] x [H, C] product per kv head); the sequences' rows are read (``cache_rows``). slot_pos [S, C]: the position each
     slot of those rows holds before the batch (-1 empty). k, v [S, T, K, H]: the new tokens' keys and values;
     q_pos [S, T] their positions (-1: padding), q_block [S, T] their media block ids (-1 text; None: no media).
-    Decode is S rows of one token, a prompt chunk one row of T tokens: the same op. Cache keys never share a media
+    Decode is S rows of one token, prompt chunks C rows of T tokens: the same op. Cache keys never share a media
     block with new tokens (a chunk never splits a block).
 
     A cache of at most 512 slots is read whole, in one softmax with the new tokens; a longer one in 128-slot blocks
@@ -242,11 +252,7 @@ def cache_attention(q_STNH: jax.Array, cache_k_RKHC: jax.Array, cache_v_RKCH: ja
     s, t, n, h = q_STNH.shape
     r, kv, _, c = cache_k_RKHC.shape
     g = n // kv
-    if s == r:  # every row (decode over all slots): no slice of a possibly sharded batch axis
-        rows_k, rows_v = cache_k_RKHC, cache_v_RKCH
-    else:
-        rows_k = jax.lax.dynamic_slice_in_dim(cache_k_RKHC, row0, s, axis=0)
-        rows_v = jax.lax.dynamic_slice_in_dim(cache_v_RKCH, row0, s, axis=0)
+    rows_k, rows_v = cache_rows(cache_k_RKHC, rows_S, s), cache_rows(cache_v_RKCH, rows_S, s)
     k_new = k_STKH.transpose(0, 2, 1, 3)  # [S, K, T, H]
     v_new = v_STKH.transpose(0, 2, 1, 3)
     vis_new = visible(q_pos_ST, q_pos_ST, mask, q_block_ST, q_block_ST)

@@ -101,11 +101,12 @@ def fill_from_prompt(k_BLKH: jax.Array, v_BLKH: jax.Array, length_B: jax.Array, 
     return constrain(k, KEY_AXES), constrain(v, VALUE_AXES)
 
 
-def write_tokens(cache_k_RKHC: jax.Array, cache_v_RKCH: jax.Array, row0: jax.Array | int, k_STKH: jax.Array,
+def write_tokens(cache_k_RKHC: jax.Array, cache_v_RKCH: jax.Array, rows_S: jax.Array | None, k_STKH: jax.Array,
                  v_STKH: jax.Array, start_S: jax.Array, count_S: jax.Array,
                  after_x: jax.Array | None = None) -> tuple[jax.Array, jax.Array]:
-    """Every row's cache with S sequences' new keys/values written: sequence s into row ``row0 + s``, its first
-    ``count[s]`` tokens at positions start[s], start[s] + 1, ... (slot p % slots; a ring keeps the last ``slots``).
+    """Every row's cache with S sequences' new keys/values written: sequence s into row ``rows_S[s]`` (``rows_S``
+    None: row s), its first ``count[s]`` tokens at positions start[s], start[s] + 1, ... (slot p % slots; a ring
+    keeps the last ``slots``; a row index past the last row writes nothing: a padding sequence's).
 
     ``after_x``: an output of the step computed after every read of this cache (the last layer's), so the write is
     ordered after them and the compiler updates the cache in place (see ``after``). One token per sequence (decode)
@@ -117,11 +118,11 @@ def write_tokens(cache_k_RKHC: jax.Array, cache_v_RKCH: jax.Array, row0: jax.Arr
     r, _, _, slots = cache_k_RKHC.shape
     k_new = k_STKH.astype(cache_k_RKHC.dtype)
     v_new = v_STKH.astype(cache_v_RKCH.dtype)
-    if after_x is not None:
-        dep = after_x[:, :1, :1, None]  # [S, 1, 1, 1]: each row's own, replicated over the model axis (stays local)
+    if after_x is not None:  # [S, 1, 1, 1]: each row's own, replicated over the model axis (stays local); [1, ...]
+        dep = after_x[:, :1, :1, None]  # for a packed batch of several groups (one flat row of tokens)
         k_new, v_new = after(k_new, dep), after(v_new, dep)
     zero = jnp.zeros((), jnp.int32)
-    if t == 1:
+    if t == 1 and rows_S is None:
         slot_S = start_S % slots
         kt, vt = k_new[:, 0], v_new[:, 0]  # [S, K, H]
         if s == r and s > 1:  # a slot per row: a scatter batched over rows (stays shard-local when rows are split)
@@ -129,20 +130,20 @@ def write_tokens(cache_k_RKHC: jax.Array, cache_v_RKCH: jax.Array, row0: jax.Arr
                 cache_k_RKHC, kt, slot_S)
             v = jax.vmap(lambda c, n, p: jax.lax.dynamic_update_slice(c, n[:, None], (zero, p, zero)))(
                 cache_v_RKCH, vt, slot_S)
-        else:  # rows row0..row0+S-1: a plain slice update per row
+        else:  # rows 0..S-1: a plain slice update per row
             k, v = cache_k_RKHC, cache_v_RKCH
             for i in range(s):
-                row = row0 + i
-                k = jax.lax.dynamic_update_slice(k, kt[i][None, ..., None], (row, zero, zero, slot_S[i]))
-                v = jax.lax.dynamic_update_slice(v, vt[i][None, :, None], (row, zero, slot_S[i], zero))
+                k = jax.lax.dynamic_update_slice(k, kt[i][None, ..., None], (i, zero, zero, slot_S[i]))
+                v = jax.lax.dynamic_update_slice(v, vt[i][None, :, None], (i, zero, slot_S[i], zero))
         return constrain(k, KEY_AXES), constrain(v, VALUE_AXES)
     k, v = cache_k_RKHC, cache_v_RKCH
     i = jnp.arange(t, dtype=jnp.int32)
+    rows = jnp.arange(s, dtype=jnp.int32) if rows_S is None else rows_S
     for j in range(s):
         keep = (i < count_S[j]) & (i >= count_S[j] - slots)
         slot_T = jnp.where(keep, (start_S[j] + i) % slots, slots)  # slots: out of range, dropped
-        k = k.at[row0 + j, :, :, slot_T].set(k_new[j], mode="drop")
-        v = v.at[row0 + j, :, slot_T, :].set(v_new[j], mode="drop")
+        k = k.at[rows[j], :, :, slot_T].set(k_new[j], mode="drop")
+        v = v.at[rows[j], :, slot_T, :].set(v_new[j], mode="drop")
     return constrain(k, KEY_AXES), constrain(v, VALUE_AXES)
 
 

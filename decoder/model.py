@@ -20,11 +20,12 @@ from flax import nnx
 
 from omnijax.common.norms import RMSNorm
 from omnijax.common.sharding import constrain
-from omnijax.decoder.attention import BatchContext, PromptContext
+from omnijax.decoder.attention import BatchContext, GroupContext, PromptContext
 from omnijax.decoder.attention_op import PromptMeta
 from omnijax.decoder.blocks import take_rows
 from omnijax.decoder.embed import Embedder, add_at_placeholders, merge_media
 from omnijax.decoder.kv_cache import LayerCache, cache_index, cache_slots, fill_from_prompt, slot_positions, write_tokens
+from omnijax.decoder.packing import Packing
 from omnijax.decoder.parts import BUILTIN_PARTS, DecoderParts
 from omnijax.decoder.rope import rope_tables
 from omnijax.decoder.spec import DecoderSpec
@@ -58,22 +59,24 @@ class Prompt(NamedTuple):
 
 class TokenBatch(NamedTuple):
     """New tokens continuing cached sequences: S sequences of T tokens (right-padded), sequence s continuing cache
-    row ``row0 + s`` after the ``start[s]`` tokens the row holds. A decode step is S rows of one token, a prompt
-    chunk one row of T tokens; every array has a fixed shape for a given (S, T), whatever the batch holds.
+    row ``rows[s]`` (``rows`` None: row s) after the ``start[s]`` tokens the row holds. A decode step is S rows of
+    one token, prompt chunks C rows of T tokens; every array has a fixed shape for a given (S, T), whatever the
+    batch holds.
 
     tokens [S, T] int32 (media placeholders included); count [S]: how many are real (0: the row takes no token,
-    e.g. an idle slot; its length stays); start [S]; row0: the first row; rope_pos [axes, S, T] (float32:
-    time-aware positions may be fractional). Optional (None: absent, e.g. in a decode step): bidirectional [S, T]
-    (tokens of media blocks that attend to their whole block; a chunk never splits such a block); media [S, T, D]
-    float32 (each media placeholder's feature row, zeros elsewhere) with is_media [S, T] (the tokens that take it
-    instead of their embedding); deepstack [E, S, T, D] float32 (added to the hidden state after layer i < E);
-    embeds [S, T, D]: input embeddings taken instead of the tokens' (a decoder fed with another model's states).
+    e.g. an idle slot or a padding sequence; its length stays); start [S]; rows [S] int32 or None (an index past
+    the cache's last row: a padding sequence, count 0); rope_pos [axes, S, T] (float32: time-aware positions may be
+    fractional). Optional (None: absent, e.g. in a decode step): bidirectional [S, T] (tokens of media blocks that
+    attend to their whole block; a chunk never splits such a block); media [S, T, D] float32 (each media
+    placeholder's feature row, zeros elsewhere) with is_media [S, T] (the tokens that take it instead of their
+    embedding); deepstack [E, S, T, D] float32 (added to the hidden state after layer i < E); embeds [S, T, D]: input
+    embeddings taken instead of the tokens' (a decoder fed with another model's states).
     """
 
     tokens: jax.Array
     count: jax.Array
     start: jax.Array
-    row0: jax.Array
+    rows: jax.Array | None
     rope_pos: jax.Array
     bidirectional: jax.Array | None = None
     media: jax.Array | None = None
@@ -88,7 +91,7 @@ def one_token_batch(tokens_S: jax.Array, rope_pos_AS: jax.Array, cache: dict, ac
     ``active_S``: the rows that take their token (default all)."""
     s = tokens_S.shape[0]
     count = jnp.ones((s,), jnp.int32) if active_S is None else active_S.astype(jnp.int32)
-    return TokenBatch(tokens_S[:, None], count, cache["length"][:s], jnp.zeros((), jnp.int32),
+    return TokenBatch(tokens_S[:, None], count, cache["length"][:s], None,
                       rope_pos_AS[:, :, None], embeds=None if embeds_SD is None else embeds_SD[:, None])
 
 
@@ -241,33 +244,35 @@ class DecoderModel(nnx.Module):
         return x, {"length": prompt.lengths.astype(jnp.int32), "k": tuple(c.k for c in caches),
                    "v": tuple(c.v for c in caches)}, hidden
 
-    def forward(self, batch: TokenBatch, cache: dict, *, attention: str = "auto") -> tuple[jax.Array, dict]:
+    def forward(self, batch: TokenBatch | tuple[TokenBatch, ...], cache: dict, *,
+                attention: str = "auto") -> tuple[jax.Array | tuple[jax.Array, ...], dict]:
         """New tokens continuing their rows of the cache -> (the last layer's output [S, T, D] before the final
         norm: ``logits`` / ``_output`` of it at the positions wanted; the cache with every real token written and
         each row's length ``start + count``).
 
-        Each layer attends to the rows' caches as they were and to the batch's own tokens (``Attention.forward``);
-        a layer that shares an earlier layer's keys/values reads that layer's cache and new keys/values. Once every
-        layer has run, each cache takes the new keys and values (``write_tokens``, ordered after the last layer's
-        output so the cache is updated in place). Other rows are untouched. ``attention``: the attention backend
-        (``attention_op.backend_for``)."""
+        ``batch``: one ``TokenBatch``, or a tuple of them (groups of different shapes, e.g. a decode step's rows
+        beside prompt chunks: one program, the weights read once for all; the output is then a tuple, one [S, T, D]
+        per group; no two groups may continue the same row). Each layer attends to the rows' caches as they were and
+        to the batch's own tokens (``Attention.forward``); a layer that shares an earlier layer's keys/values reads
+        that layer's cache and new keys/values. Once every layer has run, each cache takes the new keys and values
+        (``write_tokens``, group after group, ordered after the last layer's output so the cache is updated in
+        place). Other rows are untouched. ``attention``: the attention backend (``attention_op.backend_for``)."""
         spec = self.spec
-        s, t = batch.tokens.shape
-        if batch.embeds is not None:
-            x = batch.embeds
-        else:
-            x = self.embedder.encode(batch.tokens)
-            if batch.media is not None:
-                x = jnp.where(batch.is_media[..., None], batch.media.astype(x.dtype), x)
-        x = constrain(x, ("batch", "length", "embed"))
-        idx = jnp.arange(t, dtype=jnp.int32)[None]
-        pos = jnp.where(idx < batch.count[:, None], batch.start[:, None] + idx, -1)
-        block = None if batch.bidirectional is None else block_ids(batch.bidirectional & (pos >= 0))
-        held = jnp.max(jnp.where(batch.count > 0, batch.start, 0))
-        ctx = BatchContext(batch.row0, pos, block, self.rope_tables(batch.rope_pos),
-                           {n: slot_positions(batch.start, n) for n in sorted({k.shape[-1] for k in cache["k"]})},
-                           held, attention)
-        per_layer = self._layer_inputs(batch.tokens, x)
+        batches = (batch,) if isinstance(batch, TokenBatch) else tuple(batch)
+        packing = Packing(tuple(b.tokens.shape for b in batches))
+        x = constrain(packing.join([self._embed_batch(b) for b in batches]), ("batch", "length", "embed"))
+        ring_sizes = sorted({k.shape[-1] for k in cache["k"]})
+        groups = []
+        for b in batches:
+            idx = jnp.arange(b.tokens.shape[1], dtype=jnp.int32)[None]
+            pos = jnp.where(idx < b.count[:, None], b.start[:, None] + idx, -1)
+            block = None if b.bidirectional is None else block_ids(b.bidirectional & (pos >= 0))
+            held = jnp.max(jnp.where(b.count > 0, b.start, 0))
+            groups.append(GroupContext(b.rows, pos, block, {n: slot_positions(b.start, n) for n in ring_sizes}, held))
+        ctx = BatchContext(tuple(groups), packing, packing.join([g.pos for g in groups]),
+                           self.rope_tables(packing.join([b.rope_pos for b in batches], axis=1)), attention)
+        per_layer = self._layer_inputs(packing.join([b.tokens for b in batches]), x)
+        deepstack = self._deepstack(batches, packing, x.shape[-1])
         index = cache_index(spec)
         new_kv: dict[int, tuple] = {}  # owner layer -> the batch's keys and values, for sharing layers
         for i, layer in enumerate(self.layers):
@@ -276,17 +281,43 @@ class DecoderModel(nnx.Module):
                                   None if per_layer is None else per_layer[:, :, i])
             if kv is not None:
                 new_kv[i] = kv
-            if batch.deepstack is not None and i < batch.deepstack.shape[0]:
-                x = x + batch.deepstack[i].astype(x.dtype)
+            if deepstack is not None and i < deepstack.shape[0]:
+                x = x + deepstack[i].astype(x.dtype)
         keys, values = list(cache["k"]), list(cache["v"])
         for i, (k, v) in new_kv.items():
             j = index[i]
-            keys[j], values[j] = write_tokens(keys[j], values[j], batch.row0, k, v, batch.start, batch.count,
-                                              after_x=x)
-        grown = batch.start + batch.count
-        rows = cache["length"].shape[0]
-        length = grown if s == rows else jax.lax.dynamic_update_slice_in_dim(cache["length"], grown, batch.row0, 0)
-        return x, {"length": length, "k": tuple(keys), "v": tuple(values)}
+            for b, kg, vg in zip(batches, packing.split(k), packing.split(v)):
+                keys[j], values[j] = write_tokens(keys[j], values[j], b.rows, kg, vg, b.start, b.count, after_x=x)
+        length = cache["length"]
+        for b in batches:
+            grown = b.start + b.count
+            if b.rows is not None:
+                length = length.at[b.rows].set(grown, mode="drop")
+            elif grown.shape[0] == length.shape[0]:
+                length = grown
+            else:
+                length = jax.lax.dynamic_update_slice_in_dim(length, grown, 0, 0)
+        out = x if packing.single else tuple(packing.split(x))
+        return out, {"length": length, "k": tuple(keys), "v": tuple(values)}
+
+    def _embed_batch(self, batch: TokenBatch) -> jax.Array:
+        """A group's input embeddings [S, T, D]: its ``embeds``, or its tokens' embeddings with the media rows."""
+        if batch.embeds is not None:
+            return batch.embeds
+        x = self.embedder.encode(batch.tokens)
+        if batch.media is not None:
+            x = jnp.where(batch.is_media[..., None], batch.media.astype(x.dtype), x)
+        return x
+
+    @staticmethod
+    def _deepstack(batches: tuple[TokenBatch, ...], packing: Packing, d: int) -> jax.Array | None:
+        """The groups' deepstack rows in the forward's layout [E, ..] (zeros for a group without; None if none has)."""
+        layers = max((b.deepstack.shape[0] for b in batches if b.deepstack is not None), default=0)
+        if not layers:
+            return None
+        parts = [jnp.zeros((layers, *b.tokens.shape, d), jnp.float32) if b.deepstack is None
+                 else jnp.pad(b.deepstack, ((0, layers - b.deepstack.shape[0]),) + ((0, 0),) * 3) for b in batches]
+        return packing.join(parts, axis=1)
 
     def last_logits(self, h_STD: jax.Array, count_S: jax.Array) -> jax.Array:
         """Float32 logits [S, V] at each sequence's last real token of ``forward``'s output (its first for a

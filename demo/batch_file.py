@@ -188,13 +188,14 @@ def write_json_atomically(path: pathlib.Path, value: dict) -> None:
 
 
 class _Pending:
-    """One line on its way: prepared in a worker, then on the engine. It is put on ``done`` exactly once: when its
-    request ends, or when it fails before (``error``)."""
+    """One line on its way: prepared in a worker, then on the engine (its ``n`` choices). It is put on ``done``
+    exactly once: when every choice has ended, or when it fails before (``error``)."""
 
     def __init__(self, line: BatchLine, done: queue.SimpleQueue):
         self.line = line
         self.request: openai_request.ApiRequest | None = None
-        self.handle = None
+        self.prompt = None
+        self.handles: list = []
         self.error: BaseException | None = None
         self._done = done
         self._sent = False
@@ -212,9 +213,9 @@ class _Pending:
         self._send()
 
     def notify(self) -> None:
-        """The engine's listener (its thread; never blocks): sends the line once its request has ended."""
-        handle = self.handle
-        if handle is not None and handle.done:
+        """The engine's listener (its thread; never blocks): sends the line once its choices have ended."""
+        handles = self.handles
+        if handles and all(handle.done for handle in handles):
             self._send()
 
 
@@ -240,6 +241,7 @@ class _Run:
         self.lines_read = 0
         self.seen: set[str] = set()  # every custom_id met so far: a later line with one of them repeats it
         self.executor: concurrent.futures.ThreadPoolExecutor | None = None
+        self.token_text = None
         self.model = options.model_name
         self.window = 0
         self.started = time.perf_counter()
@@ -261,6 +263,9 @@ class _Run:
             raise BatchFileError("batch files run on a pipeline whose engine has a thread of its own (one JAX "
                                  "process)")
         self.model = self.model or self._pipe.name
+        from omnijax.app.token_text import TokenText
+
+        self.token_text = TokenText(self._pipe.processor.tokenizer)
         slots = scheduler.slots.slots
         window = self.options.window or 2 * slots + self.options.workers
         self.window = max(1, min(window, slots + scheduler.max_queue))  # never more than the engine takes
@@ -317,14 +322,15 @@ class _Run:
         line = pending.line
         if pending.error is None:
             try:
-                result = pending.handle.result()
+                results = [handle.result() for handle in pending.handles]
             except Exception as e:  # an engine failure is this line's error row
                 pending.error = e
             else:
-                if result.finish_reason == "cancelled":  # stopped: the line is left for the next run
+                if any(result.finish_reason == "cancelled" for result in results):  # stopped: left for the next run
                     return
                 request_id = api.new_id("chatcmpl" if line.chat else "cmpl")
-                body = openai_request.answer_body(request_id, self.model, result, pending.request)
+                body = openai_request.answer_body(request_id, self.model, results, pending.request, pending.prompt,
+                                                  self.token_text)
                 self._write(ok_row(line.custom_id, body), ok=True)
                 return
         self._write(error_row(line.custom_id, line.number, *error_of(pending.error)), ok=False)
@@ -356,7 +362,7 @@ class _Run:
         """Cancel the requests still in flight (their lines are left for the next run) and end the workers."""
         with self.lock:
             self.stopping = True
-            handles = [pending.handle for pending in self.live]
+            handles = [handle for pending in self.live for handle in pending.handles]
             self.live.clear()
         for handle in handles:
             handle.cancel()
@@ -386,12 +392,13 @@ class _Run:
             finally:
                 shutil.rmtree(folder, ignore_errors=True)
             pending.request = request
+            pending.prompt = prompt if request.echo is not None else None  # echo's log probabilities need it
             with self.lock:
                 if self.stopping:
                     return
-                pending.handle = openai_request.submit(pipe, prompt, request, listener=pending.notify)
+                pending.handles = openai_request.submit(pipe, prompt, request, listener=pending.notify)
                 self.live.add(pending)
-            pending.notify()  # it may have ended before the handle was set
+            pending.notify()  # they may have ended before the handles were set
         except Exception as e:  # a bad body, unreadable media, a prompt over the context: an error row
             pending.fail(e)
 

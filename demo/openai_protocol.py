@@ -1,12 +1,13 @@
 """The OpenAI HTTP API's request and response shapes, as plain functions over JSON objects.
 
-Requests are checked field by field; anything this server does not do (several choices, tools, log
-probabilities, a response format) or a value out of range raises ``RequestError`` naming the field, which the
-server answers with a 400 and OpenAI's error object. Media parts arrive inline: ``image_url`` / ``video_url`` with
-a ``data:`` URL (remote ``http(s)`` URLs only when the server allows them, never ``file:`` or another scheme) and
-``input_audio`` with base64 data; ``media_parts`` turns them into the chat messages' media parts by writing each
-payload to a file of the request's own folder (the media loaders then apply every size and format check they
-apply to files).
+Requests are checked field by field; anything this server does not do (tools, a response format, ``echo`` on
+chat) or a value out of range raises ``RequestError`` naming the field, which the server answers with a 400 and
+OpenAI's error object. Log probabilities (chat: ``logprobs`` true and ``top_logprobs`` 0..20; completions:
+``logprobs`` 0..5 and ``echo``) and ``n`` (1..8 choices) are taken; their shapes are demo/openai_logprobs.py's.
+Media parts arrive inline: ``image_url`` / ``video_url`` with a ``data:`` URL (remote ``http(s)`` URLs only when
+the server allows them, never ``file:`` or another scheme) and ``input_audio`` with base64 data; ``media_parts``
+turns them into the chat messages' media parts by writing each payload to a file of the request's own folder (the
+media loaders then apply every size and format check they apply to files).
 """
 
 from __future__ import annotations
@@ -31,8 +32,11 @@ IMAGE_TYPES = {"image/png": ".png", "image/jpeg": ".jpg", "image/jpg": ".jpg", "
                "image/gif": ".gif", "image/bmp": ".bmp"}
 VIDEO_TYPES = {"video/mp4": ".mp4", "video/webm": ".webm", "video/quicktime": ".mov", "video/x-matroska": ".mkv",
                "video/x-msvideo": ".avi"}
-UNSUPPORTED_FIELDS = ("tools", "tool_choice", "functions", "function_call", "logprobs", "top_logprobs",
-                      "response_format", "logit_bias", "best_of", "echo", "suffix", "prediction")
+UNSUPPORTED_FIELDS = ("tools", "tool_choice", "functions", "function_call", "response_format", "logit_bias",
+                      "best_of", "suffix", "prediction")
+MAX_TOP_LOGPROBS = 20  # chat's top_logprobs, as OpenAI bounds it (the engine computes 20 per token)
+MAX_COMPLETION_LOGPROBS = 5  # completions' logprobs, as OpenAI bounds it
+MAX_CHOICES = 8  # n
 MAX_MESSAGES = 1024
 MAX_PARTS = 256
 MAX_STOPS = 32
@@ -68,6 +72,9 @@ class Settings:
     stream: bool
     include_usage: bool
     ignore_eos: bool = False  # an extension (as vLLM's): generate max_tokens tokens whatever the end ids
+    logprobs: int | None = None  # None: none; else the alternatives shown per token
+    n: int = 1  # choices
+    echo: bool = False  # completions: the prompt comes back before the answer (with logprobs: its tokens' too)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -124,10 +131,13 @@ def settings_of(body: dict, *, chat: bool) -> Settings:
                                                                  and body[name] == {"type": "text"}):
             raise RequestError(f"'{name}' is not supported by this server", param=name)
     n = _field(body, "n", int, 1)
-    if n != 1:
-        raise RequestError("'n' must be 1 (one choice per request)", param="n")
+    if not 1 <= n <= MAX_CHOICES:
+        raise RequestError(f"'n' must be an integer in [1, {MAX_CHOICES}], got {n}", param="n")
+    logprobs, echo = _logprobs_of(body, chat=chat)
     limit_name = "max_completion_tokens" if chat and body.get("max_completion_tokens") is not None else "max_tokens"
     max_new = _field(body, limit_name, int)
+    if max_new == 0 and not echo:  # echo with max_tokens 0: the prompt's log probabilities only
+        raise RequestError(f"'{limit_name}' must be at least 1 (0 only with 'echo': true)", param=limit_name)
     stop = body.get("stop")
     if stop is None:
         stops: tuple[str, ...] = ()
@@ -148,7 +158,31 @@ def settings_of(body: dict, *, chat: bool) -> Settings:
                     top_p=_number(body, "top_p", 1.0), top_k=_field(body, "top_k", int, 0), seed=seed,
                     stop=stops, stream=stream,
                     include_usage=bool(_field(options, "include_usage", bool, False, where="stream_options.")),
-                    ignore_eos=_field(body, "ignore_eos", bool, False))
+                    ignore_eos=_field(body, "ignore_eos", bool, False), logprobs=logprobs, n=n, echo=echo)
+
+
+def _logprobs_of(body: dict, *, chat: bool) -> tuple[int | None, bool]:
+    """(the alternatives shown per token, or None for no log probabilities; echo). Chat: ``logprobs`` a boolean,
+    ``top_logprobs`` 0..20 with it. Completions: ``logprobs`` 0..5, ``echo`` a boolean."""
+    if chat:
+        if body.get("echo") not in (None, False):
+            raise RequestError("'echo' is a /v1/completions parameter", param="echo")
+        wanted = _field(body, "logprobs", bool, False)
+        top = _field(body, "top_logprobs", int)
+        if top is not None and not 0 <= top <= MAX_TOP_LOGPROBS:
+            raise RequestError(f"'top_logprobs' must be an integer in [0, {MAX_TOP_LOGPROBS}], got {top}",
+                               param="top_logprobs")
+        if top is not None and not wanted:
+            raise RequestError("'top_logprobs' needs 'logprobs': true", param="top_logprobs")
+        return (top or 0) if wanted else None, False
+    if body.get("top_logprobs") is not None:
+        raise RequestError(f"'top_logprobs' is a chat parameter; /v1/completions takes 'logprobs' (an integer in [0, "
+                           f"{MAX_COMPLETION_LOGPROBS}])", param="top_logprobs")
+    logprobs = _field(body, "logprobs", int)
+    if logprobs is not None and not 0 <= logprobs <= MAX_COMPLETION_LOGPROBS:
+        raise RequestError(f"'logprobs' must be an integer in [0, {MAX_COMPLETION_LOGPROBS}], got {logprobs}",
+                           param="logprobs")
+    return logprobs, _field(body, "echo", bool, False)
 
 
 def _decode_data_url(url: str, path: str) -> tuple[str, bytes]:
@@ -337,26 +371,33 @@ def usage(prompt_tokens: int, completion_tokens: int, cached_tokens: int = 0) ->
 FINISH_REASONS = {"eos": "stop", "stop": "stop", "length": "length", "cancelled": "stop"}
 
 
-def chat_completion(request_id: str, model: str, text: str, finish_reason: str, use: dict,
-                    created: int | None = None, audio: dict | None = None) -> dict:
+def chat_choice(text: str, finish_reason: str, index: int = 0, logprobs: dict | None = None,
+                audio: dict | None = None) -> dict:
+    """One choice of a ``chat.completion``."""
     message: dict = {"role": "assistant", "content": text}
     if audio is not None:
         message["audio"] = audio
+    return {"index": index, "message": message, "finish_reason": FINISH_REASONS.get(finish_reason, finish_reason),
+            "logprobs": logprobs}
+
+
+def chat_completion(request_id: str, model: str, text: str, finish_reason: str, use: dict,
+                    created: int | None = None, audio: dict | None = None, *, choices: list[dict] | None = None
+                    ) -> dict:
+    """A ``chat.completion``: one choice of ``text``, or ``choices`` (``chat_choice``)."""
     return {"id": request_id, "object": "chat.completion", "created": created or int(time.time()), "model": model,
-            "choices": [{"index": 0, "message": message, "finish_reason": FINISH_REASONS.get(finish_reason,
-                                                                                             finish_reason),
-                         "logprobs": None}],
+            "choices": choices if choices is not None else [chat_choice(text, finish_reason, audio=audio)],
             "usage": use}
 
 
 def chat_chunk(request_id: str, model: str, created: int, delta: dict | None, finish_reason: str | None = None,
-               use: dict | None = None) -> dict:
-    """A ``chat.completion.chunk``: one delta (None: the usage-only chunk, with no choices)."""
+               use: dict | None = None, *, index: int = 0, logprobs: dict | None = None) -> dict:
+    """A ``chat.completion.chunk``: one delta of choice ``index`` (None: the usage-only chunk, with no choices)."""
     chunk: dict = {"id": request_id, "object": "chat.completion.chunk", "created": created, "model": model}
     if delta is None:
         chunk["choices"] = []
     else:
-        chunk["choices"] = [{"index": 0, "delta": delta, "logprobs": None,
+        chunk["choices"] = [{"index": index, "delta": delta, "logprobs": logprobs,
                              "finish_reason": FINISH_REASONS.get(finish_reason, finish_reason)
                              if finish_reason else None}]
     if use is not None:
@@ -364,13 +405,18 @@ def chat_chunk(request_id: str, model: str, created: int, delta: dict | None, fi
     return chunk
 
 
+def completion_choice(text: str, finish_reason: str | None, index: int = 0, logprobs: dict | None = None) -> dict:
+    return {"index": index, "text": text, "logprobs": logprobs,
+            "finish_reason": FINISH_REASONS.get(finish_reason, finish_reason) if finish_reason else None}
+
+
 def completion(request_id: str, model: str, text: str, finish_reason: str | None, use: dict | None,
-               created: int | None = None, *, chunk: bool = False) -> dict:
-    """A ``text_completion`` (or one streamed piece of it)."""
+               created: int | None = None, *, chunk: bool = False, index: int = 0, logprobs: dict | None = None,
+               choices: list[dict] | None = None) -> dict:
+    """A ``text_completion`` (or one streamed piece of it): one choice of ``text``, or ``choices``
+    (``completion_choice``)."""
     out = {"id": request_id, "object": "text_completion", "created": created or int(time.time()), "model": model,
-           "choices": [{"index": 0, "text": text, "logprobs": None,
-                        "finish_reason": FINISH_REASONS.get(finish_reason, finish_reason)
-                        if finish_reason else None}]}
+           "choices": choices if choices is not None else [completion_choice(text, finish_reason, index, logprobs)]}
     if use is not None or not chunk:
         out["usage"] = use
     return out

@@ -3,10 +3,12 @@
 
     request = read_request(body, chat=True, model="gemma-3-4b-it", voices=pipe.voices)   # RequestError: a 400
     prompt = prepare_prompt(pipe, request, folder)      # messages -> PreparedPrompt (media written into ``folder``)
-    handle = submit(pipe, prompt, request)              # on the engine; SamplingError / PromptError: a 400
-    body = answer_body(api.new_id("chatcmpl"), "gemma-3-4b-it", handle.result(), request)
+    handles = submit(pipe, prompt, request)             # its n choices; SamplingError / PromptError: a 400
+    results = [h.result() for h in handles]
+    body = answer_body(api.new_id("chatcmpl"), "gemma-3-4b-it", results, request, prompt, TokenText(tokenizer))
 
-Fields and values are checked by demo/openai_protocol.py; spoken answers (``modalities``) by demo/openai_audio.py.
+Fields and values are checked by demo/openai_protocol.py; spoken answers (``modalities``) by demo/openai_audio.py;
+log probabilities are written by demo/openai_logprobs.py.
 """
 
 from __future__ import annotations
@@ -17,6 +19,7 @@ import pathlib
 import secrets
 
 from omnijax.demo import openai_audio
+from omnijax.demo import openai_logprobs as lp
 from omnijax.demo import openai_protocol as api
 
 DEFAULT_MAX_TOKENS = 256  # a request that names no max_tokens gets at most this many (within the context)
@@ -33,6 +36,11 @@ class ApiRequest:
     settings: api.Settings
     spoken: dict | None
     seed: int
+
+    @property
+    def echo(self) -> str | None:
+        """The prompt a completions request with ``echo`` repeats before each answer (None: no echo)."""
+        return None if self.chat or not self.settings.echo else api.completion_prompt(self.body)
 
 
 def check_model(body: dict, model: str) -> None:
@@ -54,6 +62,10 @@ def read_request(body, *, chat: bool, model: str, voices: tuple[str, ...] = ()) 
     if spoken is not None and not chat:
         raise api.RequestError("/v1/completions answers in text only; ask /v1/chat/completions for audio",
                                param="modalities")
+    if spoken is not None and settings.logprobs is not None:
+        raise api.RequestError("log probabilities are not given with a spoken answer", param="logprobs")
+    if spoken is not None and settings.n > 1:
+        raise api.RequestError("a spoken answer is one choice: 'n' must be 1", param="n")
     seed = secrets.randbelow(2**63) if settings.seed is None else settings.seed
     return ApiRequest(body, chat, settings, spoken, seed)
 
@@ -73,25 +85,61 @@ def prepare_prompt(pipe, request: ApiRequest, folder: pathlib.Path, *, allow_rem
     return pipe.prepare(api.resolve_media(messages, folder, fetch))
 
 
-def submit(pipe, prompt, request: ApiRequest, listener=None):
-    """The request on ``pipe``'s engine (a RequestHandle): without max_tokens as much as fits, up to
-    DEFAULT_MAX_TOKENS."""
+def submit(pipe, prompt, request: ApiRequest, listener=None) -> list:
+    """The request's ``n`` choices on ``pipe``'s engine (their RequestHandles): without max_tokens as much as fits,
+    up to DEFAULT_MAX_TOKENS; with max_tokens 0 (``echo``) one token, which is not shown."""
     settings = request.settings
     limit = settings.max_new_tokens
-    if limit is None:
+    if limit is None:  # as much as fits, up to the default
         limit = max(1, min(DEFAULT_MAX_TOKENS, pipe.scheduler.context - len(prompt.token_ids)))
-    return pipe.submit(prompt, max_new_tokens=limit, temperature=settings.temperature, top_k=settings.top_k,
-                       top_p=settings.top_p, seed=request.seed, stop=settings.stop or None,
-                       ignore_eos=settings.ignore_eos, listener=listener)
+    return pipe.submit_choices(prompt, settings.n, max_new_tokens=max(limit, 1), temperature=settings.temperature,
+                               top_k=settings.top_k, top_p=settings.top_p, seed=request.seed,
+                               stop=settings.stop or None, ignore_eos=settings.ignore_eos, logprobs=settings.logprobs,
+                               prompt_logprobs=settings.echo and settings.logprobs is not None, listener=listener)
 
 
-def answer_body(request_id: str, model: str, result, request: ApiRequest) -> dict:
-    """The JSON answer to a request that is not streamed: a ``chat.completion`` (its message spoken when the
-    result holds audio) or a ``text_completion``."""
-    use = api.usage(result.prompt_tokens, len(result.token_ids), result.cached_tokens)
-    if not request.chat:
-        return api.completion(request_id, model, result.text, result.finish_reason, use)
-    out = api.chat_completion(request_id, model, result.text, result.finish_reason, use)
-    if getattr(result, "audio", None) is not None:
-        out["choices"][0]["message"] = openai_audio.audio_message(result, request.spoken["format"])
-    return out
+def usage(results, settings: api.Settings) -> dict:
+    """The prompt counted once, the completion tokens of every choice (none with max_tokens 0)."""
+    shown = 0 if settings.max_new_tokens == 0 else sum(len(r.token_ids) for r in results)
+    return api.usage(results[0].prompt_tokens, shown, results[0].cached_tokens)
+
+
+def prompt_logprobs(results, settings: api.Settings, prompt, echo: str | None, token_text) -> dict | None:
+    """``echo``'s prompt part of the completions logprobs (from the choice that computed them), or None."""
+    if echo is None or settings.logprobs is None:
+        return None
+    scored = next((r.prompt_logprobs for r in results if r.prompt_logprobs is not None), None)
+    if scored is None or len(scored) < len(prompt.token_ids) - 1:  # cancelled before the prompt was run
+        return None
+    return lp.prompt_part(prompt.token_ids.tolist(), scored, token_text)
+
+
+def answer_body(request_id: str, model: str, results: list, request: ApiRequest, prompt, token_text) -> dict:
+    """The JSON answer to a request that is not streamed, from its choices' results: a ``chat.completion`` (the
+    first choice's message spoken when its result holds audio) or a ``text_completion``; log probabilities as
+    asked (``token_text``: app/token_text.py's TokenText of the tokenizer)."""
+    settings = request.settings
+    use = usage(results, settings)
+    if request.chat:
+        choices = [api.chat_choice(r.text, r.finish_reason, i, None if settings.logprobs is None else
+                                   lp.chat_logprobs(lp.answer_records(r.logprobs, r.finish_reason),
+                                                    settings.logprobs, token_text))
+                   for i, r in enumerate(results)]
+        if getattr(results[0], "audio", None) is not None:
+            choices[0]["message"] = openai_audio.audio_message(results[0], request.spoken["format"])
+        return api.chat_completion(request_id, model, "", "", use, choices=choices)
+    echo = request.echo
+    shared = prompt_logprobs(results, settings, prompt, echo, token_text)
+    choices = []
+    for i, r in enumerate(results):
+        text = "" if settings.max_new_tokens == 0 else r.text
+        logprobs = None
+        if settings.logprobs is not None:
+            records = [] if settings.max_new_tokens == 0 else lp.answer_records(r.logprobs, r.finish_reason)
+            logprobs = lp.CompletionLogprobs(token_text, settings.logprobs,
+                                             0 if echo is None else len(echo)).part(records)
+            if shared is not None:
+                logprobs = lp.join(shared, logprobs)
+        reason = "length" if settings.max_new_tokens == 0 else r.finish_reason
+        choices.append(api.completion_choice(text if echo is None else echo + text, reason, i, logprobs))
+    return api.completion(request_id, model, "", None, use, choices=choices)

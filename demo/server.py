@@ -9,9 +9,11 @@
 
 Requests are checked field by field (demo/openai_protocol.py) and prepared in worker threads; generation runs on
 the engine, whose scheduler thread serves every request at once. A handler waits on its request without holding a
-thread: the engine wakes it through the event loop. Streams are server-sent events as OpenAI sends them. A client
-that goes away (a closed stream, a dropped connection) cancels its request, which frees its slot at the engine's
-next step. Every refusal is OpenAI's error JSON with its status: 400 bad request, 401 missing key, 404 unknown model
+thread: the engine wakes it through the event loop. ``n`` > 1 submits the choices together (one prefill: see
+``Pipeline.submit_choices``; choice i samples with seed + i) and streams their chunks as they come, each with its
+``index``; log probabilities (demo/openai_logprobs.py) come with the tokens from the engine. Streams are
+server-sent events as OpenAI sends them. A client that goes away (a closed stream, a dropped connection) cancels
+its request, which frees its slot at the engine's next step. Every refusal is OpenAI's error JSON with its status: 400 bad request, 401 missing key, 404 unknown model
 or path, 413 body too large, 503 queue full; nothing a request holds can stop the server.
 """
 
@@ -35,7 +37,9 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from omnijax.app.scheduler import ClosedError, QueueFullError
 from omnijax.common.errors import OmnijaxError
+from omnijax.app.token_text import TokenText
 from omnijax.demo import openai_audio
+from omnijax.demo import openai_logprobs as lp
 from omnijax.demo import openai_protocol as api
 from omnijax.demo import openai_request
 from omnijax.demo.api_key import ApiKeyCheck
@@ -80,6 +84,13 @@ class Server:
         self.fetch = fetch
         self.upload_root = pathlib.Path(upload_dir or tempfile.mkdtemp(prefix="omnijax-serve-"))
         self.created = int(time.time())
+        self._token_text: TokenText | None = None
+
+    @property
+    def token_text(self) -> TokenText:
+        if self._token_text is None:
+            self._token_text = TokenText(self.pipe.processor.tokenizer)
+        return self._token_text
 
     # ---- request -> engine (demo/openai_request.py) ---------------------------------------------------------
     def _speech(self, prompt, result, settings: api.Settings, seed: int, spoken: dict):
@@ -111,7 +122,7 @@ class Server:
         wake = asyncio.Event()
         try:
             prompt = await run_in_threadpool(self._prepare, parsed, folder)
-            handle = openai_request.submit(self.pipe, prompt, parsed, lambda: loop.call_soon_threadsafe(wake.set))
+            handles = openai_request.submit(self.pipe, prompt, parsed, lambda: loop.call_soon_threadsafe(wake.set))
         except OmnijaxError as e:
             shutil.rmtree(folder, ignore_errors=True)
             return _refusal(e)
@@ -121,15 +132,17 @@ class Server:
         shutil.rmtree(folder, ignore_errors=True)  # prepared: the media files are no longer needed
         request_id = api.new_id("chatcmpl" if chat else "cmpl")
         speech = None if spoken is None else (prompt, settings, seed, spoken)
+        echo = parsed.echo
         if settings.stream:
-            return StreamingResponse(self._stream(handle, wake, request_id, chat, settings.include_usage, speech),
+            return StreamingResponse(self._stream(handles, wake, request_id, chat, settings, speech, prompt, echo),
                                      media_type="text/event-stream",
                                      headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
-        watcher = asyncio.create_task(_cancel_on_disconnect(request, handle))
+        watcher = asyncio.create_task(_cancel_on_disconnect(request, handles))
         try:
-            async for _ in _events(handle, wake):
+            async for _ in _events(handles, wake):
                 pass
-            result = handle.result()
+            results = [h.result() for h in handles]
+            result = results[0]
             if speech is not None and result.finish_reason != "cancelled":
                 chunks = await run_in_threadpool(lambda: list(self._speech(prompt, result, settings, seed, spoken)))
                 self.pipe.attach_audio(result, chunks)
@@ -137,52 +150,101 @@ class Server:
             return _refusal(e)
         finally:
             watcher.cancel()
-            handle.cancel()
-        return JSONResponse(openai_request.answer_body(request_id, self.model, result, parsed))
+            for h in handles:
+                h.cancel()
+        return JSONResponse(openai_request.answer_body(request_id, self.model, results, parsed, prompt,
+                                                       self.token_text))
 
-    async def _stream(self, handle, wake: asyncio.Event, request_id: str, chat: bool, include_usage: bool,
-                      speech: tuple | None = None):
-        """Server-sent events of the answer; with ``speech`` (prompt, settings, seed, spoken settings) the text
-        goes as ``delta.audio.transcript`` pieces, then the audio as ``delta.audio.data`` pieces
-        (demo/openai_audio.py)."""
+    @staticmethod
+    def _usage(results, settings: api.Settings) -> dict:
+        return openai_request.usage(results, settings)
+
+    def _prompt_logprobs(self, results, settings: api.Settings, prompt, echo: str | None) -> dict | None:
+        return openai_request.prompt_logprobs(results, settings, prompt, echo, self.token_text)
+
+    async def _stream(self, handles: list, wake: asyncio.Event, request_id: str, chat: bool, settings: api.Settings,
+                      speech: tuple | None = None, prompt=None, echo: str | None = None):
+        """Server-sent events of the answer's choices as their tokens come (each chunk names its choice's
+        ``index``); with ``speech`` (prompt, settings, seed, spoken settings; one choice) the text goes as
+        ``delta.audio.transcript`` pieces, then the audio as ``delta.audio.data`` pieces (demo/openai_audio.py).
+        Completions with ``echo`` start each choice with the prompt; with ``echo`` and ``logprobs`` the prompt's
+        log probabilities are known only once the answers end, so the chunks wait for them."""
         created = int(time.time())
         deltas = None if speech is None else openai_audio.AudioDeltas(speech[3]["format"], self.pipe.speech.sample_rate)
-        try:
+        model, top = self.model, settings.logprobs
+        held = [lp.StreamedRecords() for _ in handles]
+        offsets = [lp.CompletionLogprobs(self.token_text, top or 0, 0 if echo is None else len(echo))
+                   for _ in handles]
+        hidden = settings.max_new_tokens == 0  # echo only: the drawn token is not shown
+        waiting = echo is not None and top is not None  # the echo's logprobs come at the end
+
+        def piece(i: int, text: str, records: list, finish_reason: str | None = None) -> bytes:
             if chat:
-                first = {"role": "assistant", "content": ""} if deltas is None else \
-                    {"role": "assistant", "content": None, **deltas.start()}
-                yield api.sse(api.chat_chunk(request_id, self.model, created, first))
-            async for event in _events(handle, wake):
-                if not event.text:
+                logprobs = None if top is None else {"content": lp.chat_content(records, top, self.token_text),
+                                                     "refusal": None}
+                return api.sse(api.chat_chunk(request_id, model, created, {"content": text}, index=i,
+                                              logprobs=logprobs))
+            logprobs = None if top is None else offsets[i].part(records)
+            return api.sse(api.completion(request_id, model, text, finish_reason, None, created, chunk=True,
+                                          index=i, logprobs=logprobs))
+
+        later: list[tuple] = []  # (choice, text, records) waiting for the echo's log probabilities
+        try:
+            for i in range(len(handles)):
+                if chat:
+                    first = {"role": "assistant", "content": ""} if deltas is None else \
+                        {"role": "assistant", "content": None, **deltas.start()}
+                    yield api.sse(api.chat_chunk(request_id, model, created, first, index=i))
+                elif echo is not None and not waiting:
+                    yield api.sse(api.completion(request_id, model, echo, None, None, created, chunk=True, index=i))
+            async for i, event in _events(handles, wake, indexed=True):
+                records = held[i].take(event) if top is not None else []
+                if not event.text or hidden:
                     continue
                 if deltas is not None:
-                    yield api.sse(api.chat_chunk(request_id, self.model, created, deltas.transcript(event.text)))
-                elif chat:
-                    yield api.sse(api.chat_chunk(request_id, self.model, created, {"content": event.text}))
+                    yield api.sse(api.chat_chunk(request_id, model, created, deltas.transcript(event.text)))
+                elif waiting:
+                    later.append((i, event.text, records))
                 else:
-                    yield api.sse(api.completion(request_id, self.model, event.text, None, None, created,
-                                                 chunk=True))
-            result = handle.result()
-            if deltas is not None and result.finish_reason != "cancelled":
-                prompt, settings, seed, spoken = speech
-                chunks = iter(await run_in_threadpool(self._speech, prompt, result, settings, seed, spoken))
-                while (chunk := await run_in_threadpool(next, chunks, None)) is not None:
-                    yield api.sse(api.chat_chunk(request_id, self.model, created, deltas.data(chunk)))
-                yield api.sse(api.chat_chunk(request_id, self.model, created, deltas.end()))
-            use = api.usage(result.prompt_tokens, len(result.token_ids), result.cached_tokens)
-            if chat:
-                yield api.sse(api.chat_chunk(request_id, self.model, created, {}, result.finish_reason))
-                if include_usage:
-                    yield api.sse(api.chat_chunk(request_id, self.model, created, None, use=use))
-            else:
-                yield api.sse(api.completion(request_id, self.model, "", result.finish_reason,
-                                             use if include_usage else None, created, chunk=True))
+                    yield piece(i, event.text, records)
+            results = [h.result() for h in handles]
+            if waiting:
+                shared = self._prompt_logprobs(results, settings, prompt, echo)
+                for i in range(len(handles)):
+                    yield api.sse(api.completion(request_id, model, echo, None, None, created, chunk=True, index=i,
+                                                 logprobs=shared if shared is not None else lp.empty()))
+                for i, text, records in later:
+                    yield piece(i, text, records)
+            for i, result in enumerate(results):
+                if deltas is not None and result.finish_reason != "cancelled":
+                    prompt_, settings_, seed, spoken = speech
+                    chunks = iter(await run_in_threadpool(self._speech, prompt_, result, settings_, seed, spoken))
+                    while (chunk := await run_in_threadpool(next, chunks, None)) is not None:
+                        yield api.sse(api.chat_chunk(request_id, model, created, deltas.data(chunk)))
+                    yield api.sse(api.chat_chunk(request_id, model, created, deltas.end()))
+                rest = held[i].rest(result.finish_reason) if top is not None and not hidden else []
+                if rest:
+                    yield piece(i, "", rest)
+                if chat:
+                    yield api.sse(api.chat_chunk(request_id, model, created, {}, result.finish_reason, index=i))
+                else:
+                    yield api.sse(api.completion(request_id, model, "", "length" if hidden else result.finish_reason,
+                                                 None, created, chunk=True, index=i,
+                                                 logprobs=None if top is None else lp.empty()))
+            if settings.include_usage:
+                use = self._usage(results, settings)
+                if chat:
+                    yield api.sse(api.chat_chunk(request_id, model, created, None, use=use))
+                else:
+                    yield api.sse(api.completion(request_id, model, "", None, use, created, chunk=True,
+                                                 choices=[]))
             yield api.sse("[DONE]")
         except OmnijaxError as e:  # the stream has started: the error goes as an event
             yield api.sse(api.error_body(str(e), code=type(e).__name__))
             yield api.sse("[DONE]")
         finally:  # also when the client goes away (the generator is closed or cancelled)
-            handle.cancel()
+            for h in handles:
+                h.cancel()
 
     def models(self) -> dict:
         return {"object": "list", "data": [{"id": self.model, "object": "model", "created": self.created,
@@ -206,25 +268,31 @@ async def _json_body(request: Request) -> dict:
     return body
 
 
-async def _events(handle, wake: asyncio.Event):
-    """The request's token events as they come, without holding a thread (the engine sets ``wake``)."""
-    while True:
+async def _events(handles: list, wake: asyncio.Event, *, indexed: bool = False):
+    """The token events of the requests ``handles`` (a request's choices) as they come, without holding a thread
+    (the engine sets ``wake``); ``indexed``: (choice index, event) pairs."""
+    open_ = set(range(len(handles)))
+    while open_:
         wake.clear()
-        events, ended = handle.take()
-        for event in events:
-            yield event
-        if ended:
-            return
-        if not events:
+        any_events = False
+        for i in sorted(open_):
+            events, ended = handles[i].take()
+            any_events |= bool(events)
+            for event in events:
+                yield (i, event) if indexed else event
+            if ended:
+                open_.discard(i)
+        if open_ and not any_events:
             await wake.wait()
 
 
-async def _cancel_on_disconnect(request: Request, handle) -> None:
-    """Cancel ``handle`` when the client closes the connection before the answer is sent."""
+async def _cancel_on_disconnect(request: Request, handles: list) -> None:
+    """Cancel ``handles`` when the client closes the connection before the answer is sent."""
     while True:
         message = await request.receive()
         if message["type"] == "http.disconnect":
-            handle.cancel()
+            for handle in handles:
+                handle.cancel()
             return
 
 

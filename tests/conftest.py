@@ -392,7 +392,7 @@ def _gemma4_pipeline(folder):
     up to 384 tokens (every prompt of the Gemma 4 tests is one chunk) so that they share a few compiled programs."""
     from omnijax.app.pipeline import Pipeline
 
-    pipe = Pipeline.from_pretrained(folder, chunk=384)
+    pipe = Pipeline.from_pretrained(folder, max_batched_tokens=384)
     pipe.engine.buckets = (384, pipe.engine.max_context)
     return pipe
 
@@ -419,7 +419,7 @@ def llama4_pipeline(tiny_llama4_dir):
     tokens (the long cases run in several)."""
     from omnijax.app.pipeline import Pipeline
 
-    return Pipeline.from_pretrained(tiny_llama4_dir, chunk=128)
+    return Pipeline.from_pretrained(tiny_llama4_dir, max_batched_tokens=128)
 
 
 @pytest.fixture(scope="session")

@@ -78,6 +78,18 @@ def messages_of(line: dict, root: pathlib.Path, inline: dict | None = None) -> l
     return [{"role": "user", "content": content}]
 
 
+def close_logprobs(mine: dict | None, theirs: dict | None) -> None:
+    """Completions log probabilities alike: the same tokens and offsets, values within 1e-4."""
+    assert (mine is None) == (theirs is None)
+    if mine is None:
+        return
+    assert mine["tokens"] == theirs["tokens"] and mine["text_offset"] == theirs["text_offset"]
+    np.testing.assert_allclose(mine["token_logprobs"], theirs["token_logprobs"], atol=1e-4)
+    for top_mine, top_theirs in zip(mine["top_logprobs"], theirs["top_logprobs"], strict=True):
+        assert top_mine.keys() == top_theirs.keys()
+        np.testing.assert_allclose([top_mine[k] for k in top_mine], [top_theirs[k] for k in top_mine], atol=1e-4)
+
+
 # ---- lines and files, without a model ----------------------------------------------------------------------------
 
 def test_lines_are_read_lazily_and_refused_with_their_reason(tmp_path):
@@ -138,7 +150,8 @@ def test_both_urls_images_and_error_lines(tmp_path, gemma3_pipeline):
             chat_line("chat-data", "Describe this image.", data_url(inline)),
             chat_line("chat-file-url", "Describe this image.", f"file://{media / 'a.png'}"),
             completion_line("completion", "The capital of France is"),
-            completion_line("completion-list", ["Once upon a time"])]
+            completion_line("completion-list", ["Once upon a time"]),
+            completion_line("completion-n2-logprobs", "Hello there", n=2, logprobs=2)]
     context = pipe.scheduler.context
     bad = {"bad-temperature": chat_line("bad-temperature", "x", temperature="hot"),
            "outside": chat_line("outside", "x", str(outside)),
@@ -172,7 +185,9 @@ def test_both_urls_images_and_error_lines(tmp_path, gemma3_pipeline):
             expected = pipe.generate(messages_of(line, media, {data_url(inline): inline}), max_new_tokens=MAX_NEW)
             assert body["object"] == "chat.completion"
             assert body["choices"][0]["message"]["content"] == expected.text
-        assert body["model"] == pipe.name and body["usage"]["completion_tokens"] == len(expected.token_ids)
+        n = line["body"].get("n", 1)
+        assert len(body["choices"]) == n and body["model"] == pipe.name
+        assert body["usage"]["completion_tokens"] == n * len(expected.token_ids)
     assert answers["chat-path"]["response"]["body"]["choices"][0]["message"]["content"] == \
         answers["chat-file-url"]["response"]["body"]["choices"][0]["message"]["content"]
     errors = rows(default_errors_path(out))
@@ -203,12 +218,14 @@ def test_both_urls_images_and_error_lines(tmp_path, gemma3_pipeline):
 
     with serving(pipe) as server:
         client = TestClient(build_app(server, names=allowed_names("127.0.0.1")), base_url="http://127.0.0.1")
-        for line in (good[2], good[4]):  # an image as a data: URL, a completion
+        for line in (good[2], good[4], good[6]):  # an image as a data: URL, a completion, n = 2 with logprobs
             served = client.post(line["url"], json=line["body"])
             assert served.status_code == 200
             served, answer = served.json(), answers[line["custom_id"]]["response"]["body"]
             for body in (served, answer):  # ids, times and prefix-cache hits differ
                 assert body.pop("id") and body.pop("created") and body["usage"].pop("prompt_tokens_details")
+            for mine, theirs in zip(answer["choices"], served["choices"]):  # float sums differ in the last bits
+                close_logprobs(mine.pop("logprobs"), theirs.pop("logprobs"))
             assert answer == served
 
 

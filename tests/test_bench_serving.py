@@ -48,6 +48,10 @@ def test_serving_smoke(tmp_path):
     figures = report["figures"]
     assert figures["continuous"]["tokens"] == figures["one_at_a_time"]["tokens"] == figures["lockstep"]["tokens"]
     assert set(figures["product_gflops"]) == {"1", "16", "512"}  # JSON keys
+    defaults = figures["defaults"]
+    assert defaults["many_short"]["tokens"] == 4 * 2  # the smoke's short requests, 2 tokens each
+    behind = defaults["behind_long_prefill"]
+    assert behind["long_prompt_tokens"] > 200 and behind["short_ttft_s"] > 0 and behind["long_ttft_s"] > 0
     assert "continuous / one at a time" in (out / "latest-serving-smoke.md").read_text()
 
 

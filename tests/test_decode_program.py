@@ -9,7 +9,6 @@ every slot on a short one: each kind of step and each kind of cache read once.
 import pytest
 
 from omnijax.app.scheduler import Scheduler
-from omnijax.common.matmul_policy import products_setting
 
 
 @pytest.mark.parametrize("rows, context", [(4, 256), (1, 1024)])
@@ -18,8 +17,7 @@ def test_decode_step_writes_the_cache_in_place(gemma3_pipeline, rows, context):
     engine = gemma3_pipeline.engine
     slots = Scheduler(engine, gemma3_pipeline.processor, slots=4, context=context).slots
     slots.ensure_allocated()
-    compiled = slots._decode.lower(engine.params, slots.cache, slots.state, engine.eos_ids, rows=rows,
-                                   products=products_setting()).compile()
+    compiled = slots.lower_step(rows).compile()
     hlo = compiled.as_text()
     shapes = {f"[{','.join(map(str, a.shape))}]" for a in slots.cache["k"] + slots.cache["v"]}
     assert len({a.shape[-1] for a in slots.cache["k"]}) == 2  # full-length and sliding-window (ring) caches
@@ -31,18 +29,11 @@ def test_decode_step_writes_the_cache_in_place(gemma3_pipeline, rows, context):
 
 
 def test_prompt_chunk_writes_the_cache_in_place(gemma3_pipeline):
-    """The chunk program (the same forward, one row of many tokens) on a long cache read in blocks."""
-    import numpy as np
-
+    """The step with prompt chunks (the same forward: every slot's decode row and two chunks of 64 tokens) on a long
+    cache read in blocks."""
     engine = gemma3_pipeline.engine
     slots = Scheduler(engine, gemma3_pipeline.processor, slots=4, context=1024).slots
-    slots.ensure_allocated()
-    cfg, chunk = engine.cfg, 64
-    media = slots._media_inputs(None, chunk, chunk)
-    compiled = slots._extend.lower(engine.params, slots.cache, np.full((1, chunk), cfg.pad_id, np.int32),
-                                   np.int32(chunk), np.int32(0), np.int32(2),
-                                   np.zeros((cfg.decoder.rope_axes, 1, chunk), np.float32), np.zeros((1, chunk), bool),
-                                   *media, products=products_setting()).compile()
+    compiled = slots.lower_step(slots.decode_rows_with_chunks, (2, 64)).compile()
     hlo = compiled.as_text()
     shapes = {f"[{','.join(map(str, a.shape))}]" for a in slots.cache["k"] + slots.cache["v"]}
     copies = [line.strip()[:120] for line in hlo.splitlines()

@@ -256,15 +256,15 @@ def test_ring_cache_keeps_each_rows_last_positions():
             np.testing.assert_array_equal(np.asarray(cv)[r, 0, s0], np.asarray(k)[r, held[r, s0], 0] + 1000)
     new = jnp.full((b, 1, kv, h), -1.0)
     one = jnp.ones((b,), jnp.int32)
-    ck2, cv2 = write_tokens(ck, cv, 0, new, new, lengths, one)  # rows write their own slots: 9 % 4 = 1, 5 % 4 = 1
+    ck2, cv2 = write_tokens(ck, cv, None, new, new, lengths, one)  # rows write their own slots: 9 % 4 = 1, 5 % 4 = 1
     assert (np.asarray(ck2)[:, 0, :, 1] == -1).all() and (np.asarray(cv2)[:, 0, 1] == -1).all()
     np.testing.assert_array_equal(np.asarray(ck2)[:, :, :, [0, 2, 3]], np.asarray(ck)[:, :, :, [0, 2, 3]])
-    ck3, _ = write_tokens(ck, cv, 0, new, new, jnp.asarray([9, 6]), one)
+    ck3, _ = write_tokens(ck, cv, None, new, new, jnp.asarray([9, 6]), one)
     assert (np.asarray(ck3)[0, 0, :, 1] == -1).all() and (np.asarray(ck3)[1, 0, :, 2] == -1).all()
     # a chunk of 6 tokens (token i at position 5 + i) into row 1 after its 5: a ring of 4 keeps positions 7..10
     # (tokens 2..5), each in slot p % 4; the padding (tokens 6, 7) is dropped
     chunk = jnp.asarray(np.arange(8, dtype=np.float32).reshape(1, 8, 1, 1) * np.ones((1, 1, kv, h)) + 100)
-    ck4, _ = write_tokens(ck, cv, 1, chunk, chunk, jnp.asarray([5]), jnp.asarray([6]))
+    ck4, _ = write_tokens(ck, cv, jnp.asarray([1]), chunk, chunk, jnp.asarray([5]), jnp.asarray([6]))
     np.testing.assert_array_equal(np.asarray(ck4)[1, 0, 0], [103, 104, 105, 102])
     np.testing.assert_array_equal(np.asarray(ck4)[0], np.asarray(ck)[0])
 

@@ -113,7 +113,7 @@ def test_very_long_cases_run_in_several_chunks_with_image_blocks_after_the_first
     assert sched.context > 512 and sched.context % 128 == 0
     for case in ("very_long", "very_long_shifted"):
         prompt = gemma3_pipeline.prepare(CASES[case])
-        chunks = plan_chunks(0, len(prompt.token_ids), prompt.bidirectional, sched.chunk, ())
+        chunks = plan_chunks(0, len(prompt.token_ids), prompt.bidirectional, sched.max_batched_tokens, ())
         edges = np.flatnonzero(np.diff(np.r_[0, prompt.bidirectional.astype(np.int8), 0]))
         assert len(chunks) >= 2 and any(a >= chunks[0][1] + 128 for a in edges[::2]), case
 

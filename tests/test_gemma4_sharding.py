@@ -28,7 +28,7 @@ assert len(jax.devices()) == 4, jax.devices()
 out = {}
 for kind, folder, model_axis in [("small", sys.argv[1], 2), ("moe", sys.argv[2], 4)]:
     exec(sys.argv[3])
-    pipe = Pipeline.from_pretrained(folder, mesh=make_mesh(model_axis), chunk=384)
+    pipe = Pipeline.from_pretrained(folder, mesh=make_mesh(model_axis), max_batched_tokens=384)
     pipe.engine.buckets = (384, pipe.engine.max_context)
     layer = pipe.engine.params["decoder"]["layers"][0]
     leaf = layer["moe"]["gate_proj"] if kind == "moe" else layer["mlp"]["gate_up_proj"]

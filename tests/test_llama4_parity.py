@@ -115,7 +115,7 @@ def test_cases_exercise_chunks_nope_layers_and_several_prefill_chunks(llama4_pip
     patches = np.flatnonzero(prompt.token_ids == PATCH_ID)
     assert patches[0] // chunk != patches[-1] // chunk  # the image run straddles a chunk boundary
     sched = llama4_pipeline.scheduler  # the serving engine prefills it in several chunks (each after the cache)
-    assert len(plan_chunks(0, len(prompt.token_ids), prompt.bidirectional, sched.chunk, ())) >= 2
+    assert len(plan_chunks(0, len(prompt.token_ids), prompt.bidirectional, sched.max_batched_tokens, ())) >= 2
     small = llama4_pipeline.prepare(filled("one_small", llama4_image_paths))
     assert len(small.token_ids) < chunk < len(small.token_ids) + MAX_NEW  # decoding crosses a chunk boundary
 

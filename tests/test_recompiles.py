@@ -14,7 +14,7 @@ from test_qwen3_omni_parity import clip, image, user
 
 def _bucket(pipe, prompt) -> int:
     """The length the serving engine pads this prompt to (each prompt here is one prefill chunk)."""
-    assert len(prompt.token_ids) <= pipe.scheduler.chunk
+    assert len(prompt.token_ids) <= pipe.scheduler.max_batched_tokens
     return bucket_for(len(prompt.token_ids), pipe.engine.buckets)
 
 

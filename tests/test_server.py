@@ -176,7 +176,7 @@ BAD = {
         {"type": "image_url", "image_url": {"url": "file:///etc/passwd"}}]}]}), 400, None),
     "remote URL": (dict(json={"messages": [{"role": "user", "content": [
         {"type": "image_url", "image_url": {"url": "http://127.0.0.1:1/cat.png"}}]}]}), 400, None),
-    "two choices": (dict(json={"messages": [{"role": "user", "content": "hi"}], "n": 2}), 400, None),
+    "too many choices": (dict(json={"messages": [{"role": "user", "content": "hi"}], "n": 9}), 400, None),
     "tools": (dict(json={"messages": [{"role": "user", "content": "hi"}], "tools": [{"type": "function"}]}), 400,
               None),
     "messages missing": (dict(json={"model": "tiny"}), 400, None),

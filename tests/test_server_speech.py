@@ -78,6 +78,8 @@ def test_a_streamed_spoken_answer_is_the_pipelines(client, reference):
     ({"audio": None}, "audio"),
     ({"modalities": ["audio"]}, "modalities"),
     ({"modalities": "text"}, "modalities"),
+    ({"logprobs": True}, "logprobs"),  # a spoken answer comes without log probabilities
+    ({"n": 2}, "n"),  # and as one choice
 ])
 def test_bad_audio_requests_are_400s(client, qwen_speech_pipeline, change, param):
     body = {**_body(qwen_speech_pipeline.voices[0], "wav"), **change}

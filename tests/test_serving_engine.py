@@ -47,7 +47,7 @@ def request(pipe, messages, max_new=8, **sampling) -> Request:
 @pytest.fixture(scope="module")
 def sched(gemma3_pipeline):
     """4 slots, 32-token chunks, no caches: the engine under test (the pipeline's own runs prompts in one chunk)."""
-    s = Scheduler(gemma3_pipeline.engine, gemma3_pipeline.processor, slots=4, context=512, chunk=32,
+    s = Scheduler(gemma3_pipeline.engine, gemma3_pipeline.processor, slots=4, context=512, max_batched_tokens=32,
                   prefix_cache_mb=0, media_cache_mb=0)
     yield s
     s.close()
@@ -135,8 +135,8 @@ def test_prefix_and_media_caches(gemma3_pipeline):
     """A prompt starting like an earlier one reuses its keys / values and gives the same tokens; the same image is
     encoded once; a different image behind the same text reuses only the text before it."""
     pipe = gemma3_pipeline
-    cached = Scheduler(pipe.engine, pipe.processor, slots=2, context=512, chunk=32)
-    plain = Scheduler(pipe.engine, pipe.processor, slots=2, context=512, chunk=32, prefix_cache_mb=0,
+    cached = Scheduler(pipe.engine, pipe.processor, slots=2, context=512, max_batched_tokens=32)
+    plain = Scheduler(pipe.engine, pipe.processor, slots=2, context=512, max_batched_tokens=32, prefix_cache_mb=0,
                       media_cache_mb=0)
     try:
         head = [LONG_TEXT, image(7), "What is in this picture?"]
@@ -248,18 +248,18 @@ def test_a_failing_request_ends_alone_and_a_lost_device_state_is_rebuilt(gemma3_
     """One request's prompt chunk fails: it alone ends, with the error; the others give their tokens alone. Then a
     decode step fails after its program took the donated cache: the requests in the slots end with the error, the
     one still waiting and one submitted later are answered from a fresh cache, as alone."""
-    s = Scheduler(gemma3_pipeline.engine, gemma3_pipeline.processor, slots=2, context=512, chunk=32,
+    s = Scheduler(gemma3_pipeline.engine, gemma3_pipeline.processor, slots=2, context=512, max_batched_tokens=32,
                   prefix_cache_mb=0, media_cache_mb=0, threaded=False)
     bad = request(gemma3_pipeline, PROMPTS[3], 4)  # the long prompt: several chunks, the second one fails
-    extend, calls = s.slots.extend, []
+    make_chunk, calls = s._chunk, []
 
-    def failing_extend(tokens, start, row, *args):
-        calls.append(start)
-        if start > 0 and s._slot_of[row].request is bad:
+    def failing_chunk(live, a, b):
+        calls.append(a)
+        if a > 0 and live.request is bad:
             raise ValueError("a broken chunk")
-        return extend(tokens, start, row, *args)
+        return make_chunk(live, a, b)
 
-    s.slots.extend = failing_extend
+    s._chunk = failing_chunk
     handles = [s.submit(r) for r in (request(gemma3_pipeline, PROMPTS[0], MAX_NEW[0]), bad,
                                      request(gemma3_pipeline, PROMPTS[2], MAX_NEW[2]))]
     s.run(handles)
@@ -268,18 +268,19 @@ def test_a_failing_request_ends_alone_and_a_lost_device_state_is_rebuilt(gemma3_
     assert [handles[0].result(0).token_ids, handles[2].result(0).token_ids] == [alone[0], alone[2]]
     assert s.stats.failed == 1
 
-    decode = s.slots.decode
+    step = s.slots.step
     lost = []
 
-    def decode_losing_the_cache(rows):
-        if not lost:  # the first step: as a program that failed after its inputs were donated
+    def step_losing_the_cache(rows, chunks=None, **kwargs):
+        if not lost and rows and s.running == 2 and all(x.decoding for x in s._slot_of):
+            # the first step decoding both slots: as a program that failed after its inputs were donated
             lost.append(rows)
             for a in jax.tree.leaves((s.slots.cache, s.slots.state)):
                 a.delete()
             raise RuntimeError("the device failed")
-        return decode(rows)
+        return step(rows, chunks, **kwargs)
 
-    s.slots.decode = decode_losing_the_cache
+    s.slots.step = step_losing_the_cache
     first = [s.submit(request(gemma3_pipeline, p, n)) for p, n in zip(PROMPTS[:3], MAX_NEW[:3])]
     s.run(first)
     for h in first[:2]:  # in the two slots when the step failed
@@ -292,21 +293,22 @@ def test_a_failing_request_ends_alone_and_a_lost_device_state_is_rebuilt(gemma3_
 
 
 def test_a_prompt_request_cancelled_before_its_first_chunk_ends_cleanly(gemma3_pipeline, alone):
-    """A scoring (prompt log-probabilities) and a prompt-logits request cancelled while waiting for their first
-    chunk end as cancelled with no rows; the request beside them is answered as alone."""
-    s = Scheduler(gemma3_pipeline.engine, gemma3_pipeline.processor, slots=2, context=512, chunk=32,
+    """A scoring (prompt log-probabilities) request cancelled after its first chunk and a prompt-logits request
+    cancelled while waiting for its first end as cancelled (the second with no rows); the request after them is
+    answered as alone."""
+    s = Scheduler(gemma3_pipeline.engine, gemma3_pipeline.processor, slots=1, context=512, max_batched_tokens=32,
                   prefix_cache_mb=0, media_cache_mb=0, threaded=False)
     prompt = gemma3_pipeline.prepare(PROMPTS[3])
     scored = s.submit(Request(prompt, 1, prompt_logprobs=True))
     logits = s.submit(Request(prompt, 1, prompt_logits=True))
     other = s.submit(request(gemma3_pipeline, PROMPTS[2], MAX_NEW[2]))
-    s.step()  # both take a slot; the first runs one chunk, the second none yet
+    s.step()  # the first takes the slot and runs one chunk; the second waits
     scored.cancel()
     logits.cancel()
     s.run([scored, logits, other])
     assert scored.result(0).finish_reason == logits.result(0).finish_reason == "cancelled"
     assert logits.result(0).prompt_logits.shape[0] == 0
-    assert scored.result(0).prompt_logprobs.ndim == 1
+    assert scored.result(0).prompt_logprobs.ndim == 1 and scored.result(0).prompt_logprobs.shape[0] >= 1
     assert other.result(0).token_ids == alone[2]
 
 
@@ -315,7 +317,7 @@ def test_scoring_waits_its_turn_on_a_busy_engine(gemma3_pipeline):
     are the pipeline's own."""
     from omnijax.app.scoring import Scorer
 
-    s = Scheduler(gemma3_pipeline.engine, gemma3_pipeline.processor, slots=1, context=512, chunk=32,
+    s = Scheduler(gemma3_pipeline.engine, gemma3_pipeline.processor, slots=1, context=512, max_batched_tokens=32,
                   prefix_cache_mb=0, media_cache_mb=0, max_queue=1, threaded=False)
 
     class Busy:
@@ -355,7 +357,7 @@ from omnijax.app.pipeline import Pipeline
 from omnijax.common.sharding import make_mesh
 sys.path.insert(0, sys.argv[2])
 from test_serving_engine import MAX_NEW, PROMPTS
-pipe = Pipeline.from_pretrained(sys.argv[1], mesh=make_mesh(2), max_batch=4, max_context=512, chunk=32)
+pipe = Pipeline.from_pretrained(sys.argv[1], mesh=make_mesh(2), max_batch=4, max_context=512, max_batched_tokens=32)
 results = pipe.generate_prepared([pipe.prepare(p) for p in PROMPTS[:4]], max_new_tokens=12, ignore_eos=True)
 print("RESULT" + json.dumps({"tokens": [r.token_ids for r in results], "mesh": dict(pipe.engine.mesh.shape),
                              "cache_spec": str(pipe.scheduler.slots.cache["k"][0].sharding.spec)}))
@@ -375,7 +377,7 @@ def test_four_devices_split_slots_and_weights(tiny_gemma3_dir, sched, gemma3_pip
 
 def test_warm_up_compiles_what_text_requests_need(gemma3_pipeline):
     """After ``warm_up``, text requests of any length (several chunks included) on any slots compile nothing."""
-    s = Scheduler(gemma3_pipeline.engine, gemma3_pipeline.processor, slots=2, context=512, chunk=64,
+    s = Scheduler(gemma3_pipeline.engine, gemma3_pipeline.processor, slots=2, context=512, max_batched_tokens=64,
                   prefix_cache_mb=0)
     try:
         s.warm_up()
@@ -386,3 +388,25 @@ def test_warm_up_compiles_what_text_requests_need(gemma3_pipeline):
         assert s.compilations() == before
     finally:
         s.close()
+
+
+def test_a_new_request_starts_at_the_next_step_beside_a_long_prompt(gemma3_pipeline, alone):
+    """A long prompt is being prefilled (several steps of its chunks) when a short request arrives: the next step
+    runs the short one's prompt beside the long one's next chunk (sharing the step's prompt tokens), the short one
+    answers before the long one has finished its prompt, and both give their tokens alone."""
+    s = Scheduler(gemma3_pipeline.engine, gemma3_pipeline.processor, slots=2, context=512, max_batched_tokens=32,
+                  prefix_cache_mb=0, media_cache_mb=0, threaded=False)
+    long = s.submit(request(gemma3_pipeline, PROMPTS[3], MAX_NEW[3]))
+    s.step()
+    long_live = s._slot_of[0]
+    assert long_live.done == 32 and long_live.prefilling
+    short = s.submit(request(gemma3_pipeline, PROMPTS[2], 3))
+    s.step()
+    short_live = s._slot_of[1]
+    assert short_live.request is short.request and short_live.done > 0
+    assert long_live.done > 32  # its next chunk ran in the same step
+    while not short.done:
+        s.step()
+    assert long_live.prefilling  # still prefilling its prompt when the short one has answered
+    s.run([long, short])
+    assert [long.result(0).token_ids, short.result(0).token_ids] == [alone[3], alone[2][:3]]

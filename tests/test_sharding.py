@@ -114,7 +114,6 @@ COLLECTIVES_SCRIPT = r"""
 import collections, json, re, sys
 import jax, jax.numpy as jnp
 from omnijax.app.pipeline import Pipeline
-from omnijax.common.matmul_policy import products_setting
 from omnijax.common.sharding import make_mesh, use_mesh
 folder = sys.argv[1]
 out = {}
@@ -123,8 +122,7 @@ for name, model in [("model4", 4), ("data2_model2", 2)]:
     eng, slots = pipe.engine, pipe.scheduler.slots
     slots.ensure_allocated()
     with use_mesh(eng.mesh):
-        hlo = slots._decode.lower(eng.params, slots.cache, slots.state, eng.eos_ids, rows=slots.slots,
-                                  products=products_setting()).compile().as_text()
+        hlo = slots.lower_step(slots.slots).compile().as_text()
     found = re.findall(r"= (\S+) (all-reduce|all-gather|reduce-scatter|all-to-all|collective-permute)(?:-start)?\(",
                        hlo)
     # per-row bookkeeping (a scalar or one value per slot: tokens, lengths, flags) vs activations / caches
