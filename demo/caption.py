@@ -38,6 +38,7 @@ from omnijax.common.errors import printable
 from omnijax.demo.caption_output import (OutputLock, append_row, check_not_an_input, read_output,
                                          remove_stale_temp_files, replace_file)
 from omnijax.demo.interrupts import CtrlC
+from omnijax.demo.progress_bar import ProgressBar
 
 
 MAX_BATCH_SIZE = MAX_BATCH  # prompts generated together (each holds a KV cache)
@@ -268,44 +269,6 @@ def read_rows(path: str | os.PathLike) -> list[dict]:
 
 # ---- the run -----------------------------------------------------------------------------------------------------
 
-class _Progress:
-    """A progress bar on ``stream`` with items/s and ETA: tqdm, or a plain line redrawn at most once a second."""
-
-    def __init__(self, total: int, enabled: bool, stream: TextIO):
-        self._bar = None
-        self._plain = None
-        if not (enabled and total):
-            return
-        try:
-            from tqdm import tqdm
-        except ImportError:
-            self._plain = {"total": total, "n": 0, "start": time.perf_counter(), "shown": 0.0, "stream": stream}
-            return
-        self._bar = tqdm(total=total, unit="item", file=stream, dynamic_ncols=True, smoothing=0.1)
-
-    def update(self, n: int, failed: int) -> None:
-        if self._bar is not None:
-            self._bar.update(n)
-            if failed:
-                self._bar.set_postfix(failed=failed, refresh=False)
-        elif self._plain is not None:
-            p = self._plain
-            p["n"] += n
-            now = time.perf_counter()
-            if now - p["shown"] >= 1.0 or p["n"] == p["total"]:
-                p["shown"] = now
-                rate = p["n"] / max(now - p["start"], 1e-9)
-                eta = (p["total"] - p["n"]) / rate if rate else float("inf")
-                print(f"\r{p['n']}/{p['total']} items, {rate:.2f} items/s, ETA {eta:.0f}s, {failed} failed",
-                      end="", file=p["stream"], flush=True)
-
-    def close(self) -> None:
-        if self._bar is not None:
-            self._bar.close()
-        elif self._plain is not None and self._plain["n"]:
-            print(file=self._plain["stream"])
-
-
 def check_fits(pipe, options: CaptionOptions) -> None:
     """CaptionInputError when ``max_new_tokens`` alone fills the model's context budget: every item would fail."""
     budget = getattr(getattr(pipe, "engine", None), "max_context", None)
@@ -382,7 +345,7 @@ def run_captions(pipe, items: Sequence[CaptionItem], out: str | os.PathLike,
                 pipe = pipe()
                 start = time.perf_counter()  # throughput counts captioning, not loading
             check_fits(pipe, options)
-            progress = _Progress(len(todo), options.progress and log is not None, log or sys.stderr)
+            progress = ProgressBar(len(todo), options.progress and log is not None, log or sys.stderr)
             runnable = []
             for item in todo:
                 if supported(pipe, item):

@@ -112,11 +112,13 @@ def lock_path(out: str | os.PathLike) -> pathlib.Path:
 
 class OutputLock:
     """An exclusive lock on ``<out>.lock`` (flock: released by the system if the process dies), removed on
-    release. A second holder gets CaptionInputError at once."""
+    release. A second holder gets ``error`` (CaptionInputError) at once; ``command`` names the run in messages."""
 
-    def __init__(self, out: str | os.PathLike):
+    def __init__(self, out: str | os.PathLike, *, command: str = "caption", flag: str = "--out",
+                 error: type[Exception] = CaptionInputError):
         self.out = pathlib.Path(out)
         self.path = lock_path(out)
+        self.command, self.flag, self.error = command, flag, error
         self._fd: int | None = None
 
     def __enter__(self) -> "OutputLock":
@@ -125,15 +127,15 @@ class OutputLock:
             try:
                 fd = os.open(self.path, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW, 0o644)
             except OSError as e:
-                raise CaptionInputError(f"cannot create the lock file {self.path}: {e.strerror or e}") from e
+                raise self.error(f"cannot create the lock file {self.path}: {e.strerror or e}") from e
             try:
                 fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
             except OSError as e:
                 os.close(fd)
                 if e.errno in (errno.EWOULDBLOCK, errno.EAGAIN, errno.EACCES):
-                    raise CaptionInputError(f"another omnijax caption run is writing {self.out} (it holds "
-                                            f"{self.path}); wait for it to finish or choose another --out") from None
-                raise CaptionInputError(f"cannot lock {self.path}: {e.strerror or e}") from e
+                    raise self.error(f"another omnijax {self.command} run is writing {self.out} (it holds "
+                                     f"{self.path}); wait for it to finish or choose another {self.flag}") from None
+                raise self.error(f"cannot lock {self.path}: {e.strerror or e}") from e
             try:  # the file may have been removed by the run that held it just before: lock the current one
                 if os.stat(self.path).st_ino == os.fstat(fd).st_ino:
                     self._fd = fd
@@ -176,9 +178,9 @@ def remove_stale_temp_files(path: str | os.PathLike) -> list[pathlib.Path]:
     return removed
 
 
-def append_row(file, row: dict, out: pathlib.Path) -> None:
+def append_row(file, row: dict, out: pathlib.Path, error: type[Exception] = CaptionInputError) -> None:
     """Append ``row`` to ``file`` (an unbuffered binary file opened for appending) in full, or cut the file back to
-    where it was and raise CaptionInputError (a full disk, a quota, a file size limit): the file always ends with a
+    where it was and raise ``error`` (a full disk, a quota, a file size limit): the file always ends with a
     complete row."""
     data = row_bytes(row)
     start = os.fstat(file.fileno()).st_size
@@ -194,8 +196,7 @@ def append_row(file, row: dict, out: pathlib.Path) -> None:
             os.ftruncate(file.fileno(), start)
         except OSError:
             pass
-        raise CaptionInputError(f"cannot write to {out}: {e.strerror or e}; the rows written before are kept") \
-            from None
+        raise error(f"cannot write to {out}: {e.strerror or e}; the rows written before are kept") from None
 
 
 def replace_file(path: pathlib.Path, rows: Sequence[dict]) -> None:

@@ -17,8 +17,10 @@ import binascii
 import dataclasses
 import math
 import pathlib
+import os
 import re
 import time
+import urllib.parse
 import uuid
 from typing import Any, Callable
 
@@ -77,14 +79,16 @@ class Settings:
 
 @dataclasses.dataclass(frozen=True)
 class MediaRef:
-    """One inline media payload: ``kind`` ("image", "audio", "video"), the bytes (or a remote URL) and the file
-    suffix its loader expects; ``path`` says where in the request it was (for errors)."""
+    """One media payload: ``kind`` ("image", "audio", "video"), the bytes (or a remote URL, or a local ``file``
+    inside the caller's media folder) and the file suffix its loader expects; ``path`` says where in the request it
+    was (for errors)."""
 
     kind: str
     data: bytes | None
     url: str | None
     suffix: str
     path: str
+    file: str | None = None
 
 
 def _field(body: dict, name: str, kinds, default=None, *, where: str = ""):
@@ -196,10 +200,35 @@ def _decode_data_url(url: str, path: str) -> tuple[str, bytes]:
     return (match.group(1) or "").lower(), data
 
 
-def _url_media(kind: str, url: Any, path: str, types: dict[str, str], allow_remote: bool) -> MediaRef:
+def _local_media(kind: str, url: str, path: str, root: pathlib.Path) -> MediaRef:
+    """A local path (relative ones from ``root``) or ``file:`` URL naming a file inside ``root``: links are
+    followed before the check, so none leads out of it. RequestError (code ``media_outside_root``) otherwise."""
+    name = url
+    if url[:5].lower() == "file:":
+        parsed = urllib.parse.urlparse(url)
+        if parsed.netloc not in ("", "localhost"):
+            raise RequestError(f"{path}: a file: URL names a file of this machine (file:///path), not of "
+                               f"{parsed.netloc!r}", param=path)
+        name = urllib.parse.unquote(parsed.path)
+    try:
+        real = os.path.realpath(root / name)
+        real_root = os.path.realpath(root)
+        outside = os.path.commonpath([real, real_root]) != real_root
+    except ValueError:  # a NUL byte
+        raise RequestError(f"{path}: {url[:200]!r} is not a usable file path", param=path) from None
+    if outside:
+        raise RequestError(f"{path}: {url[:200]!r} is outside the media folder {str(root)!r}; only files inside it "
+                           f"are read", param=path, code="media_outside_root")
+    return MediaRef(kind, None, None, pathlib.PurePath(real).suffix.lower(), path, file=real)
+
+
+def _url_media(kind: str, url: Any, path: str, types: dict[str, str], allow_remote: bool,
+               media_root: pathlib.Path | None = None) -> MediaRef:
     if not isinstance(url, str) or not url:
         raise RequestError(f"{path} must be a non-empty string", param=path)
     scheme = url.split(":", 1)[0].lower() if ":" in url else ""
+    if media_root is not None and scheme in ("", "file"):
+        return _local_media(kind, url, path, media_root)
     if scheme == "data":
         media_type, data = _decode_data_url(url, path)
         if media_type not in types:
@@ -213,11 +242,12 @@ def _url_media(kind: str, url: Any, path: str, types: dict[str, str], allow_remo
         suffix = pathlib.PurePosixPath(url.split("?", 1)[0]).suffix.lower()
         return MediaRef(kind, None, url, suffix if suffix in types.values() else next(iter(types.values())),
                         path)
-    raise RequestError(f"{path}: only data: URLs{' and http(s) URLs' if allow_remote else ''} are accepted, "
-                       f"not {scheme + ':' if scheme else 'a bare path'}", param=path)
+    others = (" and http(s) URLs" if allow_remote else "") + (" and local paths" if media_root is not None else "")
+    raise RequestError(f"{path}: only data: URLs{others} are accepted, not {scheme + ':' if scheme else 'a bare path'}",
+                       param=path)
 
 
-def _part(part: Any, path: str, allow_remote: bool) -> dict | MediaRef:
+def _part(part: Any, path: str, allow_remote: bool, media_root: pathlib.Path | None) -> dict | MediaRef:
     if not isinstance(part, dict):
         raise RequestError(f"{path} must be an object", param=path)
     kind = part.get("type")
@@ -231,7 +261,7 @@ def _part(part: Any, path: str, allow_remote: bool) -> dict | MediaRef:
         url = inner.get("url") if isinstance(inner, dict) else inner
         media = "image" if kind == "image_url" else "video"
         return _url_media(media, url, f"{path}.{kind}.url", IMAGE_TYPES if media == "image" else VIDEO_TYPES,
-                          allow_remote)
+                          allow_remote, media_root)
     if kind == "input_audio":
         inner = part.get("input_audio")
         if not isinstance(inner, dict):
@@ -254,9 +284,13 @@ def _part(part: Any, path: str, allow_remote: bool) -> dict | MediaRef:
                        param=f"{path}.type")
 
 
-def chat_messages(body: dict, *, allow_remote: bool = False) -> list[dict]:
+def chat_messages(body: dict, *, allow_remote: bool = False, media_root: str | os.PathLike | None = None
+                  ) -> list[dict]:
     """The request's ``messages`` as chat messages whose media parts are ``MediaRef`` placeholders (see
-    ``resolve_media``); roles as the chat templates know them (``developer`` is a system message)."""
+    ``resolve_media``); roles as the chat templates know them (``developer`` is a system message).
+    media_root: a folder whose files image / video URLs may name as local paths (relative ones from it) or
+    ``file:`` URLs; None: no local files."""
+    media_root = None if media_root is None else pathlib.Path(media_root)
     messages = body.get("messages")
     if not isinstance(messages, list) or not messages:
         raise RequestError("'messages' must be a non-empty list", param="messages")
@@ -281,7 +315,7 @@ def chat_messages(body: dict, *, allow_remote: bool = False) -> list[dict]:
             if len(content) > MAX_PARTS:
                 raise RequestError(f"{path}.content holds {len(content)} parts; at most {MAX_PARTS} are accepted",
                                    param=f"{path}.content")
-            parts = [_part(p, f"{path}.content[{j}]", allow_remote) for j, p in enumerate(content)]
+            parts = [_part(p, f"{path}.content[{j}]", allow_remote, media_root) for j, p in enumerate(content)]
         else:
             raise RequestError(f"{path}.content must be a string or a list of parts", param=f"{path}.content")
         if role != "user" and any(isinstance(p, MediaRef) for p in parts):
@@ -293,12 +327,14 @@ def chat_messages(body: dict, *, allow_remote: bool = False) -> list[dict]:
 def resolve_media(messages: list[dict], folder: pathlib.Path, fetch: Callable[[MediaRef], bytes] | None = None
                   ) -> list[dict]:
     """``messages`` with each ``MediaRef`` written to a file in ``folder`` (remote ones through ``fetch``) and
-    replaced by a media part naming it."""
+    replaced by a media part naming it (a local file is named as it is)."""
     out, n = [], 0
     for message in messages:
         parts = []
         for part in message["content"]:
-            if isinstance(part, MediaRef):
+            if isinstance(part, MediaRef) and part.file is not None:
+                parts.append({"type": part.kind, part.kind: part.file})
+            elif isinstance(part, MediaRef):
                 data = part.data if part.data is not None else fetch(part)
                 file = folder / f"{n:03d}-{part.kind}{part.suffix}"
                 file.write_bytes(data)

@@ -24,7 +24,6 @@ import contextlib
 import json
 import logging
 import pathlib
-import secrets
 import shutil
 import tempfile
 import time
@@ -42,6 +41,7 @@ from omnijax.app.token_text import TokenText
 from omnijax.demo import openai_audio
 from omnijax.demo import openai_logprobs as lp
 from omnijax.demo import openai_protocol as api
+from omnijax.demo import openai_request
 from omnijax.demo.api_key import ApiKeyCheck
 from omnijax.demo.body_limit import BodyLimit
 from omnijax.demo.host_check import HostCheck
@@ -50,7 +50,7 @@ from omnijax.demo.metrics import CONTENT_TYPE, metrics_text
 log = logging.getLogger(__name__)
 
 DEFAULT_MAX_BODY_MB = 64
-DEFAULT_MAX_TOKENS = 256  # a request that names no max_tokens gets at most this many (within the context)
+DEFAULT_MAX_TOKENS = openai_request.DEFAULT_MAX_TOKENS  # without max_tokens at most this many (within the context)
 
 
 def error_response(status: int, message: str, type_: str = "invalid_request_error", param: str | None = None,
@@ -92,38 +92,16 @@ class Server:
             self._token_text = TokenText(self.pipe.processor.tokenizer)
         return self._token_text
 
-    # ---- request -> engine ---------------------------------------------------------------------------------
-    def _check_model(self, body: dict) -> None:
-        name = body.get("model")
-        if name is not None and name != self.model:
-            raise api.RequestError(f"the model {str(name)[:200]!r} does not exist; this server serves "
-                                   f"{self.model!r}", param="model", status=404, code="model_not_found")
-
-    def _submit(self, prompt, settings: api.Settings, seed: int, listener) -> list:
-        """The request's ``n`` choices on the engine (their handles): without max_tokens as much as fits up to
-        DEFAULT_MAX_TOKENS; with max_tokens 0 (``echo``) one token, which is not shown."""
-        limit = settings.max_new_tokens
-        if limit is None:  # as much as fits, up to the default
-            limit = max(1, min(DEFAULT_MAX_TOKENS, self.pipe.scheduler.context - len(prompt.token_ids)))
-        return self.pipe.submit_choices(prompt, settings.n, max_new_tokens=max(limit, 1),
-                                        temperature=settings.temperature, top_k=settings.top_k,
-                                        top_p=settings.top_p, seed=seed, stop=settings.stop or None,
-                                        ignore_eos=settings.ignore_eos, logprobs=settings.logprobs,
-                                        prompt_logprobs=settings.echo and settings.logprobs is not None,
-                                        listener=listener)
-
+    # ---- request -> engine (demo/openai_request.py) ---------------------------------------------------------
     def _speech(self, prompt, result, settings: api.Settings, seed: int, spoken: dict):
         """The spoken answer's chunks, made one at a time by the caller (a blocking iterator)."""
         return self.pipe.speak_answer(prompt, result, voice=spoken["voice"], temperature=settings.temperature,
                                       top_k=settings.top_k, top_p=settings.top_p, seed=seed,
                                       max_speech_frames=self.max_speech_frames)
 
-    def _prepare_chat(self, body: dict, folder: pathlib.Path):
-        messages = api.chat_messages(body, allow_remote=self.allow_remote_media)
-        if not self.pipe.has_chat_template:
-            raise api.RequestError("this model has no chat template (a base model): use /v1/completions",
-                                   param="messages")
-        return self.pipe.prepare(api.resolve_media(messages, folder, self.fetch))
+    def _prepare(self, request: openai_request.ApiRequest, folder: pathlib.Path):
+        return openai_request.prepare_prompt(self.pipe, request, folder, allow_remote=self.allow_remote_media,
+                                             fetch=self.fetch)
 
     # ---- handlers ------------------------------------------------------------------------------------------
     async def chat(self, request: Request):
@@ -135,28 +113,16 @@ class Server:
     async def _complete(self, request: Request, *, chat: bool):
         try:
             body = await _json_body(request)
-            settings = api.settings_of(body, chat=chat)
-            self._check_model(body)
-            spoken = openai_audio.audio_request(body, self.pipe.voices)
-            if spoken is not None and not chat:
-                raise api.RequestError("/v1/completions answers in text only; ask /v1/chat/completions for audio",
-                                       param="modalities")
-            if spoken is not None and settings.logprobs is not None:
-                raise api.RequestError("log probabilities are not given with a spoken answer", param="logprobs")
-            if spoken is not None and settings.n > 1:
-                raise api.RequestError("a spoken answer is one choice: 'n' must be 1", param="n")
+            parsed = openai_request.read_request(body, chat=chat, model=self.model, voices=self.pipe.voices)
         except OmnijaxError as e:
             return _refusal(e)
-        seed = secrets.randbelow(2**63) if settings.seed is None else settings.seed  # unseeded: as OpenAI samples
+        settings, seed, spoken = parsed.settings, parsed.seed, parsed.spoken
         folder = pathlib.Path(tempfile.mkdtemp(prefix="request-", dir=self.upload_root))
         loop = asyncio.get_running_loop()
         wake = asyncio.Event()
         try:
-            if chat:
-                prompt = await run_in_threadpool(self._prepare_chat, body, folder)
-            else:
-                prompt = await run_in_threadpool(self.pipe.prepare_raw, api.completion_prompt(body))
-            handles = self._submit(prompt, settings, seed, lambda: loop.call_soon_threadsafe(wake.set))
+            prompt = await run_in_threadpool(self._prepare, parsed, folder)
+            handles = openai_request.submit(self.pipe, prompt, parsed, lambda: loop.call_soon_threadsafe(wake.set))
         except OmnijaxError as e:
             shutil.rmtree(folder, ignore_errors=True)
             return _refusal(e)
@@ -166,7 +132,7 @@ class Server:
         shutil.rmtree(folder, ignore_errors=True)  # prepared: the media files are no longer needed
         request_id = api.new_id("chatcmpl" if chat else "cmpl")
         speech = None if spoken is None else (prompt, settings, seed, spoken)
-        echo = None if chat or not settings.echo else api.completion_prompt(body)
+        echo = parsed.echo
         if settings.stream:
             return StreamingResponse(self._stream(handles, wake, request_id, chat, settings, speech, prompt, echo),
                                      media_type="text/event-stream",
@@ -186,44 +152,15 @@ class Server:
             watcher.cancel()
             for h in handles:
                 h.cancel()
-        use = self._usage(results, settings)
-        if chat:
-            choices = [api.chat_choice(r.text, r.finish_reason, i, None if settings.logprobs is None else
-                                       lp.chat_logprobs(lp.answer_records(r.logprobs, r.finish_reason),
-                                                        settings.logprobs, self.token_text))
-                       for i, r in enumerate(results)]
-            if result.audio is not None:
-                choices[0]["message"] = openai_audio.audio_message(result, spoken["format"])
-            return JSONResponse(api.chat_completion(request_id, self.model, "", "", use, choices=choices))
-        shared = self._prompt_logprobs(results, settings, prompt, echo)
-        choices = []
-        for i, r in enumerate(results):
-            text = "" if settings.max_new_tokens == 0 else r.text
-            logprobs = None
-            if settings.logprobs is not None:
-                records = [] if settings.max_new_tokens == 0 else lp.answer_records(r.logprobs, r.finish_reason)
-                logprobs = lp.CompletionLogprobs(self.token_text, settings.logprobs,
-                                                 0 if echo is None else len(echo)).part(records)
-                if shared is not None:
-                    logprobs = lp.join(shared, logprobs)
-            reason = "length" if settings.max_new_tokens == 0 else r.finish_reason
-            choices.append(api.completion_choice(text if echo is None else echo + text, reason, i, logprobs))
-        return JSONResponse(api.completion(request_id, self.model, "", None, use, choices=choices))
+        return JSONResponse(openai_request.answer_body(request_id, self.model, results, parsed, prompt,
+                                                       self.token_text))
 
     @staticmethod
     def _usage(results, settings: api.Settings) -> dict:
-        """The prompt counted once, the completion tokens of every choice (none with max_tokens 0)."""
-        shown = 0 if settings.max_new_tokens == 0 else sum(len(r.token_ids) for r in results)
-        return api.usage(results[0].prompt_tokens, shown, results[0].cached_tokens)
+        return openai_request.usage(results, settings)
 
     def _prompt_logprobs(self, results, settings: api.Settings, prompt, echo: str | None) -> dict | None:
-        """``echo``'s prompt part of the completions logprobs (from the choice that computed them), or None."""
-        if echo is None or settings.logprobs is None:
-            return None
-        scored = next((r.prompt_logprobs for r in results if r.prompt_logprobs is not None), None)
-        if scored is None or len(scored) < len(prompt.token_ids) - 1:  # cancelled before the prompt was run
-            return None
-        return lp.prompt_part(prompt.token_ids.tolist(), scored, self.token_text)
+        return openai_request.prompt_logprobs(results, settings, prompt, echo, self.token_text)
 
     async def _stream(self, handles: list, wake: asyncio.Event, request_id: str, chat: bool, settings: api.Settings,
                       speech: tuple | None = None, prompt=None, echo: str | None = None):

@@ -5,6 +5,7 @@ from __future__ import annotations
 import numpy as np
 
 from omnijax.common.errors import PromptError
+from omnijax.preprocess.encode_text import encode
 
 
 def raw_prompt_ids(tokenizer, text) -> np.ndarray:
@@ -15,4 +16,4 @@ def raw_prompt_ids(tokenizer, text) -> np.ndarray:
         raise PromptError(f"a raw prompt must be a string, got {type(text).__name__}")
     if not text:
         raise PromptError("the raw prompt is empty")
-    return np.asarray(tokenizer(text, split_special_tokens=True)["input_ids"], np.int32)
+    return np.asarray(encode(tokenizer, text, split_special_tokens=True)["input_ids"], np.int32)

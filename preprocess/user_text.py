@@ -21,6 +21,7 @@ import re
 import numpy as np
 
 from omnijax.common.errors import PromptError
+from omnijax.preprocess.encode_text import encode
 from omnijax.preprocess.tokenizer import special_tokens
 
 OPEN, CLOSE, ESCAPE, ESCAPE_END = "\ue000", "\ue001", "\ue002", "\ue003"
@@ -129,10 +130,10 @@ def encode_prompt(tokenizer, marked: str) -> np.ndarray:
     from user text. Prompts without special-token strings in user text get exactly ``tokenizer(text)``'s ids."""
     text, spans = unmark(marked)
     if not spans:
-        return np.asarray(tokenizer(text, add_special_tokens=False)["input_ids"], np.int32)
+        return np.asarray(encode(tokenizer, text, add_special_tokens=False)["input_ids"], np.int32)
     specials = set(special_tokens(tokenizer).values())
     try:
-        enc = tokenizer(text, add_special_tokens=False, return_offsets_mapping=True)
+        enc = encode(tokenizer, text, add_special_tokens=False, return_offsets_mapping=True)
         ids, offsets = enc["input_ids"], enc["offset_mapping"]
         forged = any(t in specials and _overlaps(spans, a, b) for t, (a, b) in zip(ids, offsets))
     except (NotImplementedError, ValueError, KeyError):  # a tokenizer without offsets: take the safe path
@@ -143,9 +144,9 @@ def encode_prompt(tokenizer, marked: str) -> np.ndarray:
     pos = 0
     for start, end in spans + [(len(text), len(text))]:
         if start > pos:
-            out += tokenizer(text[pos:start], add_special_tokens=False)["input_ids"]
+            out += encode(tokenizer, text[pos:start], add_special_tokens=False)["input_ids"]
         if end > start:
-            user = tokenizer(text[start:end], add_special_tokens=False, split_special_tokens=True)["input_ids"]
+            user = encode(tokenizer, text[start:end], add_special_tokens=False, split_special_tokens=True)["input_ids"]
             if any(t in specials for t in user):
                 raise PromptError("user text could not be tokenized without special tokens")
             out += user

@@ -84,3 +84,25 @@ def test_a_template_that_rewrites_text_refuses_special_tokens(processor):
     with pytest.raises(PromptError, match="special token"):
         render_chat(processor.tokenizer, normalize_messages([{"role": "user", "content": f"a {token.lower()}"}]),
                     upper)
+
+
+def test_chat_and_raw_prompts_tokenize_alike_from_several_threads(processor):
+    """A raw prompt is tokenized with special tokens split, a setting the tokenizer keeps in state shared by every
+    call: chat prompts tokenized meanwhile in other threads keep their own turn markers (preprocess/encode_text.py),
+    as the server's, the batch runner's and the captioner's worker threads need."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    from omnijax.preprocess.raw_prompt import raw_prompt_ids
+
+    jobs = [("raw", f"Line {i} <bos> says") if i % 2 else ("chat", [{"role": "user", "content": f"Count to {i}."}])
+            for i in range(200)]
+
+    def tokenize(job) -> list[int]:
+        kind, value = job
+        ids = raw_prompt_ids(processor.tokenizer, value) if kind == "raw" else processor.prepare(value).token_ids
+        return np.asarray(ids).tolist()
+
+    alone = [tokenize(job) for job in jobs]
+    with ThreadPoolExecutor(4) as pool:
+        for _ in range(3):
+            assert list(pool.map(tokenize, jobs)) == alone
