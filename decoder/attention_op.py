@@ -219,13 +219,17 @@ def _history_block(c: int) -> int:
     return c if c <= 512 or c % K_BLOCK else K_BLOCK
 
 
-def cache_rows(cache_RX: jax.Array, rows_S: jax.Array | None, s: int) -> jax.Array:
-    """The cache rows S sequences continue: ``rows_S`` None -> the first S rows (all of them without a copy when S is
-    every row, so a sharded batch axis is not sliced); else the rows ``rows_S`` names (an index past the last row,
-    a padding sequence's, reads the last row: what it computes is never used)."""
+def cache_block(cache_RX: jax.Array, rows_S: jax.Array | None, s: int, axis: int, start, size: int) -> jax.Array:
+    """Slots start .. start + size - 1 (along ``axis``) of the cache rows S sequences continue: ``rows_S`` None ->
+    the first S rows; else the rows ``rows_S`` names (an index past the last row, a padding sequence's, reads the
+    last row: what it computes is never used). Only that block is read: the rows' whole caches are never copied
+    (a long cache is read block by block in place)."""
+    r = cache_RX.shape[0]
+    block = jax.lax.dynamic_slice_in_dim(cache_RX, start, size, axis=axis) if size < cache_RX.shape[axis] \
+        else cache_RX
     if rows_S is None:
-        return cache_RX if s == cache_RX.shape[0] else cache_RX[:s]
-    return jnp.take(cache_RX, rows_S, axis=0, mode="clip")
+        return block if s == r else block[:s]
+    return jnp.take(block, rows_S, axis=0, mode="clip")
 
 
 def cache_attention(q_STNH: jax.Array, cache_k_RKHC: jax.Array, cache_v_RKCH: jax.Array, rows_S: jax.Array | None,
@@ -237,7 +241,7 @@ def cache_attention(q_STNH: jax.Array, cache_k_RKHC: jax.Array, cache_v_RKCH: ja
     [S, T, N, H].
 
     cache_k [R, K, H, C] / cache_v [R, K, C, H]: every row's cache (keys transposed, so the scores are a plain
-    [G*T, H] x [H, C] product per kv head); the sequences' rows are read (``cache_rows``). slot_pos [S, C]: the position each
+    [G*T, H] x [H, C] product per kv head); the sequences' rows are read (``cache_block``). slot_pos [S, C]: the position each
     slot of those rows holds before the batch (-1 empty). k, v [S, T, K, H]: the new tokens' keys and values;
     q_pos [S, T] their positions (-1: padding), q_block [S, T] their media block ids (-1 text; None: no media).
     Decode is S rows of one token, prompt chunks C rows of T tokens: the same op. Cache keys never share a media
@@ -252,11 +256,13 @@ def cache_attention(q_STNH: jax.Array, cache_k_RKHC: jax.Array, cache_v_RKCH: ja
     s, t, n, h = q_STNH.shape
     r, kv, _, c = cache_k_RKHC.shape
     g = n // kv
-    rows_k, rows_v = cache_rows(cache_k_RKHC, rows_S, s), cache_rows(cache_v_RKCH, rows_S, s)
+    read_k = lambda start, size: cache_block(cache_k_RKHC, rows_S, s, 3, start, size)  # noqa: E731
+    read_v = lambda start, size: cache_block(cache_v_RKCH, rows_S, s, 2, start, size)  # noqa: E731
     k_new = k_STKH.transpose(0, 2, 1, 3)  # [S, K, T, H]
     v_new = v_STKH.transpose(0, 2, 1, 3)
     vis_new = visible(q_pos_ST, q_pos_ST, mask, q_block_ST, q_block_ST)
     if t > 1 and backend_for(t, backend) == "fused" and softcap is None:
+        rows_k, rows_v = read_k(0, c), read_v(0, c)
         keys = jnp.concatenate([rows_k.transpose(0, 3, 1, 2), k_STKH.astype(rows_k.dtype)], axis=1)  # [S, C+T, K, H]
         values = jnp.concatenate([rows_v.transpose(0, 2, 1, 3), v_STKH.astype(rows_v.dtype)], axis=1)
         vis = jnp.concatenate([visible(q_pos_ST, slot_pos_SC, mask), vis_new], axis=-1)
@@ -264,18 +270,16 @@ def cache_attention(q_STNH: jax.Array, cache_k_RKHC: jax.Array, cache_v_RKCH: ja
                                             mask=vis[:, None], scale=scale)
     kb = _history_block(c)
     if kb == c:
-        return dot_attention(q_STNH, [(rows_k, rows_v, visible(q_pos_ST, slot_pos_SC, mask)),
+        return dot_attention(q_STNH, [(read_k(0, c), read_v(0, c), visible(q_pos_ST, slot_pos_SC, mask)),
                                       (k_new, v_new, vis_new)],
                              scale=scale, softcap=softcap, keys_transposed=True)
     q = _group_queries(q_STNH, kv, scale)  # [S, K, G*T, H]
-    zero = jnp.zeros((), jnp.int32)
     held = c if held is None else jnp.minimum(held, c)
 
     def one_block(j, carry):
         m, total, acc = carry
         ks = j * kb
-        kj = jax.lax.dynamic_slice(rows_k, (zero, zero, zero, ks), (s, kv, h, kb))
-        vj = jax.lax.dynamic_slice(rows_v, (zero, zero, ks, zero), (s, kv, kb, h))
+        kj, vj = read_k(ks, kb), read_v(ks, kb)
         kp = jax.lax.dynamic_slice_in_dim(slot_pos_SC, ks, kb, axis=1)
         sc = _scores(q, kj, softcap=softcap, keys_transposed=True).reshape(s, kv, g, t, kb)
         sc = sc + jnp.where(visible(q_pos_ST, kp, mask), 0.0, NEG)[:, None, None]

@@ -26,6 +26,11 @@ def test_decode_step_writes_the_cache_in_place(gemma3_pipeline, rows, context):
     copies = [line.strip()[:120] for line in hlo.splitlines()
               if " copy(" in line and any(shape in line for shape in shapes)]
     assert not copies, f"{len(copies)} cache copies per decode step, e.g. {copies[:2]}"
+    if context > 512:  # nor of the rows a long cache is read from (block by block): the step's temporary memory
+        # stays below one row of one full-length cache
+        row_bytes = min(a[0].nbytes for a in slots.cache["k"] if a.shape[-1] == slots.context)
+        temp = compiled.memory_analysis().temp_size_in_bytes
+        assert temp < row_bytes, f"{temp} temporary bytes per decode step; one cache row is {row_bytes}"
 
 
 def test_prompt_chunk_writes_the_cache_in_place(gemma3_pipeline):
