@@ -26,7 +26,7 @@ from omnijax.common.kernels.narrow_matmul import (cpu_reference, kernel_format, 
                                                   quantized_activations, reference)
 from fixtures.four_devices import run_on_four_devices
 import fixtures.q8_activations
-from fixtures.q8_activations import q8_activations
+from fixtures.q8_activations import LEVELS, q8_activations
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 FORMATS = ("int8", "int4", "bf16")
@@ -53,7 +53,7 @@ def _weight(fmt: str, w: np.ndarray):
 
 def _x(fmt: str, x) -> np.ndarray:
     """x as the CPU op multiplies it with a weight stored as ``fmt`` (float64)."""
-    return q8_activations(x) if fmt in ("int8", "int4") else np.asarray(x, np.float64)
+    return q8_activations(x, LEVELS[fmt]) if fmt in LEVELS else np.asarray(x, np.float64)
 
 
 def _close(got, want_f64):
@@ -104,18 +104,19 @@ def test_the_kernel_equals_the_reference_for_1_to_17_rows(library, fmt, isa, siz
         _close(exact, x[:r].astype(np.float64) @ w64.T)
 
 
-def test_the_activations_are_quantized_per_block_of_32():
+@pytest.mark.parametrize("levels", [127, 32767])
+def test_the_activations_are_quantized_per_block_of_32(levels):
     """quantized_activations against the numpy one, on values that round half-way, a block of zeros and a last
     block shorter than 32; it moves each value by at most half a step of its block."""
     rng = np.random.default_rng(16)
     x = rng.standard_normal((3, 75)).astype(np.float32)
-    x[0, :32] = np.arange(32, dtype=np.float32) - 15.5  # d = 16.5 / 127: many values near half-way
+    x[0, :32] = np.arange(32, dtype=np.float32) - 15.5  # d = 16.5 / levels: values near half-way
     x[1, 32:64] = 0.0
-    got = np.asarray(jax.jit(quantized_activations)(jnp.asarray(x)))
-    np.testing.assert_array_equal(got, q8_activations(x).astype(np.float32))
+    got = np.asarray(jax.jit(lambda x: quantized_activations(x, levels))(jnp.asarray(x)))
+    np.testing.assert_array_equal(got, q8_activations(x, levels).astype(np.float32))
     for k in range(0, 75, 32):
         block = x[:, k:k + 32]
-        step = np.abs(block).max(axis=-1, keepdims=True) / 127
+        step = np.abs(block).max(axis=-1, keepdims=True) / levels
         assert np.all(np.abs(got[:, k:k + 32] - block) <= step / 2 * (1 + 1e-5))
 
 
@@ -148,7 +149,7 @@ def test_the_kernel_runs_under_vmap(library):
     w, w64 = _weight("int4", rng.standard_normal((40, 64)).astype(np.float32))
     x = rng.standard_normal((3, 2, 64)).astype(np.float32)
     got = jax.jit(jax.vmap(lambda x_RI: native(x_RI, w)))(jnp.asarray(x))
-    _close(got, np.einsum("bri,oi->bro", q8_activations(x), w64))
+    _close(got, np.einsum("bri,oi->bro", q8_activations(x, LEVELS["int4"]), w64))
 
 
 def test_forcing_avx2_runs_other_code_than_avx512(library, monkeypatch):
@@ -213,7 +214,7 @@ for fmt in ("int8", "int4", "bf16"):
     else:
         parts = quantize(w, fmt, -1)
         w64 = dequantize_numpy(parts, fmt, 1).astype(np.float64)
-    x64 = np.asarray(x, np.float64) if fmt == "bf16" else q8_activations(np.asarray(x))  # in / 4 = one block a device
+    x64 = np.asarray(x, np.float64) if fmt == "bf16" else q8_activations(np.asarray(x), LEVELS[fmt])  # in / 4: a block
     out[f"{fmt}-want"] = (x64 @ w64.T).tolist()
     for split, spec in (("out", P("model", None)), ("in", P(None, "model"))):
         put = lambda a: jax.device_put(jnp.asarray(a), NamedSharding(mesh, spec))
@@ -243,7 +244,7 @@ def test_a_missing_library_warns_once_and_products_take_the_reference(library, m
         warnings.simplefilter("error")  # no second warning
         assert not _has_kernel(matmul_oi, x, w)
         got = jax.jit(narrow_matmul)(x, w)
-    _close(got, q8_activations(x) @ w64.T)
+    _close(got, q8_activations(x, LEVELS["int4"]) @ w64.T)
     np.testing.assert_array_equal(got, jax.jit(cpu_reference)(x, w))
 
 

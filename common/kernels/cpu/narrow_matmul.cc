@@ -3,10 +3,10 @@
 // common/kernels/narrow_matmul.py calls them through jax.ffi and holds the pure-JAX references they are tested
 // against.
 //
-// With int8 and int4 weights the activations are first quantized per block of 32 along `in` to int8 (as
-// llama.cpp's q8_0: d = max|x| / 127 in float32, q = round(x / d) to nearest even, computed as x * (1 / d)), so
-// the product is x' w with x' = q * d: integer dot products per block, each block's sum scaled once. bfloat16
-// weights take float32 activations as they are.
+// With int8 and int4 weights the activations are first quantized per block of 32 along `in`: to int16 for int8
+// weights, to int8 for int4 weights (as llama.cpp's q8_0): d = max|x| * (1 / L) in float32 (L = 32767 or 127), q =
+// round(x * (1 / d)) to nearest even, so the product is x' w with x' = q * d: integer dot products per block, each
+// block's sum scaled once. bfloat16 weights take float32 activations as they are.
 //
 // One build runs on every x86-64 CPU: the kernel (narrow_matmul_kernel.h) is compiled three times, for AVX-512,
 // for AVX2 + FMA and as plain C++, and each call takes the best one the CPU has (or the one its `isa` attribute
@@ -43,12 +43,11 @@ enum class Format { kInt8, kInt4, kBf16 };
 
 // x quantized per block of 32 (see the top of this file), laid out for one instruction set's inner loops.
 struct Activations {
-  // int8 weights: q8 [rows, stride8] (zeros past `in`, stride8 a multiple of 64); per lane of 4 bytes, lanes8 its
-  // block's d and neg8 = -128 * the lane's sum of q (the VNNI loop adds 128 to each weight to make it unsigned)
+  // int8 weights: q8 [rows, stride8] int16 (zeros past `in`, stride8 a multiple of 64), d8 [rows, stride8 / 32]
+  // each block's d
   int64_t stride8 = 0;
-  const int8_t* q8 = nullptr;
-  const float* lanes8 = nullptr;
-  const int32_t* neg8 = nullptr;
+  const int16_t* q8 = nullptr;
+  const float* d8 = nullptr;
   // int4 weights: per row, chunks4 chunks of kGroups4 groups; a chunk's q4 holds the 16 first values of each of
   // its groups, then the 16 last ones (the order of the weights' low and high nibbles); lanes4 [rows, chunks4,
   // width] each lane's group's d; sums4 [rows, groups4] each group's d * sum(q)
@@ -106,17 +105,19 @@ struct Isa {
   static V Int8s(const int8_t* p) { return static_cast<float>(*p); }
   static V Bf16s(const uint16_t* p) { return Bf16ToFloat(*p); }
   static V Mul(V a, V b) { return a * b; }
-  // int8: one lane of 4 bytes at a time
-  static constexpr int kStep8 = 4;
-  struct W8 { int32_t w[4]; };
-  static W8 Weights8(const int8_t* p) { return {{p[0], p[1], p[2], p[3]}}; }
+  // int8: one block of 32 at a time
+  static constexpr int kStep8 = kGroup;
+  struct W8 { int32_t w[kGroup]; };
+  static W8 Weights8(const int8_t* p) { return Weights8Part(p, kGroup); }
   static W8 Weights8Part(const int8_t* p, int64_t n) {
-    W8 w{{0, 0, 0, 0}};
+    W8 w{};
     for (int64_t i = 0; i < n; ++i) w.w[i] = p[i];
     return w;
   }
-  static V Dot8(const W8& w, const int8_t* q, const int32_t*) {
-    return static_cast<float>(w.w[0] * q[0] + w.w[1] * q[1] + w.w[2] * q[2] + w.w[3] * q[3]);
+  static V Dot8(const W8& w, const int16_t* q, const float* d, V acc) {
+    int32_t sum = 0;
+    for (int i = 0; i < kGroup; ++i) sum += w.w[i] * q[i];
+    return acc + static_cast<float>(sum) * d[0];
   }
   // int4: one group at a time
   static constexpr int kGroups4 = 1;
@@ -170,22 +171,23 @@ struct Isa {
     return _mm256_castsi256_ps(_mm256_slli_epi32(wide, 16));
   }
   static V Mul(V a, V b) { return _mm256_mul_ps(a, b); }
-  // int8: 32 bytes at a time; |w| (unsigned) times q with w's sign (vpmaddubsw: pairs stay below 2^15), then
-  // pairs of pairs (vpmaddwd)
+  // int8: one block of 32 at a time, the weights widened to int16 (vpmaddwd)
   static constexpr int kStep8 = 32;
-  struct W8 { __m256i abs, sign; };
+  struct W8 { __m256i low, high; };
   static W8 Weights8(const int8_t* p) {
     const __m256i w = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p));
-    return {_mm256_abs_epi8(w), w};
+    return {_mm256_cvtepi8_epi16(_mm256_castsi256_si128(w)), _mm256_cvtepi8_epi16(_mm256_extracti128_si256(w, 1))};
   }
   static W8 Weights8Part(const int8_t* p, int64_t n) {
     alignas(32) int8_t buf[32] = {};
     std::memcpy(buf, p, static_cast<size_t>(n));
     return Weights8(buf);
   }
-  static V Dot8(const W8& w, const int8_t* q, const int32_t*) {
-    const __m256i x = _mm256_sign_epi8(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(q)), w.sign);
-    return _mm256_cvtepi32_ps(_mm256_madd_epi16(_mm256_maddubs_epi16(w.abs, x), _mm256_set1_epi16(1)));
+  static V Dot8(const W8& w, const int16_t* q, const float* d, V acc) {
+    const __m256i sum = _mm256_add_epi32(
+        _mm256_madd_epi16(w.low, _mm256_loadu_si256(reinterpret_cast<const __m256i*>(q))),
+        _mm256_madd_epi16(w.high, _mm256_loadu_si256(reinterpret_cast<const __m256i*>(q + 16))));
+    return _mm256_fmadd_ps(_mm256_cvtepi32_ps(sum), _mm256_broadcast_ss(d), acc);
   }
   // int4: 2 groups (32 bytes) at a time
   static constexpr int kGroups4 = 2;
@@ -256,18 +258,23 @@ struct Isa {
     return _mm512_castsi512_ps(_mm512_slli_epi32(wide, 16));
   }
   static V Mul(V a, V b) { return _mm512_mul_ps(a, b); }
-  // int8: 64 bytes at a time; w + 128 (unsigned) times q (vpdpbusd), the sum started at -128 * sum(q) (neg8)
+  // int8: two blocks of 32 at a time, the weights widened to int16 (vpdpwssd)
   static constexpr int kStep8 = 64;
-  using W8 = __m512i;
+  struct W8 { __m512i low, high; };
   static W8 Weights8(const int8_t* p) {
-    return _mm512_xor_si512(_mm512_loadu_si512(p), _mm512_set1_epi8(static_cast<char>(0x80)));
+    return {_mm512_cvtepi8_epi16(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p))),
+            _mm512_cvtepi8_epi16(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p + 32)))};
   }
   static W8 Weights8Part(const int8_t* p, int64_t n) {
-    return _mm512_xor_si512(_mm512_maskz_loadu_epi8(_cvtu64_mask64(~0ull >> (64 - n)), p),
-                            _mm512_set1_epi8(static_cast<char>(0x80)));
+    const __m512i w = _mm512_maskz_loadu_epi8(_cvtu64_mask64(~0ull >> (64 - n)), p);
+    return {_mm512_cvtepi8_epi16(_mm512_castsi512_si256(w)), _mm512_cvtepi8_epi16(_mm512_extracti64x4_epi64(w, 1))};
   }
-  static V Dot8(W8 w, const int8_t* q, const int32_t* neg) {
-    return _mm512_cvtepi32_ps(_mm512_dpbusd_epi32(_mm512_loadu_si512(neg), w, _mm512_loadu_si512(q)));
+  static V Dot8(const W8& w, const int16_t* q, const float* d, V acc) {
+    const __m512i zero = _mm512_setzero_si512();
+    const __m512i a = _mm512_dpwssd_epi32(zero, w.low, _mm512_loadu_si512(q));
+    const __m512i b = _mm512_dpwssd_epi32(zero, w.high, _mm512_loadu_si512(q + 32));
+    acc = _mm512_fmadd_ps(_mm512_cvtepi32_ps(a), _mm512_set1_ps(d[0]), acc);
+    return _mm512_fmadd_ps(_mm512_cvtepi32_ps(b), _mm512_set1_ps(d[1]), acc);
   }
   // int4: 4 groups (64 bytes) at a time
   static constexpr int kGroups4 = 4;
@@ -399,15 +406,16 @@ void RunTasks(ffi::ThreadPool& pool, int64_t tasks, const std::function<void(int
 
 // ---- activations ---------------------------------------------------------------------------------------------
 
-// One block of up to 32 values of x quantized: q[0 .. n) (the rest of the 32 left 0) and the block's d.
-inline float QuantizeBlock(const float* x, int64_t n, int8_t* q) {
+// One block of up to 32 values of x quantized to -levels .. levels: q[0 .. n) (the rest left 0) and the block's d.
+template <class Q>
+inline float QuantizeBlock(const float* x, int64_t n, float levels, Q* q) {
   float peak = 0.0f;
   for (int64_t i = 0; i < n; ++i) peak = std::max(peak, std::fabs(x[i]));
-  const float d = peak / 127.0f;
+  const float d = peak * (1.0f / levels);  // as XLA computes a division by a constant
   const float inverse = d > 0.0f ? 1.0f / d : 0.0f;
   for (int64_t i = 0; i < n; ++i) {
     const float v = std::nearbyint(x[i] * inverse);  // to nearest even (the default rounding mode)
-    q[i] = static_cast<int8_t>(std::min(127.0f, std::max(-127.0f, v)));
+    q[i] = static_cast<Q>(std::min(levels, std::max(-levels, v)));
   }
   return d;
 }
@@ -418,22 +426,17 @@ void Prepare(const Problem& p, const Kernel& kernel, Activations& a, std::vector
   auto carve = [&](size_t bytes) { size_t at = storage.size(); storage.resize(at + ((bytes + 63) / 64) * 64); return at; };
   if (p.format == Format::kInt8) {
     a.stride8 = ((p.in + 63) / 64) * 64;
-    const size_t q = carve(p.rows * a.stride8), lanes = carve(p.rows * a.stride8), neg = carve(p.rows * a.stride8);
+    const size_t q = carve(p.rows * a.stride8 * 2), d = carve(p.rows * a.stride8 / kGroup * 4);
     std::fill(storage.begin(), storage.end(), 0);
-    int8_t* q8 = reinterpret_cast<int8_t*>(storage.data() + q);
-    float* lanes8 = reinterpret_cast<float*>(storage.data() + lanes);
-    int32_t* neg8 = reinterpret_cast<int32_t*>(storage.data() + neg);
+    int16_t* q8 = reinterpret_cast<int16_t*>(storage.data() + q);
+    float* d8 = reinterpret_cast<float*>(storage.data() + d);
     for (int64_t r = 0; r < p.rows; ++r)
       for (int64_t b = 0; b < blocks; ++b) {
-        const int64_t k = b * kGroup, n = std::min<int64_t>(kGroup, p.in - k);
-        int8_t* qb = q8 + r * a.stride8 + k;
-        const float d = QuantizeBlock(p.x + r * p.in + k, n, qb);
-        for (int l = 0; l < kGroup / 4; ++l) {
-          lanes8[(r * a.stride8 + k) / 4 + l] = d;
-          neg8[(r * a.stride8 + k) / 4 + l] = -128 * (qb[4 * l] + qb[4 * l + 1] + qb[4 * l + 2] + qb[4 * l + 3]);
-        }
+        const int64_t k = b * kGroup;
+        d8[(r * a.stride8 + k) / kGroup] =
+            QuantizeBlock(p.x + r * p.in + k, std::min<int64_t>(kGroup, p.in - k), 32767.0f, q8 + r * a.stride8 + k);
       }
-    a.q8 = q8, a.lanes8 = lanes8, a.neg8 = neg8;
+    a.q8 = q8, a.d8 = d8;
     return;
   }
   const int64_t per = kernel.groups4, width = kernel.width, half = kGroup / 2;
@@ -448,7 +451,7 @@ void Prepare(const Problem& p, const Kernel& kernel, Activations& a, std::vector
   int8_t block[kGroup];
   for (int64_t r = 0; r < p.rows; ++r)
     for (int64_t g = 0; g < blocks; ++g) {
-      const float d = QuantizeBlock(p.x + r * p.in + g * kGroup, kGroup, block);
+      const float d = QuantizeBlock(p.x + r * p.in + g * kGroup, kGroup, 127.0f, block);
       const int64_t c = g / per, at = g % per;
       int8_t* chunk = q4 + (r * a.chunks4 + c) * per * kGroup;
       std::memcpy(chunk + at * half, block, half);               // the values the low nibbles hold

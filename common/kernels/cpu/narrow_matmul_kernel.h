@@ -40,11 +40,12 @@ inline void ChannelBlock(const Problem& p, int64_t o, int64_t r) {
   }
 }
 
-// int8 and int4 weights meet the activations quantized per block of 32 (Activations, prepared once per call):
-// the inner loops are integer dot products (Isa::Dot8, Isa::Dot4: VNNI, or vpmaddubsw + vpmaddwd), exact in int32
-// per lane of 4 bytes, each lane then converted to float32 and multiplied by its block's scale.
+// int8 and int4 weights meet the activations quantized per block of 32 (Activations, prepared once per call; int16
+// values for int8 weights, int8 values for int4 weights): the inner loops are integer dot products (Isa::Dot8 with
+// vpdpwssd / vpmaddwd, Isa::Dot4 with vpdpbusd / vpmaddubsw + vpmaddwd), exact in int32, each block's integer sum
+// converted to float32 and multiplied by its block's scale.
 
-// int8 per output channel: y[r, o] = scale[o] * sum over lanes of d(lane's block) * (lane's integer dot).
+// int8 per output channel: y[r, o] = scale[o] * sum over blocks of d(block) * (the block's integer dot product).
 template <int kOut, int kRows>
 inline void Int8Block(const Problem& p, int64_t o, int64_t r) {
   const Activations& a = *p.acts;
@@ -59,8 +60,7 @@ inline void Int8Block(const Problem& p, int64_t o, int64_t r) {
       const auto wv = Isa::Weights8(w + i * p.in + k);
       for (int j = 0; j < kRows; ++j) {
         const int64_t row = (r + j) * a.stride8;
-        acc[i][j] = Isa::Fma(Isa::Dot8(wv, a.q8 + row + k, a.neg8 + (row + k) / 4),
-                             Isa::Load(a.lanes8 + (row + k) / 4), acc[i][j]);
+        acc[i][j] = Isa::Dot8(wv, a.q8 + row + k, a.d8 + (row + k) / kGroup, acc[i][j]);
       }
     }
   }
@@ -69,8 +69,7 @@ inline void Int8Block(const Problem& p, int64_t o, int64_t r) {
       const auto wv = Isa::Weights8Part(w + i * p.in + k, p.in - k);
       for (int j = 0; j < kRows; ++j) {
         const int64_t row = (r + j) * a.stride8;
-        acc[i][j] = Isa::Fma(Isa::Dot8(wv, a.q8 + row + k, a.neg8 + (row + k) / 4),
-                             Isa::Load(a.lanes8 + (row + k) / 4), acc[i][j]);
+        acc[i][j] = Isa::Dot8(wv, a.q8 + row + k, a.d8 + (row + k) / kGroup, acc[i][j]);
       }
     }
   }
