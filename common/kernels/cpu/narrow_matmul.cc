@@ -423,7 +423,11 @@ inline float QuantizeBlock(const float* x, int64_t n, float levels, Q* q) {
 // The activations of p quantized and laid out for `kernel` (int8 and int4 weights), in `storage`.
 void Prepare(const Problem& p, const Kernel& kernel, Activations& a, std::vector<char>& storage) {
   const int64_t blocks = (p.in + kGroup - 1) / kGroup;
-  auto carve = [&](size_t bytes) { size_t at = storage.size(); storage.resize(at + ((bytes + 63) / 64) * 64); return at; };
+  auto carve = [&](size_t bytes) {  // the offset of `bytes` more in storage, each part 64-byte aligned in size
+    const size_t at = storage.size();
+    storage.resize(at + ((bytes + 63) / 64) * 64);
+    return at;
+  };
   if (p.format == Format::kInt8) {
     a.stride8 = ((p.in + 63) / 64) * 64;
     const size_t q = carve(p.rows * a.stride8 * 2), d = carve(p.rows * a.stride8 / kGroup * 4);
