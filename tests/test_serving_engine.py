@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import pathlib
 import threading
+import time
 
 import jax
 import numpy as np
@@ -192,8 +193,12 @@ def test_key_ids_tell_media_apart():
 
 
 def test_requests_coming_and_going_compile_nothing_new(gemma3_pipeline, sched, alone):
-    """After the engine has run each chunk length and decode row count once, new prompt lengths, slots and settings
-    compile nothing."""
+    """Once the engine has run each step shape (``warm_up``: every decode row count and chunk group; how many
+    prompts share a step depends on when they arrive), new prompt lengths, media, slots and settings compile
+    nothing."""
+    while not sched.idle:  # the requests before have finished; their last step read back
+        time.sleep(0.01)
+    sched.warm_up()
     before = sched.compilations()
     prompts = [conversation("Name three colours of the rainbow."), conversation(image(9), "What is this?"),
                conversation("Why is the sky blue? Tell me briefly please.")]
