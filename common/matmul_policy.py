@@ -5,12 +5,10 @@ common/quantized.py). Activations are float32 wherever narrow products are slow 
 instructions) and keep the weights' dtype elsewhere (``activation_dtype``). A product then goes one of two ways:
 
 - few rows (a decode step: at most ``DECODE_ROWS`` rows): on CPU a native kernel reads an int8, int4 or bfloat16
-  weight as its stored bytes (common/kernels/narrow_matmul.py: XLA would first write a widened copy of the weight
-  to memory, and decode is bandwidth bound); with int8 / int4 weights it quantizes the activations per block of 32
-  to int8 (as llama.cpp does) and multiplies in integers, so the CPU's decode products are those of the quantized
-  activations (the same in pure JAX where the kernels are not built); elsewhere the weight is widened to the
-  activations' dtype next to the product, and an int8 weight's per-channel scales multiply the product's output
-  instead of every weight (the kernel's exact pure-JAX reference);
+  weight as its stored bytes and widens them in registers (common/kernels/narrow_matmul.py: XLA would first write a
+  widened copy of the weight to memory, and decode is bandwidth bound); elsewhere, or where the kernels are not
+  built, the weight is widened to the activations' dtype next to the product, and an int8 weight's per-channel
+  scales multiply the product's output instead of every weight (the kernel's pure-JAX reference);
 - many rows (a prompt, a batch): where the platform multiplies bfloat16 fast (every GPU and TPU, CPUs with
   avx512_bf16 or AMX: ``fast_bf16_products``), a narrow weight and the activations meet as bfloat16 with float32
   accumulation; elsewhere as float32. ``OMNIJAX_NARROW_PRODUCTS`` (float32 / bfloat16) forces one way on every
@@ -122,7 +120,7 @@ def matmul_oi(x_XI: jax.Array, w_OI) -> jax.Array:
         y = jax.lax.dot_general(x_XI.astype(jnp.bfloat16), widened(w_OI, jnp.bfloat16), dims,
                                 preferred_element_type=jnp.float32)
         return y.astype(x_XI.dtype)
-    if rows <= DECODE_ROWS:  # on CPU the native kernel reads the narrow bytes; elsewhere the exact reference
+    if rows <= DECODE_ROWS:  # on CPU the native kernel reads the narrow bytes; elsewhere its reference below
         return narrow_matmul(x_XI, w_OI)
     return narrow_reference(x_XI, w_OI)
 

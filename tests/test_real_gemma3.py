@@ -196,36 +196,6 @@ def test_quantized_perplexity_stays_near_float32(quantized_pipes, float32_perple
 
 
 
-@pytest.mark.parametrize("mode, bound", [("int8", 0.01), ("int4", 0.03)])
-def test_quantized_perplexity_through_the_cpu_kernel_stays_near_float32(real_gguf, float32_perplexity, monkeypatch,
-                                                                         mode, bound):
-    """The CPU kernel (decode products: the activations quantized per block of 32 to int8, common/kernels) within
-    the same bounds: a pipeline whose programs send every product to the kernel (DECODE_ROWS raised while they are
-    traced) scores the held-out text."""
-    import jax
-
-    from omnijax.app.scoring import perplexity
-    from omnijax.common import matmul_policy
-    from omnijax.common.kernels import narrow_matmul, native_library
-
-    if jax.default_backend() != "cpu" or native_library.library() is None:
-        pytest.skip("the CPU kernel runs on a CPU, where it is built")
-    calls = {"native": 0}
-    native = narrow_matmul.native
-    monkeypatch.setattr(narrow_matmul, "native", lambda *a, **k: calls.__setitem__("native", calls["native"] + 1)
-                        or native(*a, **k))
-    monkeypatch.setattr(matmul_policy, "DECODE_ROWS", 1 << 16)
-    pipe = Pipeline.from_pretrained(real_gguf, quantize=mode)
-    try:
-        got = perplexity([pipe.score(HELD_OUT)])
-    finally:
-        pipe.close()
-    assert calls["native"] > 0
-    print(f"\nperplexity float32 {float32_perplexity:.4f}, {mode} through the CPU kernel {got:.4f} "
-          f"({got / float32_perplexity - 1:+.2%})")
-    assert abs(got / float32_perplexity - 1) <= bound
-
-
 @pytest.mark.parametrize("mode", ["int8", "int4"])
 def test_decoding_through_the_cpu_kernel_gives_the_reference_paths_tokens(real_gguf, quantized_pipes, monkeypatch,
                                                                           mode):

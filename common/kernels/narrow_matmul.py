@@ -1,23 +1,14 @@
 """x [..., in] times a weight stored narrow as [out..., in] (torch's layout, contracting the last axes) -> float32
 [..., out...]: on CPU by the native kernels of common/kernels/cpu/narrow_matmul.cc, elsewhere (and wherever the
-kernels cannot take the weight) by ``reference``, the exact pure-JAX product.
+kernels cannot take the weight) by ``reference``, the pure-JAX product every test compares them with.
 
-The weights the kernels read as stored bytes:
+The weights the kernels read as stored bytes, widening them in registers (float32 sums, so exact against the
+dequantized weight up to the order of the sums):
 
 - a ``QuantizedArray`` with 8 bits along its last axis: int8 values [out..., in], float32 scales [out..., 1];
 - one with 4 bits in groups of 32 along its last axis: uint8 values [out..., in / 2], float16 scales and offsets
   [out..., in / 32] (common/quantized.py has the layout);
 - a bfloat16 array [out..., in].
-
-With an int8 or int4 weight the CPU op first quantizes the activations per block of ``ACTIVATION_BLOCK`` values
-along ``in`` (``quantized_activations``: d = max|x| * (1 / L) in float32, q = round(x * (1 / d)) to nearest even): to
-int16 (L = 32767) for an int8 weight, to int8 (L = 127, as llama.cpp's q8_0) for an int4 weight, and multiplies
-them with the weight's integer values in integer dot products, each block's sum scaled once: the product is
-``reference(quantized_activations(x, L), w)`` up to the order of float32 sums (``cpu_reference``, what the tests
-compare the kernels with; the CPU takes it too where the kernels are missing). The real Gemma 3 270M's held-out
-perplexity with every product through the kernel stays within tests/test_real_gemma3.py's bounds (int8 activations
-with int8 weights moved it 1.03%, past the 1% bound: hence int16 there). A bfloat16 weight meets float32 activations
-as they are (exact up to the order of sums).
 
 The weight's output rows are split across XLA's intra-op threads. Each call reads the whole weight once for all
 rows of x, so it suits few rows (decode steps: common/matmul_policy.py sends it at most DECODE_ROWS).
@@ -29,7 +20,6 @@ import math
 
 import jax
 import jax.numpy as jnp
-import numpy as np
 
 from omnijax.common.quantized import INT4_GROUP, is_quantized
 from omnijax.common.kernels import native_library
@@ -50,35 +40,6 @@ def reference(x_XI: jax.Array, w_OI) -> jax.Array:
     return jax.lax.dot_general(x_XI, w, dims)
 
 
-ACTIVATION_BLOCK = 32  # activation values per block (one float32 scale) in products with int8 / int4 weights
-ACTIVATION_LEVELS = {"int8": 32767, "int4": 127}  # the activations' largest integer per weight format: int16, int8
-
-
-def quantized_activations(x_XI: jax.Array, levels: int = 127) -> jax.Array:
-    """x [..., in] as the CPU op multiplies it with an int8 (``levels`` 32767) or int4 (127) weight, in float32: per
-    block of ``ACTIVATION_BLOCK`` values along ``in`` (the last one may be shorter), q * d with d = max|x| * (1 /
-    levels) (1 / levels a float32) and q = round(x * (1 / d)) to nearest even (0 where the block is all 0)."""
-    x = x_XI.astype(jnp.float32)
-    n = x.shape[-1]
-    blocks = -(-n // ACTIVATION_BLOCK)
-    padded = jnp.pad(x, [(0, 0)] * (x.ndim - 1) + [(0, blocks * ACTIVATION_BLOCK - n)])
-    b = padded.reshape(*x.shape[:-1], blocks, ACTIVATION_BLOCK)
-    step = np.float32(1) / np.float32(levels)  # d = max|x| * (1 / levels), 1 / levels rounded to float32 first
-    d = jnp.max(jnp.abs(b), axis=-1, keepdims=True) * step
-    inverse = jnp.where(d > 0, 1.0 / jnp.where(d > 0, d, 1.0), 0.0)
-    q = jnp.clip(jnp.round(b * inverse), -float(levels), float(levels))
-    return (q * d).reshape(*x.shape[:-1], blocks * ACTIVATION_BLOCK)[..., :n]
-
-
-def cpu_reference(x_XI: jax.Array, w_OI) -> jax.Array:
-    """The CPU op's product in plain JAX ops: ``reference`` of x with its activations quantized
-    (``quantized_activations``: int16 for an int8 weight, int8 for an int4 one), of x as it is otherwise."""
-    fmt = kernel_format(w_OI)
-    if fmt in ACTIVATION_LEVELS:
-        return reference(quantized_activations(x_XI, ACTIVATION_LEVELS[fmt]).astype(x_XI.dtype), w_OI)
-    return reference(x_XI, w_OI)
-
-
 def kernel_format(w_OI) -> str | None:
     """int8, int4 or bf16: the kernel that reads ``w_OI`` as stored; None where none does (the reference does)."""
     if len(w_OI.shape) < 2:
@@ -96,9 +57,9 @@ def kernel_format(w_OI) -> str | None:
 
 
 def native(x_XI: jax.Array, w_OI, isa: str | None = None) -> jax.Array:
-    """The product by the CPU kernel (``cpu_reference``'s product: float32, in x's dtype), which must be loaded
-    (``native_library.library()``) and take the weight (``kernel_format``). ``isa``: the instruction set to ask for
-    (auto, avx512, avx2, scalar; default ``OMNIJAX_CPU_ISA``)."""
+    """The product by the CPU kernel (float32, in x's dtype), which must be loaded (``native_library.library()``)
+    and take the weight (``kernel_format``). ``isa``: the instruction set to ask for (auto, avx512, avx2, scalar;
+    default ``OMNIJAX_CPU_ISA``)."""
     fmt = kernel_format(w_OI)
     if fmt is None:
         raise ValueError(f"no CPU kernel reads a weight of shape {w_OI.shape} stored as {_stored(w_OI)}")
@@ -125,12 +86,12 @@ def native(x_XI: jax.Array, w_OI, isa: str | None = None) -> jax.Array:
 
 
 def narrow_matmul(x_XI: jax.Array, w_OI) -> jax.Array:
-    """x [..., in] times the narrow weight [out..., in] -> [..., out...] in x's dtype. Where the default backend is
-    the CPU and a kernel reads this weight (``kernel_format``): the kernel, or ``cpu_reference`` (the same product)
-    where the kernels are not built; elsewhere ``reference``."""
+    """x [..., in] times the narrow weight [out..., in] -> [..., out...] in x's dtype: the CPU kernel where the
+    default backend is the CPU, the kernels are built and one reads this weight; else ``reference``."""
     rows = math.prod(x_XI.shape[:-1])
-    if rows and jax.default_backend() == "cpu" and kernel_format(w_OI) is not None:
-        return native(x_XI, w_OI) if native_library.library() is not None else cpu_reference(x_XI, w_OI)
+    if (rows and jax.default_backend() == "cpu" and kernel_format(w_OI) is not None
+            and native_library.library() is not None):
+        return native(x_XI, w_OI)
     return reference(x_XI, w_OI)
 
 

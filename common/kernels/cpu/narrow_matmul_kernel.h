@@ -4,8 +4,8 @@
 // here is compiled for it; the caller picks the namespace at run time.
 //
 // A weight row is read once as its stored bytes and widened in registers; the rows of x reuse each widened vector
-// (up to kRowBlock of them at a time). Sums are in a fixed order: the result does not depend on how the output rows
-// are split across threads.
+// (up to kRowBlock of them at a time). Sums are float32 in a fixed order: the result does not depend on how the
+// output rows are split across threads.
 
 using V = typename Isa::V;
 constexpr int kWidth = Isa::kWidth;
@@ -14,7 +14,8 @@ constexpr int kWidth = Isa::kWidth;
 constexpr int kAhead = 2;
 inline void Prefetch(const void* p) { __builtin_prefetch(p, 0, 3); }
 
-// bfloat16: one widened vector of a weight row at a time, float32 activations.
+// int8 per output channel and bfloat16: one widened vector of a weight row at a time; an int8 row's scale
+// multiplies its sums.
 template <class Format, int kOut, int kRows>
 inline void ChannelBlock(const Problem& p, int64_t o, int64_t r) {
   using T = typename Format::T;
@@ -40,81 +41,52 @@ inline void ChannelBlock(const Problem& p, int64_t o, int64_t r) {
   }
 }
 
-// int8 and int4 weights meet the activations quantized per block of 32 (Activations, prepared once per call; int16
-// values for int8 weights, int8 values for int4 weights): the inner loops are integer dot products (Isa::Dot8 with
-// vpdpwssd / vpmaddwd, Isa::Dot4 with vpdpbusd / vpmaddubsw + vpmaddwd), exact in int32, each block's integer sum
-// converted to float32 and multiplied by its block's scale.
+// int4 in groups of 32: per group 16 bytes (value j in the low nibble of byte j, value j + 16 in its high nibble)
+// and a float16 scale and offset, widened to float32 a chunk of groups at a time; the weights w = q * scale + offset
+// are formed in registers (exact in float32: q has 4 bits, the scale 11; Isa::Int4Weights), then multiplied with x
+// like any widened weight.
+constexpr int64_t kChunk = 64;  // groups whose scales and offsets are widened together
 
-// int8 per output channel: y[r, o] = scale[o] * sum over blocks of d(block) * (the block's integer dot product).
-template <int kOut, int kRows>
-inline void Int8Block(const Problem& p, int64_t o, int64_t r) {
-  const Activations& a = *p.acts;
-  const int8_t* w = static_cast<const int8_t*>(p.values) + o * p.in;
-  V acc[kOut][kRows];
-  for (int i = 0; i < kOut; ++i)
-    for (int j = 0; j < kRows; ++j) acc[i][j] = Isa::Zero();
-  int64_t k = 0;
-  for (; k + Isa::kStep8 <= p.in; k += Isa::kStep8) {
-    for (int i = 0; i < kOut; ++i) {
-      Prefetch(w + (i + kAhead * kOut) * p.in + k);
-      const auto wv = Isa::Weights8(w + i * p.in + k);
-      for (int j = 0; j < kRows; ++j) {
-        const int64_t row = (r + j) * a.stride8;
-        acc[i][j] = Isa::Dot8(wv, a.q8 + row + k, a.d8 + (row + k) / kGroup, acc[i][j]);
-      }
-    }
-  }
-  if (k < p.in) {  // the last part of a row: its weights read as far as the row goes, the activations past it are 0
-    for (int i = 0; i < kOut; ++i) {
-      const auto wv = Isa::Weights8Part(w + i * p.in + k, p.in - k);
-      for (int j = 0; j < kRows; ++j) {
-        const int64_t row = (r + j) * a.stride8;
-        acc[i][j] = Isa::Dot8(wv, a.q8 + row + k, a.d8 + (row + k) / kGroup, acc[i][j]);
-      }
-    }
-  }
-  const float* scales = static_cast<const float*>(p.scales);
-  for (int i = 0; i < kOut; ++i)
-    for (int j = 0; j < kRows; ++j) p.y[(r + j) * p.out + o + i] = Isa::Sum(acc[i][j]) * scales[o + i];
-}
-
-// int4 in groups of 32 (per group 16 bytes: value j in the low nibble of byte j, value j + 16 in its high nibble;
-// a float16 scale and offset): w = q * scale + offset, so per group
-//   sum_k w_k * x_k = scale * d * sum_k q_k * xq_k + offset * d * sum_k xq_k,
-// the first an integer dot product of Isa::kGroups4 groups at a time (kLanes4 lanes of 4 bytes per group), the second
-// a float32 dot product of the offsets with the activations' d * sum(xq) per group (Activations::sums4).
 template <int kOut, int kRows>
 inline void Int4Block(const Problem& p, int64_t o, int64_t r) {
-  constexpr int kGroups = Isa::kGroups4;
-  const Activations& a = *p.acts;
+  constexpr int kParts = kGroup / kWidth;
   const int64_t groups = p.in / kGroup;
-  const int64_t row_bytes = p.in / 2;
-  const uint8_t* w = static_cast<const uint8_t*>(p.values) + o * row_bytes;
+  const uint8_t* w = static_cast<const uint8_t*>(p.values) + o * (p.in / 2);
   const uint16_t* scales = static_cast<const uint16_t*>(p.scales) + o * groups;
   const uint16_t* offsets = static_cast<const uint16_t*>(p.offsets) + o * groups;
+  const float* x = p.x + r * p.in;
   V acc[kOut][kRows];
   for (int i = 0; i < kOut; ++i)
     for (int j = 0; j < kRows; ++j) acc[i][j] = Isa::Zero();
-  int64_t g = 0, c = 0;  // group, chunk of kGroups groups
-  for (; g < groups; g += kGroups, ++c) {
-    const int64_t n = groups - g < kGroups ? groups - g : kGroups;
+  float scale[kOut][kChunk], offset[kOut][kChunk];
+  for (int64_t g0 = 0; g0 < groups; g0 += kChunk) {
+    const int64_t n = groups - g0 < kChunk ? groups - g0 : kChunk;
     for (int i = 0; i < kOut; ++i) {
-      const uint8_t* wi = w + i * row_bytes + g * (kGroup / 2);
-      Prefetch(wi + kAhead * kOut * row_bytes);
-      const auto wv = n == kGroups ? Isa::Weights4(wi) : Isa::Weights4Part(wi, n);
-      const V s = Isa::Scales4(scales + i * groups + g, n);
-      for (int j = 0; j < kRows; ++j) {
-        const int64_t chunk = (r + j) * a.chunks4 + c;
-        acc[i][j] = Isa::Fma(Isa::Dot4(wv, a.q4 + chunk * kGroups * kGroup),
-                             Isa::Mul(s, Isa::Load(a.lanes4 + chunk * kWidth)), acc[i][j]);
+      Isa::Halves(scales + i * groups + g0, n, scale[i]);
+      Isa::Halves(offsets + i * groups + g0, n, offset[i]);
+    }
+    for (int64_t c = 0; c < n; ++c) {
+      const int64_t g = g0 + c;
+      for (int i = 0; i < kOut; ++i) {
+        Prefetch(w + (i + kAhead * kOut) * (p.in / 2) + g * (kGroup / 2));
+        V wv[kParts];
+        Isa::Int4Weights(w + i * (p.in / 2) + g * (kGroup / 2), scale[i][c], offset[i][c], wv);
+        for (int t = 0; t < kParts; ++t)
+          for (int j = 0; j < kRows; ++j)
+            acc[i][j] = Isa::Fma(Isa::Load(x + j * p.in + g * kGroup + t * kWidth), wv[t], acc[i][j]);
       }
     }
   }
   for (int i = 0; i < kOut; ++i)
-    for (int j = 0; j < kRows; ++j)
-      p.y[(r + j) * p.out + o + i] =
-          Isa::Sum(acc[i][j]) + Isa::HalfDot(offsets + i * groups, a.sums4 + (r + j) * a.groups4, groups);
+    for (int j = 0; j < kRows; ++j) p.y[(r + j) * p.out + o + i] = Isa::Sum(acc[i][j]);
 }
+
+struct Int8Format {
+  using T = int8_t;
+  static V Widen(const T* w) { return Isa::Int8s(w); }
+  static float One(T w) { return static_cast<float>(w); }
+  static float Scaled(const Problem& p, int64_t o, float s) { return s * static_cast<const float*>(p.scales)[o]; }
+};
 
 struct Bf16Format {
   using T = uint16_t;
@@ -127,7 +99,7 @@ struct Bf16Format {
 template <int kOut, int kRows>
 inline void Block(const Problem& p, int64_t o, int64_t r) {
   switch (p.format) {
-    case Format::kInt8: return Int8Block<kOut, kRows>(p, o, r);
+    case Format::kInt8: return ChannelBlock<Int8Format, kOut, kRows>(p, o, r);
     case Format::kBf16: return ChannelBlock<Bf16Format, kOut, kRows>(p, o, r);
     case Format::kInt4: return Int4Block<kOut, kRows>(p, o, r);
   }
