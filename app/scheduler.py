@@ -35,13 +35,13 @@ import jax
 import numpy as np
 
 from omnijax.app.answer_text import AnswerText, answer_for
+from omnijax.app.chunk_media import chunk_media, prompt_media
 from omnijax.app.chunks import plan_chunks, prefix_points
 from omnijax.app.generation import bucket_for
 from omnijax.app.media_cache import EncodedItem, MediaCache
 from omnijax.app.prefix_cache import PrefixCache, PrefixEntry, key_ids
 from omnijax.app.requests import GenerationResult, Request, RequestHandle, TokenEvent
-from omnijax.app.slots import DEFAULT_MAX_BATCHED_TOKENS, DEFAULT_SLOTS, MAX_CHUNK_ROWS, Chunk, ChunkMedia, Slots, \
-    chunk_rows
+from omnijax.app.slots import DEFAULT_MAX_BATCHED_TOKENS, DEFAULT_SLOTS, MAX_CHUNK_ROWS, Chunk, Slots, chunk_rows
 from omnijax.app.token_logprobs import host_rows
 from omnijax.common.errors import OmnijaxError, PromptError
 from omnijax.common.sharding import host_array
@@ -368,7 +368,8 @@ class Scheduler:
             token_id = self.engine.cfg.media_token_id(modality)
             rows = self.media.rows(modality, items)
             placeholders[token_id] = [(digest, len(item.features)) for digest, item in rows]
-            media[token_id] = self._host_media([item for _, item in rows], token_id in deep)
+            media[token_id] = prompt_media([item for _, item in rows], self.engine.cfg.decoder.deepstack_layers,
+                                           token_id in deep)
         live.media = media
         live.ids = key_ids(prompt.token_ids, placeholders)
         n = len(live.ids)
@@ -384,35 +385,6 @@ class Scheduler:
         live.done = start
         if start == n:  # the whole prompt was cached, with its logits
             self._insert(live, entry.logits)
-
-    def _host_media(self, items: list[EncodedItem], deepstack: bool) -> tuple[np.ndarray, np.ndarray]:
-        """One modality's feature rows of the whole prompt [R, D] (float32, in placeholder order), and the extra
-        feature maps added after the first decoder layers [E, R, D] (E = the decoder's deepstack layers; zeros
-        for a modality whose encoder has none)."""
-        features = np.concatenate([i.features for i in items]).astype(np.float32)
-        extras = np.zeros((self.engine.cfg.decoder.deepstack_layers,) + features.shape, np.float32)
-        if deepstack:
-            for i, maps in enumerate(zip(*(item.extras for item in items))):
-                extras[i] = np.concatenate(maps)
-        return features, extras
-
-    def _chunk_media(self, live: Live, a: int, b: int) -> ChunkMedia | None:
-        """The media of prompt tokens a..b-1: each placeholder's feature row (its item's rows in placeholder order
-        across the prompt) and deepstack rows; None when the chunk holds no placeholder."""
-        ids = live.request.prompt.token_ids
-        out = None
-        for token_id, (features, extras) in live.media.items():
-            at = np.flatnonzero(ids[a:b] == token_id)
-            if not len(at):
-                continue
-            if out is None:
-                out = ChunkMedia(np.zeros((b - a, features.shape[1]), np.float32), np.zeros(b - a, bool),
-                                 np.zeros((extras.shape[0], b - a, features.shape[1]), np.float32))
-            first = int(np.sum(ids[:a] == token_id))
-            out.rows[at] = features[first:first + len(at)]
-            out.is_media[at] = True
-            out.deepstack[:, at] = extras[:, first:first + len(at)]
-        return out
 
     def _encode_one(self, modality: str, item) -> EncodedItem:
         out = self.engine.encode({modality: [item]})[modality]  # (features, valid[, extras])
@@ -493,7 +465,7 @@ class Scheduler:
         prompt = live.request.prompt
         rope = np.arange(a, b)[None] if prompt.rope_positions is None else prompt.rope_positions[:, a:b]
         return Chunk(prompt.token_ids[a:b], a, live.slot, rope, prompt.bidirectional[a:b],
-                     self._chunk_media(live, a, b))
+                     chunk_media(prompt.token_ids, live.media, a, b))
 
     def _chunk_done(self, live: Live, a: int, b: int, logits, hidden) -> None:
         """After the step ran prompt tokens a..b-1 of ``live`` (``logits`` [1, V] at b-1, ``hidden`` [1, T, D]):
