@@ -10,11 +10,6 @@ asking for them runs the program without them. ``n`` choices share one prefill a
 
 from __future__ import annotations
 
-import os
-import subprocess
-import sys
-import time
-
 import httpx
 import numpy as np
 import openai
@@ -24,7 +19,7 @@ from omnijax.app.requests import Request
 from omnijax.app.sampling import SamplingParams, choice_seed
 from omnijax.app.token_logprobs import TOP, check_logprobs
 from omnijax.common.errors import SamplingError
-from test_server import DEADLINE_S, ROOT, free_port
+from test_server import DEADLINE_S, start_server
 
 pytestmark = pytest.mark.reference
 
@@ -179,22 +174,7 @@ def test_token_bytes_join_to_the_text(gemma3_pipeline, family):
 @pytest.fixture(scope="module")
 def server(tmp_path_factory, tiny_gemma3_dir):
     tmp = tmp_path_factory.mktemp("serve_logprobs")
-    port = free_port()
-    env = dict(os.environ, PYTHONPATH=str(ROOT), TMPDIR=str(tmp), JAX_PLATFORMS="cpu")
-    proc = subprocess.Popen([sys.executable, "-m", "omnijax", "serve", "--model", str(tiny_gemma3_dir),
-                             "--port", str(port), "--max-batch", "4", "--max-context", "512",
-                             "--served-model-name", "tiny"],
-                            env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
-    url = f"http://127.0.0.1:{port}"
-    deadline = time.monotonic() + DEADLINE_S
-    while True:
-        assert proc.poll() is None, proc.communicate()[1][-3000:]
-        assert time.monotonic() < deadline, "the server did not start"
-        try:
-            if httpx.get(url + "/health", timeout=5).status_code == 200:
-                break
-        except httpx.TransportError:
-            time.sleep(0.2)
+    url, proc = start_server(tiny_gemma3_dir, tmp, ["--max-batch", "4", "--max-context", "512"])
     yield url
     proc.kill()
     proc.wait()

@@ -46,16 +46,14 @@ def data_url(img: Image.Image) -> str:
     return "data:image/png;base64," + base64.b64encode(buf.getvalue()).decode()
 
 
-@pytest.fixture(scope="module")
-def server(tmp_path_factory, tiny_gemma3_dir):
-    """(base URL, process, its temporary folder) of ``omnijax serve`` on the tiny checkpoint."""
-    tmp = tmp_path_factory.mktemp("serve_tmp")
+def start_server(model_dir, tmp, flags: list[str], stdout=subprocess.DEVNULL) -> tuple[str, subprocess.Popen]:
+    """``omnijax serve`` on ``model_dir`` (served as "tiny", with ``flags``, temporary files under ``tmp``) on a
+    free loopback port -> (base URL, process), once its /health answers (a state, not a time)."""
     port = free_port()
     env = dict(os.environ, PYTHONPATH=str(ROOT), TMPDIR=str(tmp), JAX_PLATFORMS="cpu")
-    proc = subprocess.Popen([sys.executable, "-m", "omnijax", "serve", "--model", str(tiny_gemma3_dir),
-                             "--port", str(port), "--max-batch", "2", "--max-queue", "2", "--max-context", "4096",
-                             "--max-body-mb", str(MAX_BODY_MB), "--served-model-name", "tiny"],
-                            env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    proc = subprocess.Popen([sys.executable, "-m", "omnijax", "serve", "--model", str(model_dir), "--port", str(port),
+                             "--served-model-name", "tiny", *flags],
+                            env=env, stdout=stdout, stderr=subprocess.PIPE, text=True)
     url = f"http://127.0.0.1:{port}"
     deadline = time.monotonic() + DEADLINE_S
     while True:
@@ -63,9 +61,17 @@ def server(tmp_path_factory, tiny_gemma3_dir):
         assert time.monotonic() < deadline, "the server did not start"
         try:
             if httpx.get(url + "/health", timeout=5).status_code == 200:
-                break
+                return url, proc
         except httpx.TransportError:
             time.sleep(0.2)
+
+
+@pytest.fixture(scope="module")
+def server(tmp_path_factory, tiny_gemma3_dir):
+    """(base URL, process, its temporary folder) of ``omnijax serve`` on the tiny checkpoint."""
+    tmp = tmp_path_factory.mktemp("serve_tmp")
+    url, proc = start_server(tiny_gemma3_dir, tmp, ["--max-batch", "2", "--max-queue", "2", "--max-context", "4096",
+                                                    "--max-body-mb", str(MAX_BODY_MB)], stdout=subprocess.PIPE)
     yield url, proc, tmp
     if proc.poll() is None:
         proc.kill()
