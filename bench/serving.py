@@ -3,7 +3,8 @@ lockstep batches (a batch starts together and ends with its longest request), in
 
     python -m bench.serving --model bench      # the ~140M Gemma-3-shaped bench checkpoint (bench/checkpoints.py)
     python -m bench.serving --model real       # Google's Gemma 3 270M, the Q4_K_M GGUF of the test extra
-    python -m bench.serving --model smoke --requests 2   # the tests' run: a few-MB model, a few tokens each
+    python -m bench.serving --model smoke --requests 2   # the tests' run: a few-MB model, a few tokens each,
+                                                         # nothing run first to compile (its times include it)
 
 Measured (greedy, end ids ignored so every request generates its budget; prefix and media caches off except for
 the chat figure):
@@ -213,16 +214,18 @@ def behind_long_prefill(pipe, seed: int = 5, sizes: Sizes = Sizes()) -> dict:
             "ratio": short_r.first_token_seconds / long_r.first_token_seconds}
 
 
-def at_defaults(folder, sizes: Sizes) -> dict:
+def at_defaults(folder, sizes: Sizes, warm: bool = True) -> dict:
     """The server's defaults: many short requests, and one behind a long prompt (each run twice, the second
-    measured: the first compiles)."""
+    measured: the first compiles; once with ``warm`` False)."""
     from omnijax.app.pipeline import Pipeline
 
     pipe = Pipeline.from_pretrained(folder)
     try:
-        many_short(pipe, sizes.many_short, sizes=sizes, seed=6)
+        if warm:
+            many_short(pipe, sizes.many_short, sizes=sizes, seed=6)
         out = {"many_short": many_short(pipe, sizes.many_short, sizes=sizes)}
-        behind_long_prefill(pipe, sizes=sizes, seed=7)
+        if warm:
+            behind_long_prefill(pipe, sizes=sizes, seed=7)
         out["behind_long_prefill"] = behind_long_prefill(pipe, sizes=sizes)
         out["slots"], out["context"] = pipe.scheduler.slots.slots, pipe.scheduler.context
         out["many_short"]["requests"] = sizes.many_short
@@ -248,18 +251,22 @@ def run(name: str, n: int, checkpoints: pathlib.Path) -> dict:
     sizes = SIZES[name]
     pipe = Pipeline.from_pretrained(folder, max_batch=n, max_context=sizes.context, prefix_cache_mb=0,
                                     media_cache_mb=0)
-    pipe.scheduler.warm_up()
+    warm = name != "smoke"  # the smoke run checks the code path and the report: its figures include compiling
+    if warm:
+        pipe.scheduler.warm_up()
     work = workload(pipe, n, sizes=sizes)
-    continuous(pipe, work)  # compiles what the warm-up did not (media-free, so little)
+    if warm:
+        continuous(pipe, work)  # compiles what the warm-up did not (media-free, so little)
     figures = {"continuous": continuous(pipe, work), "one_at_a_time": one_at_a_time(pipe, work),
                "lockstep": lockstep(pipe, work, n), "prompts_alone": prompts_alone(pipe, work)}
     figures["short_among_long"] = short_among_long(pipe, sizes=sizes)
     pipe.close()
     cached = Pipeline.from_pretrained(folder, max_batch=n, max_context=sizes.context)
-    chat_turns(cached, seed=3, sizes=sizes)  # compiles
+    if warm:
+        chat_turns(cached, seed=3, sizes=sizes)  # compiles
     figures["chat"] = chat_turns(cached, sizes=sizes)
     cached.close()
-    figures["defaults"] = at_defaults(folder, sizes)
+    figures["defaults"] = at_defaults(folder, sizes, warm)
     figures["product_gflops"] = product_rates(rounds=2 if name == "smoke" else 20)
     one, prompts = figures["one_at_a_time"]["seconds"], figures["prompts_alone"]["seconds"]
     return {"model": name, "checkpoint": str(folder), "requests": n,

@@ -196,21 +196,26 @@ def test_quantized_perplexity_stays_near_float32(quantized_pipes, float32_perple
 
 
 
-@pytest.mark.parametrize("mode", ["int8", "int4"])
-def test_decoding_through_the_cpu_kernel_gives_the_reference_paths_tokens(real_gguf, quantized_pipes, monkeypatch,
-                                                                          mode):
+def test_decoding_through_the_cpu_kernel_gives_the_reference_paths_tokens(real_gguf, quantized_pipes, monkeypatch):
     """Decode steps (one row per product) read the quantized weights with omnijax's CPU kernel (common/kernels); a
     new engine on the same loaded weights, its programs traced with the kernel's library taken away, decodes
     through the kernel's pure-JAX reference instead. The greedy tokens are the same: the two differ only in the
-    order of float32 sums."""
+    order of float32 sums. Loaded with ``quantize="int4"``, whose weights are of both narrow formats (int4 groups,
+    and int8 rows for the tensors the file stores above 4 bits), so both kernels run; each format against its
+    reference at every size is tests/test_cpu_kernels.py's."""
+    mode = "int4"
     import jax
 
     from omnijax.common.kernels import narrow_matmul, native_library
 
     if jax.default_backend() != "cpu" or native_library.library() is None:
         pytest.skip("the CPU kernel runs on a CPU, where it is built")
+    from omnijax.common.quantized import is_quantized
+
     prompt = "The history of the city begins with a small settlement by the river, where"
     kernel = quantized_pipes(mode)
+    weights = jax.tree_util.tree_leaves(kernel.engine.params, is_leaf=is_quantized)
+    assert {w.bits for w in weights if is_quantized(w)} == {4, 8}
     tokens = kernel.generate_prepared([kernel.prepare_raw(prompt)], max_new_tokens=16, ignore_eos=True)[0].token_ids
     traced = {"native": 0, "reference": 0}
     for name in traced:
