@@ -37,7 +37,7 @@ from omnijax.app.sampling import (SamplingParams, check_choices, check_max_speec
 from omnijax.app.scheduler import (DEFAULT_MAX_QUEUE, DEFAULT_MEDIA_CACHE_MB, DEFAULT_PREFIX_CACHE_MB, Scheduler)
 from omnijax.app.slots import DEFAULT_MAX_BATCHED_TOKENS, DEFAULT_SLOTS
 from omnijax.app.speech_events import AudioChunk, TextPiece
-from omnijax.app.token_logprobs import check_logprobs
+from omnijax.app.token_logprobs import check_logprobs, check_logprobs_mode
 from omnijax.app.vocabulary import check_vocabulary
 from omnijax.common.sharding import make_mesh
 from omnijax.preprocess.processor import PreparedPrompt
@@ -301,21 +301,25 @@ class Pipeline:
     # ---- requests --------------------------------------------------------------------------------------------
     def submit(self, prompt, *, max_new_tokens: int = 64, temperature: float = 0.0, top_k: int = 0,
                top_p: float = 1.0, seed: int = 0, stop: Sequence[str] | None = None,
-               ignore_eos: bool = False, logprobs: int | bool | None = None, prompt_logprobs: bool = False,
-               listener=None, group=None) -> RequestHandle:
+               ignore_eos: bool = False, logprobs: int | bool | None = None, logprobs_mode: str = "raw",
+               prompt_logprobs: bool = False, listener=None, group=None) -> RequestHandle:
         """Queue one conversation, raw prompt string or PreparedPrompt on the engine without waiting: the handle's
         ``events()`` stream its tokens, ``result()`` waits for the GenerationResult, ``cancel()`` stops it.
         Settings are checked first (SamplingError, PromptError); ``ignore_eos``: generate exactly
         ``max_new_tokens`` tokens; ``logprobs``: None (off), or the alternatives (0..20; True: 0) each token's
-        ``TokenLogprob`` carries, in every event and in ``GenerationResult.logprobs``; ``prompt_logprobs``: also
+        ``TokenLogprob`` carries, in every event and in ``GenerationResult.logprobs``, under the model's own
+        distribution (``logprobs_mode="raw"``) or the one each token is drawn from, after temperature, top-k and
+        top-p (``"processed"``; the tokens they drop at -inf); ``prompt_logprobs``: also
         each prompt token's log probability (``GenerationResult.prompt_logprobs``); ``listener``: called from the
         engine's thread at each new event (it must not block; e.g. to wake an event loop); ``group``: see
         ``Request.group`` (``submit_choices`` sets it)."""
         sampling, max_new_tokens, stop = check_settings(max_new_tokens, temperature, top_k, top_p, seed, stop)
         logprobs = check_logprobs(logprobs)
+        check_logprobs_mode(logprobs_mode)
         prepared = prompt if isinstance(prompt, PreparedPrompt) else self.prepare(prompt)
         return self.scheduler.submit(Request(prepared, max_new_tokens, sampling, stop, bool(ignore_eos),
-                                             prompt_logprobs=bool(prompt_logprobs), logprobs=logprobs, group=group),
+                                             prompt_logprobs=bool(prompt_logprobs), logprobs=logprobs,
+                                             logprobs_mode=logprobs_mode, group=group),
                                      listener)
 
     def submit_choices(self, prompt, n: int, *, seed: int = 0, prompt_logprobs: bool = False, **settings
@@ -359,17 +363,19 @@ class Pipeline:
     def generate(self, messages, *, max_new_tokens: int = 64, temperature: float = 0.0, top_k: int = 0,
                  top_p: float = 1.0, seed: int = 0, stop: Sequence[str] | None = None, speak: bool = False,
                  voice: str | None = None, max_speech_frames: int | None = None,
-                 logprobs: int | bool | None = None, n: int = 1):
+                 logprobs: int | bool | None = None, logprobs_mode: str = "raw", n: int = 1):
         """One conversation (or raw prompt string) -> GenerationResult; a list of them -> list of GenerationResult
         (the requests run side by side on the engine; every one with these settings).
 
         speak: also answer aloud (one conversation, a model with a talker): the result carries ``audio``,
         ``sample_rate`` and ``audio_codes``. voice: one of ``voices`` (default: the first). max_speech_frames: a
         cap on the codec frames spoken (default 4096). logprobs: None (off), or how many alternatives (0..20) each
-        token's ``TokenLogprob`` in ``GenerationResult.logprobs`` carries. n: answers per conversation (1..8; see
+        token's ``TokenLogprob`` in ``GenerationResult.logprobs`` carries; logprobs_mode: their distribution ("raw"
+        or "processed", as ``submit``). n: answers per conversation (1..8; see
         ``submit_choices``): with n > 1 each conversation gives a list of n results."""
         sampling, _, _ = check_settings(max_new_tokens, temperature, top_k, top_p, seed, stop)
         check_logprobs(logprobs)
+        check_logprobs_mode(logprobs_mode)
         n = check_choices(n)
         batch = _is_batch(messages)
         if speak:
@@ -381,7 +387,8 @@ class Pipeline:
             raise SettingError(f"a batch holds at most {MAX_BATCH} conversations, got {len(conversations)}")
         prompts = [self.prepare(c) for c in conversations]
         results = self.generate_prepared(prompts, max_new_tokens=max_new_tokens, temperature=temperature,
-                                         top_k=top_k, top_p=top_p, seed=seed, stop=stop, logprobs=logprobs, n=n)
+                                         top_k=top_k, top_p=top_p, seed=seed, stop=stop, logprobs=logprobs,
+                                         logprobs_mode=logprobs_mode, n=n)
         if speak:
             chunks = list(self._speak(prompts[0], results[0], voice, sampling, max_speech_frames))
             _attach_audio(results[0], chunks, self.speech)
@@ -426,18 +433,20 @@ class Pipeline:
 
     def generate_prepared(self, prompts: list[PreparedPrompt], *, max_new_tokens: int = 64, temperature: float = 0.0,
                           top_k: int = 0, top_p: float = 1.0, seed: int = 0, stop: Sequence[str] | None = None,
-                          ignore_eos: bool = False, logprobs: int | bool | None = None, n: int = 1) -> list:
+                          ignore_eos: bool = False, logprobs: int | bool | None = None, logprobs_mode: str = "raw",
+                          n: int = 1) -> list:
         """``generate`` for prompts already prepared (``prepare``), one result per prompt (1 to 1024 of them; with
         ``n`` > 1, a list of n results per prompt)."""
         check_settings(max_new_tokens, temperature, top_k, top_p, seed, stop)
         check_logprobs(logprobs)
+        check_logprobs_mode(logprobs_mode)
         n = check_choices(n)
         if not 1 <= len(prompts) <= MAX_BATCH:
             raise SettingError(f"generate takes 1 to {MAX_BATCH} prompts at once, got {len(prompts)}")
         for p in prompts:
             self.scheduler.check_fits(len(p.token_ids), max_new_tokens)
         settings = dict(max_new_tokens=max_new_tokens, temperature=temperature, top_k=top_k, top_p=top_p, seed=seed,
-                        stop=stop, ignore_eos=ignore_eos, logprobs=logprobs)
+                        stop=stop, ignore_eos=ignore_eos, logprobs=logprobs, logprobs_mode=logprobs_mode)
         handles: list[RequestHandle] = []
         try:
             for p in prompts:
@@ -452,7 +461,8 @@ class Pipeline:
     def stream(self, messages, *, max_new_tokens: int = 64, temperature: float = 0.0, top_k: int = 0,
                top_p: float = 1.0, seed: int = 0, stop: Sequence[str] | None = None, speak: bool = False,
                voice: str | None = None, max_speech_frames: int | None = None,
-               logprobs: int | bool | None = None) -> Generator[Any, None, GenerationResult]:
+               logprobs: int | bool | None = None, logprobs_mode: str = "raw"
+               ) -> Generator[Any, None, GenerationResult]:
         """Text pieces of one conversation's answer as they are generated (one piece per token, "" while a token
         adds no visible text yet, so a consumer can stop between any two tokens), then possibly one last piece.
 
@@ -463,10 +473,12 @@ class Pipeline:
         stops reading) cancels the request and frees its slot.
 
         speak: the events are ``TextPiece`` (the text pieces) and then ``AudioChunk`` (the spoken answer, chunk by
-        chunk as it is made; app/speech_events.py); the chunks joined are exactly ``result.audio``. logprobs: as
-        ``generate`` (in the returned result; ``submit`` gives them token by token in its events).
+        chunk as it is made; app/speech_events.py); the chunks joined are exactly ``result.audio``. logprobs,
+        logprobs_mode: as ``generate`` (in the returned result; ``submit`` gives them token by token in its events).
         """
         sampling, _, _ = check_settings(max_new_tokens, temperature, top_k, top_p, seed, stop)
+        check_logprobs(logprobs)
+        check_logprobs_mode(logprobs_mode)
         if _is_batch(messages):
             raise PromptError("stream takes one conversation; use generate for a batch")
         if speak:
@@ -474,7 +486,7 @@ class Pipeline:
         start = time.perf_counter()
         prompt = self.prepare(messages)
         handle = self.submit(prompt, max_new_tokens=max_new_tokens, temperature=temperature, top_k=top_k,
-                             top_p=top_p, seed=seed, stop=stop, logprobs=logprobs)
+                             top_p=top_p, seed=seed, stop=stop, logprobs=logprobs, logprobs_mode=logprobs_mode)
         wrap = TextPiece if speak else str
         try:
             for event in self._events(handle):

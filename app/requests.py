@@ -64,9 +64,11 @@ class Request:
     (computed on the device: one float per token comes back). With either, the whole prompt is prefilled (none of
     it taken from the prefix cache) and kept out of the prefix cache. ``logprobs``: None, or how many of the most
     likely alternatives (0..20) each generated token's ``TokenLogprob`` carries (checked by
-    ``app.token_logprobs.check_logprobs``). ``group``: requests of one group (any value compared with ``==``: the
-    choices of one prompt) share its prefill: one waits while another of its group prefills the prompt, then takes
-    it from the prefix cache."""
+    ``app.token_logprobs.check_logprobs``), under the distribution ``logprobs_mode`` names ("raw": the model's own,
+    before the sampling settings, the default; "processed": the one the token is drawn from, after temperature,
+    top-k and top-p; ``app.token_logprobs.MODES``). ``group``: requests of one group (any value compared with
+    ``==``: the choices of one prompt) share its prefill: one waits while another of its group prefills the prompt,
+    then takes it from the prefix cache."""
 
     prompt: PreparedPrompt
     max_new_tokens: int
@@ -76,6 +78,7 @@ class Request:
     prompt_logits: bool = False
     prompt_logprobs: bool = False
     logprobs: int | None = None
+    logprobs_mode: str = "raw"
     group: object = None
 
     @property

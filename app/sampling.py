@@ -263,37 +263,54 @@ def row_settings(sampling: SamplingParams) -> dict:
             "top_p": jnp.float32(sampling.top_p), "key": jax.random.key_data(sampling.key())}
 
 
+def filtered_rows(logits_BV: jax.Array, settings: dict) -> jax.Array:
+    """What each row of float32 logits [batch, vocab] is drawn from: divided by its temperature, with the tokens its
+    top-k / top-p drop set to -inf (``filter_logits`` per row; ``settings`` as ``choose_rows`` takes them). The
+    filters run only when some row uses them; a greedy row's values mean nothing."""
+    temperature, top_k, top_p = settings["temperature"], settings["top_k"], settings["top_p"]
+    sampled = temperature > 0
+    logits = logits_BV / jnp.maximum(temperature, 1e-6)[:, None]
+    vocab = logits.shape[-1]
+    use_k = sampled & (top_k > 0)
+    use_p = sampled & (top_p < 1.0)
+    k = jnp.where(use_k, jnp.clip(top_k, 1, vocab), vocab)[:, None]
+
+    def top_k_floor():
+        return kth_largest(logits, k)
+
+    floor = jax.lax.cond(jnp.any(use_k), top_k_floor, lambda: jnp.min(logits, axis=-1, keepdims=True))
+    logits = jnp.where(use_k[:, None] & (logits < floor), -jnp.inf, logits)
+    copies = jnp.where(use_k[:, None],
+                       k.astype(jnp.float32) - jnp.sum(jnp.where(logits > floor, 1.0, 0.0), axis=-1,
+                                                       keepdims=True),
+                       jnp.sum(jnp.where(logits == floor, 1.0, 0.0), axis=-1, keepdims=True))
+
+    def nucleus():
+        threshold = nucleus_threshold(logits, top_p[:, None], floor, copies)
+        return jnp.where(use_p[:, None] & (logits < threshold), -jnp.inf, logits)
+
+    return jax.lax.cond(jnp.any(use_p), nucleus, lambda: logits)
+
+
+def processed_rows(logits_BV: jax.Array, settings: dict) -> jax.Array:
+    """The distribution each row's token is drawn from, as logits: ``filtered_rows`` for a sampled row, the logits
+    as they are for a greedy one (greedy takes the largest; temperature and filters do not apply)."""
+    sampled = settings["temperature"] > 0
+    return jax.lax.cond(jnp.any(sampled),
+                        lambda: jnp.where(sampled[:, None], filtered_rows(logits_BV, settings), logits_BV),
+                        lambda: logits_BV)
+
+
 def choose_rows(logits_BV: jax.Array, settings: dict, index_B: jax.Array) -> jax.Array:
     """Token ids [batch] from float32 logits [batch, vocab], each row with its own settings: ``settings`` holds
     [batch] arrays temperature (0: greedy), top_k (0: off), top_p (1: off) and key [batch, 2] (raw key data); the
     token is generated token number ``index_B`` of its request, drawn with the request's key folded with that index
     (as ``choose`` draws token i of a request alone). The filters run only when some row uses them."""
     greedy = jnp.argmax(logits_BV, axis=-1).astype(jnp.int32)
-    temperature, top_k, top_p = settings["temperature"], settings["top_k"], settings["top_p"]
-    sampled = temperature > 0
+    sampled = settings["temperature"] > 0
 
     def draw():
-        logits = logits_BV / jnp.maximum(temperature, 1e-6)[:, None]
-        vocab = logits.shape[-1]
-        use_k = sampled & (top_k > 0)
-        use_p = sampled & (top_p < 1.0)
-        k = jnp.where(use_k, jnp.clip(top_k, 1, vocab), vocab)[:, None]
-
-        def top_k_floor():
-            return kth_largest(logits, k)
-
-        floor = jax.lax.cond(jnp.any(use_k), top_k_floor, lambda: jnp.min(logits, axis=-1, keepdims=True))
-        logits = jnp.where(use_k[:, None] & (logits < floor), -jnp.inf, logits)
-        copies = jnp.where(use_k[:, None],
-                           k.astype(jnp.float32) - jnp.sum(jnp.where(logits > floor, 1.0, 0.0), axis=-1,
-                                                           keepdims=True),
-                           jnp.sum(jnp.where(logits == floor, 1.0, 0.0), axis=-1, keepdims=True))
-
-        def nucleus():
-            threshold = nucleus_threshold(logits, top_p[:, None], floor, copies)
-            return jnp.where(use_p[:, None] & (logits < threshold), -jnp.inf, logits)
-
-        logits = jax.lax.cond(jnp.any(use_p), nucleus, lambda: logits)
+        logits = filtered_rows(logits_BV, settings)
         keys = jax.vmap(lambda kd, i: jax.random.fold_in(jax.random.wrap_key_data(kd), i))(settings["key"], index_B)
         drawn = jax.vmap(lambda key, row: jax.random.categorical(key, row))(keys, logits).astype(jnp.int32)
         return jnp.where(sampled, drawn, greedy)

@@ -42,7 +42,7 @@ from omnijax.app.media_cache import EncodedItem, MediaCache
 from omnijax.app.prefix_cache import PrefixCache, PrefixEntry, key_ids
 from omnijax.app.requests import GenerationResult, Request, RequestHandle, TokenEvent
 from omnijax.app.slots import DEFAULT_MAX_BATCHED_TOKENS, DEFAULT_SLOTS, MAX_CHUNK_ROWS, Chunk, Slots, chunk_rows
-from omnijax.app.token_logprobs import host_rows
+from omnijax.app.token_logprobs import MODES, RAW, host_rows
 from omnijax.common.errors import OmnijaxError, PromptError
 from omnijax.common.sharding import host_array
 from omnijax.preprocess.buckets import length_bucket
@@ -505,7 +505,8 @@ class Scheduler:
         self.stats.first_token(live.first_token - live.handle.submitted)
         token = host_array(token).reshape(1)
         record = None if logprobs is None else \
-            host_rows(tuple(host_array(a) for a in logprobs), token, [live.request.logprobs])[0]
+            host_rows(tuple(host_array(a) for a in logprobs), token, [live.request.logprobs],
+                      [MODES.index(live.request.logprobs_mode)])[0]
         self._push(live, int(token[0]), record)
 
     def _read_step(self, tokens, active, lives, logprobs) -> None:
@@ -513,7 +514,8 @@ class Scheduler:
         records = [None] * len(lives)
         if logprobs is not None:
             records = host_rows(tuple(host_array(a) for a in logprobs), tokens,
-                                [None if x is None else x.request.logprobs for x in lives])
+                                [None if x is None else x.request.logprobs for x in lives],
+                                [RAW if x is None else MODES.index(x.request.logprobs_mode) for x in lives])
         for row, live in enumerate(lives):
             if live is not None and active[row] and not live.finished and live.decoding:
                 self._push(live, int(tokens[row]), records[row])

@@ -202,14 +202,16 @@ class Slots:
                 return empty, empty.astype(bool), state, cache, chunk_logits, chunk_h, None
             logits = dec.last_logits(h[0], batches[0].count)
         index = state.index[:rows] + 1
-        nxt = choose_rows(logits, {k: v[:rows] for k, v in state.settings.items()}, index)
+        settings = {k: v[:rows] for k, v in state.settings.items()}
+        nxt = choose_rows(logits, settings, index)
         remaining = state.remaining[:rows]
         ended = (jnp.isin(nxt, eos_ids) & state.eos_on[:rows]) | (remaining <= 1)
         head = lambda a, v: a.at[:rows].set(jnp.where(active, v, a[:rows]))  # noqa: E731
         state = state._replace(token=head(state.token, nxt), index=head(state.index, index),
                                remaining=head(state.remaining, remaining - 1),
                                active=state.active.at[:rows].set(active & ~ended))
-        return nxt, active, state, cache, chunk_logits, chunk_h, token_logprobs(logits, nxt) if logprobs else None
+        return nxt, active, state, cache, chunk_logits, chunk_h, token_logprobs(logits, nxt, settings) if logprobs \
+            else None
 
     def _head_impl(self, params, hidden, *, products):
         with narrow_products(products):
@@ -221,13 +223,14 @@ class Slots:
 
     def _insert_impl(self, state: SlotState, slot, logits_1V, settings, max_new, delta, eos_on, eos_ids, *,
                      logprobs=False):
-        token = choose_rows(logits_1V, {k: v[None] for k, v in settings.items()}, jnp.zeros((1,), jnp.int32))[0]
+        row = {k: v[None] for k, v in settings.items()}
+        token = choose_rows(logits_1V, row, jnp.zeros((1,), jnp.int32))[0]
         ended = (jnp.isin(token, eos_ids) & eos_on) | (max_new <= 1)
         put = lambda a, v: a.at[slot].set(v)  # noqa: E731
         state = SlotState(put(state.token, token), put(state.index, 0), put(state.active, ~ended),
                           put(state.remaining, max_new - 1), put(state.delta, delta), put(state.eos_on, eos_on),
                           {k: put(state.settings[k], v) for k, v in settings.items()})
-        return state, token, token_logprobs(logits_1V, token[None]) if logprobs else None
+        return state, token, token_logprobs(logits_1V, token[None], row) if logprobs else None
 
     # ---- host side -----------------------------------------------------------------------------------------
     def ensure_allocated(self) -> None:

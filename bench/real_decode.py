@@ -10,9 +10,10 @@ process each (which builds what is cached between runs: the GGUF tokenizer, comp
 weights in a weight cache of the run's own: its load time is reported as the first load), so every other load time
 is a second run's. omnijax serves one request with a context of ``CONTEXT`` tokens, as llama.cpp is given
 (``n_ctx``): the runtime's caches are sized alike. Peak resident memory is read right after the load
-(``load_peak_rss_mb``) and at the end (``peak_rss_mb``: load and decode). A process loads the model (timed: ``load_s``), generates once to warm up, then times one token
-and ``--new-tokens`` tokens from the same prompt (EOS ignored): decode tokens/s = (new tokens - 1) / (time of all
-- time of one). Headline ratios are taken within each round (the machine is shared: its speed drifts) and their
+(``load_peak_rss_mb``) and at the end (``peak_rss_mb``: load and decode). A process loads the model (timed:
+``load_s``), generates once to warm up, then generates ``--new-tokens`` tokens from the same prompt (EOS ignored),
+noting when each token arrives: time to first token from the call, decode tokens/s = (new tokens - 1) / (last
+arrival - first arrival). Headline ratios are taken within each round (the machine is shared: its speed drifts) and their
 median reported. Writes ``real-decode-<time>.json`` and ``latest-real-decode.md`` / ``.json`` into ``--out``.
 ``--smoke`` (the tests' run on a tiny GGUF file): one round, no warm-up processes, a few tokens; it checks the code
 path and the report, never the speed. The report names the CPU and its vector-instruction flags (the figures depend
@@ -64,15 +65,13 @@ def peak_rss_mb() -> float:
 
 
 def timed_decode(run, new_tokens: int) -> dict:
-    """Time one token and ``new_tokens`` tokens of ``run(n) -> token ids``: the first token's time and decode
-    tokens/s = (new tokens - 1) / (time of all - time of one)."""
-    t = time.perf_counter()
-    run(1)
-    one = time.perf_counter() - t
-    t = time.perf_counter()
-    tokens = run(new_tokens)
-    full = time.perf_counter() - t
-    return {"ttft_s": one, "decode_tok_s": (new_tokens - 1) / (full - one), "tokens": tokens}
+    """Time ``run(n) -> (token ids, the time.perf_counter() at which each token arrived)`` for ``new_tokens``
+    tokens: the first token's time from the call, and decode tokens/s = (tokens - 1) / (last arrival - first
+    arrival), both from the same run."""
+    start = time.perf_counter()
+    tokens, times = run(new_tokens)
+    return {"ttft_s": times[0] - start, "decode_tok_s": (len(times) - 1) / (times[-1] - times[0]),
+            "tokens": tokens}
 
 
 def probe_llama_cpp(path: str, new_tokens: int, threads: int) -> dict:
@@ -84,14 +83,15 @@ def probe_llama_cpp(path: str, new_tokens: int, threads: int) -> dict:
     load_peak = peak_rss_mb()
     prompt = llm.tokenize(PROMPT.encode(), add_bos=True)
 
-    def run(n: int) -> list[int]:
+    def run(n: int) -> tuple[list[int], list[float]]:
         llm.reset()
-        out = []
+        out, times = [], []
         for token in llm.generate(prompt, top_k=1, top_p=1.0, temp=0.0, repeat_penalty=1.0, reset=True):
             out.append(int(token))
+            times.append(time.perf_counter())
             if len(out) == n:
                 break
-        return out
+        return out, times
 
     run(4)
     return dict(timed_decode(run, new_tokens), load_s=load_s, load_peak_rss_mb=load_peak, peak_rss_mb=peak_rss_mb())
@@ -109,11 +109,15 @@ def probe_omnijax(path: str, new_tokens: int, dtype: str, quantize: str | None) 
     load_peak = peak_rss_mb()
     prompt = pipe.prepare_raw(PROMPT)
 
-    def run(n: int) -> list[int]:
-        return pipe.generate_prepared([prompt], max_new_tokens=n, ignore_eos=True)[0].token_ids
+    def run(n: int) -> tuple[list[int], list[float]]:
+        out, times = [], []
+        for event in pipe.submit(prompt, max_new_tokens=n, ignore_eos=True).events():
+            if event.token_id is not None:
+                out.append(event.token_id)
+                times.append(time.perf_counter())
+        return out, times
 
-    run(1)  # compiles (or reads the compiled programs back from the cache) what one token and many tokens run
-    run(new_tokens)
+    run(new_tokens)  # compiles (or reads the compiled programs back from the cache) what the run needs
     result = timed_decode(run, new_tokens)
     weights = sum(x.nbytes for x in jax.tree.leaves(pipe.engine.params["decoder"]))
     return dict(result, load_s=load_s, load_peak_rss_mb=load_peak, peak_rss_mb=peak_rss_mb(),

@@ -11,7 +11,8 @@ Which tokens: every generated token except an end id that ended the answer (its 
 tokens of a stop string are kept (the engine drew them). A stream sends each token's entry in the chunk that shows
 its text, or, for a token that shows none (held back, or a special token), in a later chunk: the entries joined
 are the ones a non-streamed answer holds. Log probabilities are natural logs of the model's distribution before
-temperature, top-k and top-p; a value of -inf is written -9999.0, as OpenAI writes it.
+temperature, top-k and top-p (with the request's ``logprobs_mode`` "processed": of the distribution the token was
+drawn from, after them); a value of -inf is written -9999.0, as OpenAI writes it.
 """
 
 from __future__ import annotations

@@ -3,7 +3,8 @@
 Requests are checked field by field; anything this server does not do (tools, a response format, ``echo`` on
 chat) or a value out of range raises ``RequestError`` naming the field, which the server answers with a 400 and
 OpenAI's error object. Log probabilities (chat: ``logprobs`` true and ``top_logprobs`` 0..20; completions:
-``logprobs`` 0..5 and ``echo``) and ``n`` (1..8 choices) are taken; their shapes are demo/openai_logprobs.py's.
+``logprobs`` 0..5 and ``echo``; the extension ``logprobs_mode``: "raw", the default, or "processed") and ``n``
+(1..8 choices) are taken; their shapes are demo/openai_logprobs.py's.
 Media parts arrive inline: ``image_url`` / ``video_url`` with a ``data:`` URL (remote ``http(s)`` URLs only when
 the server allows them, never ``file:`` or another scheme) and ``input_audio`` with base64 data; ``media_parts``
 turns them into the chat messages' media parts by writing each payload to a file of the request's own folder (the
@@ -24,6 +25,7 @@ import urllib.parse
 import uuid
 from typing import Any, Callable
 
+from omnijax.app.token_logprobs import MODES
 from omnijax.common.errors import OmnijaxError
 
 ROLES = {"system": "system", "developer": "system", "user": "user", "assistant": "assistant"}
@@ -36,6 +38,8 @@ UNSUPPORTED_FIELDS = ("tools", "tool_choice", "functions", "function_call", "res
                       "best_of", "suffix", "prediction")
 MAX_TOP_LOGPROBS = 20  # chat's top_logprobs, as OpenAI bounds it (the engine computes 20 per token)
 MAX_COMPLETION_LOGPROBS = 5  # completions' logprobs, as OpenAI bounds it
+LOGPROBS_MODES = MODES  # the ``logprobs_mode`` extension: the model's distribution ("raw", the default) or the one
+# the token is drawn from, after temperature, top-k and top-p ("processed")
 MAX_CHOICES = 8  # n
 MAX_MESSAGES = 1024
 MAX_PARTS = 256
@@ -73,6 +77,7 @@ class Settings:
     include_usage: bool
     ignore_eos: bool = False  # an extension (as vLLM's): generate max_tokens tokens whatever the end ids
     logprobs: int | None = None  # None: none; else the alternatives shown per token
+    logprobs_mode: str = "raw"  # an extension (as vLLM's --logprobs-mode, per request): "raw" or "processed"
     n: int = 1  # choices
     echo: bool = False  # completions: the prompt comes back before the answer (with logprobs: its tokens' too)
 
@@ -134,6 +139,10 @@ def settings_of(body: dict, *, chat: bool) -> Settings:
     if not 1 <= n <= MAX_CHOICES:
         raise RequestError(f"'n' must be an integer in [1, {MAX_CHOICES}], got {n}", param="n")
     logprobs, echo = _logprobs_of(body, chat=chat)
+    logprobs_mode = _field(body, "logprobs_mode", str, "raw")
+    if logprobs_mode not in LOGPROBS_MODES:
+        raise RequestError(f"'logprobs_mode' must be one of {', '.join(map(repr, LOGPROBS_MODES))}, got "
+                           f"{logprobs_mode!r}"[:300], param="logprobs_mode")
     limit_name = "max_completion_tokens" if chat and body.get("max_completion_tokens") is not None else "max_tokens"
     max_new = _field(body, limit_name, int)
     if max_new == 0 and not echo:  # echo with max_tokens 0: the prompt's log probabilities only
@@ -158,7 +167,8 @@ def settings_of(body: dict, *, chat: bool) -> Settings:
                     top_p=_number(body, "top_p", 1.0), top_k=_field(body, "top_k", int, 0), seed=seed,
                     stop=stops, stream=stream,
                     include_usage=bool(_field(options, "include_usage", bool, False, where="stream_options.")),
-                    ignore_eos=_field(body, "ignore_eos", bool, False), logprobs=logprobs, n=n, echo=echo)
+                    ignore_eos=_field(body, "ignore_eos", bool, False), logprobs=logprobs,
+                    logprobs_mode=logprobs_mode, n=n, echo=echo)
 
 
 def _logprobs_of(body: dict, *, chat: bool) -> tuple[int | None, bool]:

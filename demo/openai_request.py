@@ -95,6 +95,7 @@ def submit(pipe, prompt, request: ApiRequest, listener=None) -> list:
     return pipe.submit_choices(prompt, settings.n, max_new_tokens=max(limit, 1), temperature=settings.temperature,
                                top_k=settings.top_k, top_p=settings.top_p, seed=request.seed,
                                stop=settings.stop or None, ignore_eos=settings.ignore_eos, logprobs=settings.logprobs,
+                               logprobs_mode=settings.logprobs_mode,
                                prompt_logprobs=settings.echo and settings.logprobs is not None, listener=listener)
 
 

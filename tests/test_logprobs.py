@@ -59,6 +59,29 @@ def check_against_reference(result, prompt_ids: list[int], hf_model) -> None:
         assert np.array_equal(ids[separated], order[separated]), step
 
 
+def check_processed(pipe, raw, sampled, greedy) -> None:
+    """``logprobs_mode="processed"``: the same tokens, with the log probabilities of what they were drawn from. At
+    temperature T with top-k 5 that is log_softmax(logits / T) over the 5 most likely tokens (-inf elsewhere),
+    which the raw values give: raw = logits - a constant, so processed_i = raw_i / T - logsumexp_(top 5)(raw / T).
+    A greedy answer's are its raw ones."""
+    processed = pipe.generate_prepared([raw], max_new_tokens=8, ignore_eos=True, logprobs=20, temperature=1.7,
+                                       top_k=5, seed=11, logprobs_mode="processed")[0]
+    assert processed.token_ids == sampled.token_ids
+    for got, ref in zip(processed.logprobs, sampled.logprobs):
+        ids = [i for i, _ in ref.top[:5]]
+        scaled = np.array([v for _, v in ref.top[:5]]) / 1.7
+        norm = np.log(np.sum(np.exp(scaled - scaled.max()))) + scaled.max()
+        assert [i for i, _ in got.top[:5]] == ids
+        np.testing.assert_allclose([v for _, v in got.top[:5]], scaled - norm, rtol=0, atol=TOL)
+        assert all(v == -np.inf for _, v in got.top[5:]) and len(got.top) == TOP
+        assert abs(got.logprob - (ref.logprob / 1.7 - norm)) < TOL
+    as_drawn, own = (pipe.generate_prepared([raw], max_new_tokens=8, ignore_eos=True, logprobs=20,
+                                            logprobs_mode=mode)[0] for mode in ("processed", "raw"))
+    assert own.token_ids == greedy.token_ids
+    assert [(r.token_id, r.logprob, r.top) for r in as_drawn.logprobs] == \
+        [(r.token_id, r.logprob, r.top) for r in own.logprobs]
+
+
 def test_greedy_and_sampled_logprobs_equal_transformers(gemma3_pipeline, hf_gemma3_model):
     pipe = gemma3_pipeline
     raw = pipe.prepare_raw(RAW)
@@ -72,6 +95,7 @@ def test_greedy_and_sampled_logprobs_equal_transformers(gemma3_pipeline, hf_gemm
                                      top_k=5, seed=11)[0]
     check_against_reference(sampled, raw.token_ids.tolist(), hf_gemma3_model)
     assert sampled.token_ids != greedy[0].token_ids  # the premise: it did sample
+    check_processed(pipe, raw, sampled, greedy[0])
     # the same tokens without logprobs; a request beside one that asks gets none
     plain = pipe.scheduler.submit(Request(raw, 8, ignore_eos=True))
     asking = pipe.scheduler.submit(Request(chat, 8, ignore_eos=True, logprobs=3))
@@ -120,6 +144,9 @@ def test_logprobs_setting_is_checked(gemma3_pipeline):
     for bad in (21, -1, 2.0, "3"):
         with pytest.raises(SamplingError, match="logprobs"):
             gemma3_pipeline.generate(RAW, max_new_tokens=2, logprobs=bad)
+    for bad in ("logits", None, 1):
+        with pytest.raises(SamplingError, match="logprobs_mode"):
+            gemma3_pipeline.generate(RAW, max_new_tokens=2, logprobs=2, logprobs_mode=bad)
     for bad in (0, 9, 1.5):
         with pytest.raises(SamplingError, match="n must be"):
             gemma3_pipeline.generate(RAW, max_new_tokens=2, n=bad)
@@ -217,6 +244,18 @@ def test_chat_logprobs_streamed_and_not(client, gemma3_pipeline):
     assert [(e.token, e.logprob, e.bytes, [t.token for t in e.top_logprobs]) for e in streamed] == \
         [(e.token, e.logprob, e.bytes, [t.token for t in e.top_logprobs]) for e in content]
 
+    # the extension logprobs_mode "processed": what top-k 2 leaves, the third alternative impossible (-inf, written
+    # -9999.0); each chosen token one of the two
+    drawn = client.chat.completions.create(model="tiny", messages=chat_messages(), max_tokens=6, temperature=1.5,
+                                           top_p=1.0, seed=4, logprobs=True, top_logprobs=3,
+                                           extra_body={"top_k": 2, "logprobs_mode": "processed"})
+    entries = drawn.choices[0].logprobs.content
+    assert entries
+    for e in entries:
+        assert e.top_logprobs[2].logprob == -9999.0 and e.logprob > -9999.0
+        assert e.token in (e.top_logprobs[0].token, e.top_logprobs[1].token)
+        assert abs(np.logaddexp(e.top_logprobs[0].logprob, e.top_logprobs[1].logprob)) < TOL  # they hold all of it
+
 
 def test_completions_echo_gives_the_prompt_logprobs(client, gemma3_pipeline):
     prompt = gemma3_pipeline.prepare_raw(RAW).token_ids
@@ -265,6 +304,7 @@ BAD = {
     "n 9": ("completions", {"n": 9}, "n"),
     "logprobs over 5 on completions": ("completions", {"logprobs": 6}, "logprobs"),
     "max_tokens 0 without echo": ("completions", {"max_tokens": 0}, "max_tokens"),
+    "logprobs_mode unknown": ("chat/completions", {"logprobs": True, "logprobs_mode": "logits"}, "logprobs_mode"),
 }
 
 
