@@ -14,9 +14,11 @@ generated, whether it is active, its sampling settings). The model runs through 
   which ``head`` turns into the logits at every token for ``Pipeline.prompt_logits``, and ``logprobs`` into each
   next prompt token's log-probability for scoring.
 
-Both groups go through the weights once (decoder/packing.py). With ``logprobs``, the step's variant that also
-returns each decoded token's log probability and the top 20 (app/token_logprobs.py), compiled the first time a step
-holds a request that asks for them. Other programs:
+Both groups go through the weights once (decoder/packing.py). The step returns the decode rows' logits on the
+device; ``sample``, a program of its own, draws each row's token from them (app/sampling.py) and advances the rows'
+state, so the sampler compiles once per decode row count instead of inside every step shape. With ``logprobs``,
+its variant that also returns each decoded token's log probability and the top 20 (app/token_logprobs.py),
+compiled the first time a step holds a request that asks for them. Other programs:
 
 - ``insert``: the first token of a prefilled request, drawn from its prompt's last logits, makes its slot active
   (with ``logprobs``, its log probabilities too);
@@ -149,7 +151,7 @@ class Slots:
         self.cache = None
         self.state = None
         self._laid_out = False  # the programs know the allocated state's layout
-        self.dispatched = 0  # programs given the device state so far (each donates it)
+        self.dispatched = 0  # programs given the device state so far (each donates the cache or the slot state)
         self._empty_media: dict[tuple[int, int], tuple] = {}
         self._programs(None, None)
 
@@ -159,9 +161,12 @@ class Slots:
         one = None if state_sharding is None else jax.sharding.NamedSharding(self.engine.mesh,
                                                                                jax.sharding.PartitionSpec())
         out = lambda *shardings: None if cache_sharding is None else shardings  # noqa: E731
-        self._step = jax.jit(self._step_impl, static_argnames=("rows", "products", "logprobs"),
-                             donate_argnames=("cache", "state"),
-                             out_shardings=out(one, one, state_sharding, cache_sharding, one, one, one))
+        # the decode logits keep the layout the compiler gives them (None; e.g. split over the vocabulary on a
+        # model axis) and the sample program takes them so: no gather forced between the two
+        self._step = jax.jit(self._step_impl, static_argnames=("rows", "products"), donate_argnames=("cache",),
+                             out_shardings=out(None, one, cache_sharding, one, one))
+        self._sample = jax.jit(self._sample_impl, static_argnames=("rows", "logprobs"), donate_argnames=("state",),
+                               out_shardings=out(one, state_sharding, one))
         self._head = jax.jit(self._head_impl, static_argnames=("products",))
         self._logprobs = jax.jit(self._logprobs_impl, static_argnames=("products",))
         self._insert = jax.jit(self._insert_impl, static_argnames=("logprobs",), donate_argnames=("state",),
@@ -174,12 +179,11 @@ class Slots:
                                 out_shardings=None if cache_sharding is None else cache_sharding)
 
     # ---- jitted bodies -------------------------------------------------------------------------------------
-    def _step_impl(self, params, cache, state: SlotState, eos_ids, chunks: ChunkGroup | None, *, rows, products,
-                   logprobs=False):
-        """One step: the decode group of the first ``rows`` slots (none when 0) and the prompt ``chunks`` (None:
-        none) -> (decode tokens [rows], which rows were active, the state, the cache, the chunks' logits at their
-        last tokens [C, V], their last layer's output [C, T, D], and with ``logprobs`` the decode tokens'
-        ``StepLogprobs``, else None); an absent group's outputs are empty."""
+    def _step_impl(self, params, cache, state: SlotState, chunks: ChunkGroup | None, *, rows, products):
+        """One forward: the decode group of the first ``rows`` slots (none when 0) and the prompt ``chunks`` (None:
+        none) -> (the decode rows' logits [rows, V] (float32), which rows were active, the cache, the chunks' logits
+        at their last tokens [C, V], their last layer's output [C, T, D]); an absent group's outputs are empty. The
+        state is only read: ``_sample_impl`` draws the decode rows' tokens and updates it."""
         dec = self.engine.model(params).decoder
         batches = []
         if rows:
@@ -198,9 +202,15 @@ class Slots:
             chunk_logits = dec.last_logits(chunk_h, chunks.count) if chunks is not None \
                 else jnp.zeros((0, v), jnp.float32)
             if not rows:
-                empty = jnp.zeros((0,), jnp.int32)
-                return empty, empty.astype(bool), state, cache, chunk_logits, chunk_h, None
+                return jnp.zeros((0, v), jnp.float32), jnp.zeros((0,), bool), cache, chunk_logits, chunk_h
             logits = dec.last_logits(h[0], batches[0].count)
+        return logits, active, cache, chunk_logits, chunk_h
+
+    def _sample_impl(self, state: SlotState, logits, eos_ids, *, rows, logprobs=False):
+        """The decode rows' tokens drawn from their ``logits`` [rows, V] (a step's) -> (tokens [rows], the state
+        with each active row's token, index and remaining advanced and rows that ended inactive, and with
+        ``logprobs`` the tokens' ``StepLogprobs``, else None)."""
+        active = state.active[:rows]
         index = state.index[:rows] + 1
         settings = {k: v[:rows] for k, v in state.settings.items()}
         nxt = choose_rows(logits, settings, index)
@@ -210,8 +220,7 @@ class Slots:
         state = state._replace(token=head(state.token, nxt), index=head(state.index, index),
                                remaining=head(state.remaining, remaining - 1),
                                active=state.active.at[:rows].set(active & ~ended))
-        return nxt, active, state, cache, chunk_logits, chunk_h, token_logprobs(logits, nxt, settings) if logprobs \
-            else None
+        return nxt, state, token_logprobs(logits, nxt, settings) if logprobs else None
 
     def _head_impl(self, params, hidden, *, products):
         with narrow_products(products):
@@ -302,12 +311,18 @@ class Slots:
     def step(self, rows: int, chunks: ChunkGroup | None = None, logprobs: bool = False) -> tuple:
         """One step of the first ``rows`` slots (0: none) and the prompt ``chunks`` -> (tokens [rows], which rows
         were active, the chunks' logits at their last tokens [C, V], their last layer's output [C, T, D]: see
-        ``head``; with ``logprobs`` the decode rows' ``StepLogprobs``, else None) as device arrays."""
+        ``head``; with ``logprobs`` the decode rows' ``StepLogprobs``, else None) as device arrays (tokens: an
+        empty host array when no row decodes). With decode rows, two programs: the forward, then ``sample`` on its
+        logits."""
+        token, step = np.zeros((0,), np.int32), None
         self.dispatched += 1
         with use_mesh(self.engine.mesh):
-            token, active, self.state, self.cache, logits, hidden, step = self._step(
-                self.engine.params, self.cache, self.state, self.engine.eos_ids, chunks, rows=rows,
-                products=products_setting(), logprobs=bool(logprobs))
+            decode_logits, active, self.cache, logits, hidden = self._step(
+                self.engine.params, self.cache, self.state, chunks, rows=rows, products=products_setting())
+            if rows:
+                self.dispatched += 1
+                token, self.state, step = self._sample(self.state, decode_logits, self.engine.eos_ids, rows=rows,
+                                                       logprobs=bool(logprobs))
         return token, active, logits, hidden, step
 
     def lower_step(self, rows: int, chunk_shape: tuple[int, int] | None = None):
@@ -321,8 +336,16 @@ class Slots:
                                              np.zeros((self.cfg.decoder.rope_axes, 1), np.float32), np.zeros(1, bool),
                                              None)] * c, t)
         with use_mesh(self.engine.mesh):
-            return self._step.lower(self.engine.params, self.cache, self.state, self.engine.eos_ids, chunks,
-                                    rows=rows, products=products_setting())
+            return self._step.lower(self.engine.params, self.cache, self.state, chunks, rows=rows,
+                                    products=products_setting())
+
+    def lower_sample(self, rows: int, logprobs: bool = False, sharding=None):
+        """The sample program for ``rows`` decode rows lowered, its logits laid out by ``sharding`` (default: as on
+        the first device); nothing runs."""
+        self.ensure_allocated()
+        logits = jax.ShapeDtypeStruct((rows, self.cfg.decoder.vocab_size), jnp.float32, sharding=sharding)
+        with use_mesh(self.engine.mesh):
+            return self._sample.lower(self.state, logits, self.engine.eos_ids, rows=rows, logprobs=logprobs)
 
     def head(self, hidden: jax.Array) -> jax.Array:
         """The logits [1, T, V] (float32, device) of one chunk's last-layer output [1, T, D] (a row of ``step``'s):
@@ -361,8 +384,9 @@ class Slots:
         self.cache = self._restore(self.cache, np.int32(slot), saved, np.int32(length))
 
     def warm_up(self, shapes) -> None:
-        """Compile the step for each chunk group shape (C, T) of ``shapes`` (text) and for every decode row count,
-        and insert and release (nothing stays active)."""
+        """Compile the step for each chunk group shape (C, T) of ``shapes`` (text) and for every decode row count
+        (with the sample program of each row count, without log probabilities: that variant compiles at first
+        use), and insert and release (nothing stays active)."""
         self.ensure_allocated()
         logits = None
         for c, t in shapes:
@@ -382,5 +406,5 @@ class Slots:
         return self.slots if self.engine.mesh.shape["data"] == 1 else 0
 
     def compilations(self) -> int:
-        return sum(f._cache_size() for f in (self._step, self._head, self._logprobs, self._insert, self._release,
-                                             self._snapshot, self._restore))
+        return sum(f._cache_size() for f in (self._step, self._sample, self._head, self._logprobs, self._insert,
+                                             self._release, self._snapshot, self._restore))

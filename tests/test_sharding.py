@@ -140,9 +140,9 @@ print("RESULT" + json.dumps(out))
 def test_decode_step_collectives_are_bounded(tiny_gemma3_dir):
     """A sharded decode step needs one all-reduce after the attention output and one after the MLP per layer (the
     fused q/k/v and gate/up kernels are split by whole heads / matching rows); kv heads are repeated when the model
-    axis exceeds them, and cache writes stay shard-local. Beside them, the slots' per-row state (the sampled tokens,
+    axis exceeds them, and cache writes stay shard-local. Beside them, the slots' per-row state (the tokens fed,
     lengths and flags of the rows each data shard decodes, a few int32 / bool values each) is gathered a bounded
-    number of times per step, whatever the depth."""
+    number of times per step, whatever the depth (the tokens are drawn by the sample program, after the step)."""
     out = run_on_four_devices(COLLECTIVES_SCRIPT, tiny_gemma3_dir)
     for name, got in out.items():
         total = sum(got["collectives"].values())
