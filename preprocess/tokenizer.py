@@ -8,6 +8,7 @@ tokens.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import pathlib
@@ -82,18 +83,25 @@ def load_tokenizer(folder: pathlib.Path):
     return tokenizer
 
 
-def _auto_tokenizer():
-    """transformers' AutoTokenizer, imported without its advisory notices (without PyTorch, importing transformers
+@contextlib.contextmanager
+def _no_advisory_notices():
+    """Import transformers' tokenizer classes without its advisory notices (without PyTorch, importing transformers
     announces that models are unavailable: omnijax uses only its tokenizers, so the notice does not apply)."""
     saved = os.environ.get("TRANSFORMERS_NO_ADVISORY_WARNINGS")
     os.environ["TRANSFORMERS_NO_ADVISORY_WARNINGS"] = "1"
     try:
-        from transformers import AutoTokenizer
+        yield
     finally:
         if saved is None:
             del os.environ["TRANSFORMERS_NO_ADVISORY_WARNINGS"]
         else:
             os.environ["TRANSFORMERS_NO_ADVISORY_WARNINGS"] = saved
+
+
+def _auto_tokenizer():
+    """transformers' AutoTokenizer (imported without its advisory notices)."""
+    with _no_advisory_notices():
+        from transformers import AutoTokenizer
     return AutoTokenizer
 
 
@@ -244,15 +252,8 @@ def load_cached_tokenizer(folder: pathlib.Path):
         raise CheckpointError(f"the cached tokenizer in {str(folder)!r} has no readable config: {e}") from e
     if not isinstance(config, dict):
         raise CheckpointError(f"the cached tokenizer in {str(folder)!r} has a config that is not a JSON object")
-    saved = os.environ.get("TRANSFORMERS_NO_ADVISORY_WARNINGS")
-    os.environ["TRANSFORMERS_NO_ADVISORY_WARNINGS"] = "1"
-    try:
+    with _no_advisory_notices():
         from transformers.tokenization_utils_tokenizers import TokenizersBackend
-    finally:
-        if saved is None:
-            del os.environ["TRANSFORMERS_NO_ADVISORY_WARNINGS"]
-        else:
-            os.environ["TRANSFORMERS_NO_ADVISORY_WARNINGS"] = saved
     settings = {k: config[k] for k in _CACHED_TOKENIZER_SETTINGS if k in config}
     try:
         tokenizer = TokenizersBackend(tokenizer_file=str(folder / "tokenizer.json"), name_or_path=str(folder),
