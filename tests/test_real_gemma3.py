@@ -5,7 +5,9 @@ The reference is transformers' own GGUF loading of the file (``from_pretrained(f
 saved once as a safetensors folder: omnijax must read the GGUF into exactly those weights and that config, produce
 the same greedy tokens through the GGUF file and through that folder (prompts of a few tokens and one longer than
 the 512-token sliding window), agree in bfloat16 on the first tokens, and stream the weights in near the memory of
-the final weights plus one tensor. One model of each kind is loaded for the whole module.
+the final weights plus one tensor. One model of each kind is loaded for the whole module, with one slot and two
+prompt-chunk lengths (``pipeline``): every test of a kind runs the same few compiled programs (requests decoding
+together are tests/test_serving_engine.py's, on the tiny model).
 """
 
 from __future__ import annotations
@@ -44,6 +46,16 @@ PROMPTS = ["The capital of France is",
            long_prompt()]
 
 
+CHUNK_BUCKETS = (192, 512)  # the short prompts and the held-out text: 192; the long prompt: 512 + 192
+
+
+def pipeline(path, **kwargs) -> Pipeline:
+    """``path`` loaded with one slot (one request at a time) and prompt chunks of ``CHUNK_BUCKETS`` tokens only."""
+    pipe = Pipeline.from_pretrained(path, max_batch=1, **kwargs)
+    pipe.engine.buckets = CHUNK_BUCKETS + (pipe.engine.max_context,)
+    return pipe
+
+
 @pytest.fixture(scope="module")
 def real_gguf():
     return gemma3_270m_gguf()
@@ -66,21 +78,21 @@ def hf_answers(real_reference):
     out = []
     for text in PROMPTS:
         ids = torch.tensor([tokenizer(text)["input_ids"]], dtype=torch.long)
-        with torch.no_grad():
-            logits = model(ids, logits_to_keep=1).logits[0, -1].numpy()
-            new = model.generate(ids, max_new_tokens=NEW_TOKENS, do_sample=False)[0, ids.shape[1]:].tolist()
-        out.append((ids[0].tolist(), logits, new))
+        with torch.no_grad():  # the first step's logits are the prompt's last
+            gen = model.generate(ids, max_new_tokens=NEW_TOKENS, do_sample=False, output_logits=True,
+                                 return_dict_in_generate=True)
+        out.append((ids[0].tolist(), gen.logits[0][0].numpy(), gen.sequences[0, ids.shape[1]:].tolist()))
     return out
 
 
 @pytest.fixture(scope="module")
 def gguf_pipe(real_gguf):
-    return Pipeline.from_pretrained(real_gguf, dtype="float32")
+    return pipeline(real_gguf, dtype="float32")
 
 
 @pytest.fixture(scope="module")
 def folder_pipe(real_reference):
-    return Pipeline.from_pretrained(real_reference, dtype="float32")
+    return pipeline(real_reference, dtype="float32")
 
 
 def test_the_long_prompt_is_longer_than_the_sliding_window(gguf_pipe, hf_answers):
@@ -118,8 +130,8 @@ def test_greedy_tokens_equal_transformers(gguf_pipe, hf_answers):
 
 
 def test_bfloat16_agrees_on_the_first_tokens(real_gguf, hf_answers):
-    """The GGUF dequantized into bfloat16 (the short prompts: bfloat16 products are slow on CPU; one slot, so one
-    request at a time: fewer step shapes to compile)."""
+    """The GGUF dequantized into bfloat16 (the short prompts: bfloat16 products are slow on CPU, so in chunks of
+    the engine's shortest length)."""
     pipe = Pipeline.from_pretrained(real_gguf, dtype="bfloat16", max_batch=1)
     results = pipe.generate(PROMPTS[:3], max_new_tokens=BF16_FIRST_TOKENS)
     for text, result, (_, _, ref) in zip(PROMPTS, results, hf_answers):
@@ -165,7 +177,7 @@ def quantized_pipes(real_gguf):
 
     def get(mode: str) -> Pipeline:
         if mode not in pipes:
-            pipes[mode] = Pipeline.from_pretrained(real_gguf, quantize=mode, max_batch=1)  # one request at a time
+            pipes[mode] = pipeline(real_gguf, quantize=mode)
         return pipes[mode]
 
     yield get
@@ -214,6 +226,8 @@ def test_decoding_through_the_cpu_kernel_gives_the_reference_paths_tokens(real_g
     from omnijax.common.quantized import is_quantized
 
     prompt = "The history of the city begins with a small settlement by the river, where"
+    # prompts' products in float32, as the perplexity test before ran this pipeline: its programs serve again
+    monkeypatch.setenv("OMNIJAX_NARROW_PRODUCTS", "float32")
     kernel = quantized_pipes(mode)
     weights = jax.tree_util.tree_leaves(kernel.engine.params, is_leaf=is_quantized)
     assert {w.bits for w in weights if is_quantized(w)} == {4, 8}
