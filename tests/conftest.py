@@ -215,10 +215,14 @@ def hf_gemma3_model(tiny_gemma3_dir):
 
 @pytest.fixture(scope="session")
 def gemma3_pipeline(tiny_gemma3_dir):
-    """This package's float32 pipeline loaded from ``tiny_gemma3_dir``."""
+    """This package's float32 pipeline loaded from ``tiny_gemma3_dir``, with prompt chunks of two lengths only (128
+    and 512 tokens: every short prompt of the suite is one 128-token chunk), so that the 21 modules using it share
+    a few compiled step programs instead of one per length bucket their prompts happen to reach."""
     from omnijax.app.pipeline import Pipeline
 
-    return Pipeline.from_pretrained(tiny_gemma3_dir, dtype="float32")
+    pipe = Pipeline.from_pretrained(tiny_gemma3_dir, dtype="float32")
+    pipe.engine.buckets = (128, 512, pipe.engine.max_context)
+    return pipe
 
 
 # Qwen3-Omni: tiny folders built by tests/fixtures/qwen3_omni_checkpoint.py (imported inside the fixtures, so sessions
