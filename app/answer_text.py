@@ -15,10 +15,10 @@ from omnijax.app.stops import StopChecker
 
 
 class AnswerText:
-    """push(token) -> the text to show now ("" if none); ``done`` once an end id or a stop string ends the answer;
-    then (or when tokens run out) ``finish()`` -> the rest to show. After ``finish``: ``text`` (cut before a stop
-    string), ``token_ids`` (up to the token that ended the answer, an end id included) and ``finish_reason``
-    ("eos", "stop" or "length")."""
+    """push(token) -> the text to show now ("" if none); ``done`` once an end id, a stop string or ``end()`` (a
+    constraint complete) ends the answer; then (or when tokens run out) ``finish()`` -> the rest to show. After
+    ``finish``: ``text`` (cut before a stop string), ``token_ids`` (up to the token that ended the answer, an end id
+    included) and ``finish_reason`` ("eos", "stop" or "length")."""
 
     def __init__(self, decode: Callable[[list[int]], str], detokenizer: IncrementalDetokenizer,
                  stops: Sequence[str] | str | None, eos_ids: Iterable[int]):
@@ -47,6 +47,12 @@ class AnswerText:
         piece = self.detok.push(token_id)
         return self._settled(piece) if piece else ""
 
+    def end(self) -> None:
+        """End the answer after the last token pushed (finish_reason "stop"; its text is the decode of every token):
+        what a structured output's constraint does once it is complete."""
+        if self.finish_reason is None:
+            self.finish_reason = "stop"
+
     def _settled(self, piece: str) -> str:
         self._pieces.append(piece)
         cut = self.stops.push(piece)
@@ -62,7 +68,7 @@ class AnswerText:
 
     def finish(self) -> str:
         """The text not shown yet; sets ``text`` and ``finish_reason``."""
-        if self.finish_reason == "stop":
+        if self._cut is not None:  # a stop string
             self.text = "".join(self._pieces)[:self._cut]
             return ""
         answer = self.token_ids[:-1] if self.finish_reason == "eos" else self.token_ids

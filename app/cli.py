@@ -74,6 +74,12 @@ def add_generate_parser(sub) -> argparse.ArgumentParser:
     gen.add_argument("--raw", action="store_true",
                      help="continue --prompt as plain text (base models): no chat template, text only")
     gen.add_argument("--stop", action="append", default=None, help="a stop string (repeatable)")
+    gen.add_argument("--response-format", metavar="JSON",
+                     help="a structured output, as OpenAI's response_format (or @FILE holding it): e.g. "
+                          "'{\"type\": \"json_schema\", \"json_schema\": {\"name\": \"x\", \"schema\": {...}}}', "
+                          "'{\"type\": \"json_object\"}', '{\"type\": \"regex\", \"regex\": \"...\"}', "
+                          "'{\"type\": \"choice\", \"choice\": [\"yes\", \"no\"]}', "
+                          "'{\"type\": \"grammar\", \"grammar\": \"<Lark>\"}'")
     gen.add_argument("--no-stream", action="store_true", help="print the answer at the end instead of streaming")
     gen.add_argument("--speak", metavar="FILE.wav", help="also answer aloud (a model with a talker): write the spoken "
                                                        "answer to this WAV file (the text still goes to stdout)")
@@ -107,6 +113,24 @@ def read_text_file(path: str) -> str:
         raise PromptError(f"{path!r} cannot be read: {e.strerror or e}") from e
     except UnicodeDecodeError as e:
         raise PromptError(f"{path!r} is not UTF-8 text: {e}") from e
+
+
+def response_format_of(value: str | None):
+    """``--response-format`` (JSON text, or @FILE holding it) as a checked Constraint (None without one);
+    ConstraintError naming the flag otherwise."""
+    if value is None:
+        return None
+    import json
+
+    from omnijax.app.grammar import from_response_format
+    from omnijax.common.errors import ConstraintError
+
+    text = read_text_file(value[1:]) if value.startswith("@") else value
+    try:
+        parsed = json.loads(text)
+    except (ValueError, RecursionError) as e:
+        raise ConstraintError(f"--response-format is not valid JSON: {e}") from None
+    return from_response_format(parsed, where="--response-format")
 
 
 def run_score(args) -> int:
@@ -253,6 +277,7 @@ def run_generate(args) -> int:
     from omnijax.app.sampling import check_settings
 
     check_settings(**sampling)  # ... and so does a bad setting
+    sampling["response_format"] = response_format_of(args.response_format)
     model_settings(args)
     pipe = load_pipeline(args, max_batch=1)
     from omnijax.app import program_clock

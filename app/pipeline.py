@@ -30,6 +30,7 @@ from omnijax.common.errors import CapabilityError, CheckpointError, PromptError,
 from omnijax.common.quantized import check_quantize
 from omnijax.app.families import family_for_config
 from omnijax.app.generation import Engine
+from omnijax.app.grammar import Constraint, from_response_format
 from omnijax.app.model import abstract_model
 from omnijax.app.requests import GenerationResult, Request, RequestHandle
 from omnijax.app.sampling import (SamplingParams, check_choices, check_max_speech_frames, check_settings,
@@ -302,7 +303,8 @@ class Pipeline:
     def submit(self, prompt, *, max_new_tokens: int = 64, temperature: float = 0.0, top_k: int = 0,
                top_p: float = 1.0, seed: int = 0, stop: Sequence[str] | None = None,
                ignore_eos: bool = False, logprobs: int | bool | None = None, logprobs_mode: str = "raw",
-               prompt_logprobs: bool = False, listener=None, group=None) -> RequestHandle:
+               prompt_logprobs: bool = False, response_format: dict | Constraint | None = None, listener=None,
+               group=None) -> RequestHandle:
         """Queue one conversation, raw prompt string or PreparedPrompt on the engine without waiting: the handle's
         ``events()`` stream its tokens, ``result()`` waits for the GenerationResult, ``cancel()`` stops it.
         Settings are checked first (SamplingError, PromptError); ``ignore_eos``: generate exactly
@@ -310,17 +312,30 @@ class Pipeline:
         ``TokenLogprob`` carries, in every event and in ``GenerationResult.logprobs``, under the model's own
         distribution (``logprobs_mode="raw"``) or the one each token is drawn from, after temperature, top-k and
         top-p (``"processed"``; the tokens they drop at -inf); ``prompt_logprobs``: also
-        each prompt token's log probability (``GenerationResult.prompt_logprobs``); ``listener``: called from the
+        each prompt token's log probability (``GenerationResult.prompt_logprobs``); ``response_format``: a structured
+        output, what the answer must be (see ``check_response_format``; ConstraintError when it is malformed or does
+        not compile); ``listener``: called from the
         engine's thread at each new event (it must not block; e.g. to wake an event loop); ``group``: see
         ``Request.group`` (``submit_choices`` sets it)."""
         sampling, max_new_tokens, stop = check_settings(max_new_tokens, temperature, top_k, top_p, seed, stop)
         logprobs = check_logprobs(logprobs)
         check_logprobs_mode(logprobs_mode)
+        constraint = self.check_response_format(response_format)
         prepared = prompt if isinstance(prompt, PreparedPrompt) else self.prepare(prompt)
         return self.scheduler.submit(Request(prepared, max_new_tokens, sampling, stop, bool(ignore_eos),
                                              prompt_logprobs=bool(prompt_logprobs), logprobs=logprobs,
-                                             logprobs_mode=logprobs_mode, group=group),
+                                             logprobs_mode=logprobs_mode, group=group, constraint=constraint),
                                      listener)
+
+    def check_response_format(self, response_format: dict | Constraint | None) -> Constraint | None:
+        """The constraint of a structured output, compiled for this model (ConstraintError naming llguidance's message
+        when it cannot be; the first call wraps the tokenizer for llguidance, about a second for a large
+        vocabulary): None or ``{"type": "text"}`` (none), OpenAI's ``{"type": "json_object"}`` and ``{"type":
+        "json_schema", "json_schema": {"name": ..., "schema": {...}}}``, the extensions ``{"type": "regex", "regex":
+        ...}``, ``{"type": "choice", "choice": [...]}`` and ``{"type": "grammar", "grammar": <Lark or GBNF>}``, or a
+        ``Constraint`` (app/grammar.py's builders)."""
+        constraint = from_response_format(response_format)
+        return None if constraint is None else self.scheduler.grammars.check(constraint)
 
     def submit_choices(self, prompt, n: int, *, seed: int = 0, prompt_logprobs: bool = False, **settings
                        ) -> list[RequestHandle]:
@@ -332,6 +347,7 @@ class Pipeline:
         n = check_choices(n)
         check_settings(settings.get("max_new_tokens", 64), settings.get("temperature", 0.0), settings.get("top_k", 0),
                        settings.get("top_p", 1.0), seed, settings.get("stop"))
+        settings["response_format"] = self.check_response_format(settings.get("response_format"))
         prepared = prompt if isinstance(prompt, PreparedPrompt) else self.prepare(prompt)
         group = object() if n > 1 else None
         handles: list[RequestHandle] = []
@@ -363,7 +379,8 @@ class Pipeline:
     def generate(self, messages, *, max_new_tokens: int = 64, temperature: float = 0.0, top_k: int = 0,
                  top_p: float = 1.0, seed: int = 0, stop: Sequence[str] | None = None, speak: bool = False,
                  voice: str | None = None, max_speech_frames: int | None = None,
-                 logprobs: int | bool | None = None, logprobs_mode: str = "raw", n: int = 1):
+                 logprobs: int | bool | None = None, logprobs_mode: str = "raw", n: int = 1,
+                 response_format: dict | Constraint | None = None):
         """One conversation (or raw prompt string) -> GenerationResult; a list of them -> list of GenerationResult
         (the requests run side by side on the engine; every one with these settings).
 
@@ -372,11 +389,13 @@ class Pipeline:
         cap on the codec frames spoken (default 4096). logprobs: None (off), or how many alternatives (0..20) each
         token's ``TokenLogprob`` in ``GenerationResult.logprobs`` carries; logprobs_mode: their distribution ("raw"
         or "processed", as ``submit``). n: answers per conversation (1..8; see
-        ``submit_choices``): with n > 1 each conversation gives a list of n results."""
+        ``submit_choices``): with n > 1 each conversation gives a list of n results. response_format: a structured
+        output (``check_response_format``)."""
         sampling, _, _ = check_settings(max_new_tokens, temperature, top_k, top_p, seed, stop)
         check_logprobs(logprobs)
         check_logprobs_mode(logprobs_mode)
         n = check_choices(n)
+        constraint = self.check_response_format(response_format)
         batch = _is_batch(messages)
         if speak:
             if n > 1:
@@ -388,7 +407,7 @@ class Pipeline:
         prompts = [self.prepare(c) for c in conversations]
         results = self.generate_prepared(prompts, max_new_tokens=max_new_tokens, temperature=temperature,
                                          top_k=top_k, top_p=top_p, seed=seed, stop=stop, logprobs=logprobs,
-                                         logprobs_mode=logprobs_mode, n=n)
+                                         logprobs_mode=logprobs_mode, n=n, response_format=constraint)
         if speak:
             chunks = list(self._speak(prompts[0], results[0], voice, sampling, max_speech_frames))
             _attach_audio(results[0], chunks, self.speech)
@@ -434,19 +453,21 @@ class Pipeline:
     def generate_prepared(self, prompts: list[PreparedPrompt], *, max_new_tokens: int = 64, temperature: float = 0.0,
                           top_k: int = 0, top_p: float = 1.0, seed: int = 0, stop: Sequence[str] | None = None,
                           ignore_eos: bool = False, logprobs: int | bool | None = None, logprobs_mode: str = "raw",
-                          n: int = 1) -> list:
+                          n: int = 1, response_format: dict | Constraint | None = None) -> list:
         """``generate`` for prompts already prepared (``prepare``), one result per prompt (1 to 1024 of them; with
         ``n`` > 1, a list of n results per prompt)."""
         check_settings(max_new_tokens, temperature, top_k, top_p, seed, stop)
         check_logprobs(logprobs)
         check_logprobs_mode(logprobs_mode)
         n = check_choices(n)
+        constraint = self.check_response_format(response_format)
         if not 1 <= len(prompts) <= MAX_BATCH:
             raise SettingError(f"generate takes 1 to {MAX_BATCH} prompts at once, got {len(prompts)}")
         for p in prompts:
             self.scheduler.check_fits(len(p.token_ids), max_new_tokens)
         settings = dict(max_new_tokens=max_new_tokens, temperature=temperature, top_k=top_k, top_p=top_p, seed=seed,
-                        stop=stop, ignore_eos=ignore_eos, logprobs=logprobs, logprobs_mode=logprobs_mode)
+                        stop=stop, ignore_eos=ignore_eos, logprobs=logprobs, logprobs_mode=logprobs_mode,
+                        response_format=constraint)
         handles: list[RequestHandle] = []
         try:
             for p in prompts:
@@ -461,8 +482,8 @@ class Pipeline:
     def stream(self, messages, *, max_new_tokens: int = 64, temperature: float = 0.0, top_k: int = 0,
                top_p: float = 1.0, seed: int = 0, stop: Sequence[str] | None = None, speak: bool = False,
                voice: str | None = None, max_speech_frames: int | None = None,
-               logprobs: int | bool | None = None, logprobs_mode: str = "raw"
-               ) -> Generator[Any, None, GenerationResult]:
+               logprobs: int | bool | None = None, logprobs_mode: str = "raw",
+               response_format: dict | Constraint | None = None) -> Generator[Any, None, GenerationResult]:
         """Text pieces of one conversation's answer as they are generated (one piece per token, "" while a token
         adds no visible text yet, so a consumer can stop between any two tokens), then possibly one last piece.
 
@@ -475,10 +496,12 @@ class Pipeline:
         speak: the events are ``TextPiece`` (the text pieces) and then ``AudioChunk`` (the spoken answer, chunk by
         chunk as it is made; app/speech_events.py); the chunks joined are exactly ``result.audio``. logprobs,
         logprobs_mode: as ``generate`` (in the returned result; ``submit`` gives them token by token in its events).
+        response_format: a structured output (``check_response_format``).
         """
         sampling, _, _ = check_settings(max_new_tokens, temperature, top_k, top_p, seed, stop)
         check_logprobs(logprobs)
         check_logprobs_mode(logprobs_mode)
+        constraint = self.check_response_format(response_format)
         if _is_batch(messages):
             raise PromptError("stream takes one conversation; use generate for a batch")
         if speak:
@@ -486,7 +509,8 @@ class Pipeline:
         start = time.perf_counter()
         prompt = self.prepare(messages)
         handle = self.submit(prompt, max_new_tokens=max_new_tokens, temperature=temperature, top_k=top_k,
-                             top_p=top_p, seed=seed, stop=stop, logprobs=logprobs, logprobs_mode=logprobs_mode)
+                             top_p=top_p, seed=seed, stop=stop, logprobs=logprobs, logprobs_mode=logprobs_mode,
+                             response_format=constraint)
         wrap = TextPiece if speak else str
         try:
             for event in self._events(handle):

@@ -17,6 +17,7 @@ from typing import Iterator
 
 import numpy as np
 
+from omnijax.app.grammar import Constraint
 from omnijax.app.sampling import SamplingParams
 from omnijax.app.token_logprobs import TokenLogprob
 from omnijax.common.interruptible import get_item, wait_event
@@ -29,17 +30,18 @@ FINISH_REASONS = ("eos", "stop", "length", "cancelled")
 
 @dataclasses.dataclass
 class GenerationResult:
-    """text: the answer (special tokens removed, cut before a stop string); token_ids: generated ids (an EOS that
-    ended the answer included, as transformers' generate returns it); finish_reason: "eos", "stop", "length" or
-    "cancelled"; cached_tokens: prompt tokens whose keys / values came from the prefix cache; seconds: from
-    submission to the last token; first_token_seconds: from submission to the first token. A spoken answer
-    (``speak=True``) adds audio (float32 mono samples in [-1, 1]), sample_rate (Hz) and audio_codes (int32 [frames,
-    code groups], the codec codes the audio was made from); None otherwise. prompt_logits: float32 [prompt tokens,
-    vocab], the logits at every prompt position, for a request that asked for them (``Request.prompt_logits``);
-    prompt_logprobs: float32 [prompt tokens - 1], the natural-log probability of each prompt token after the first
-    given those before it (``Request.prompt_logprobs``). logprobs: one ``TokenLogprob`` per generated token (the
-    token's natural-log probability under the model's distribution, before any sampling setting, and its most
-    likely alternatives) for a request that asked for them (``Request.logprobs``); None otherwise."""
+    """text: the answer (special tokens removed, cut before a stop string); token_ids: generated ids (an EOS that ended
+    the answer included, as transformers' generate returns it); finish_reason: "eos", "stop" (a stop string, or a
+    constraint that is complete), "length" or "cancelled"; cached_tokens: prompt tokens whose keys / values came
+    from the prefix cache; seconds: from submission to the last token; first_token_seconds: from submission to the
+    first token. A spoken answer (``speak=True``) adds audio (float32 mono samples in [-1, 1]), sample_rate (Hz) and
+    audio_codes (int32 [frames, code groups], the codec codes the audio was made from); None otherwise.
+    prompt_logits: float32 [prompt tokens, vocab], the logits at every prompt position, for a request that asked for
+    them (``Request.prompt_logits``); prompt_logprobs: float32 [prompt tokens - 1], the natural-log probability of
+    each prompt token after the first given those before it (``Request.prompt_logprobs``). logprobs: one
+    ``TokenLogprob`` per generated token (the token's natural-log probability under the model's distribution, before
+    any sampling setting, and its most likely alternatives) for a request that asked for them
+    (``Request.logprobs``); None otherwise."""
 
     text: str
     token_ids: list[int]
@@ -68,7 +70,9 @@ class Request:
     before the sampling settings, the default; "processed": the one the token is drawn from, after temperature,
     top-k and top-p; ``app.token_logprobs.MODES``). ``group``: requests of one group (any value compared with
     ``==``: the choices of one prompt) share its prefill: one waits while another of its group prefills the prompt,
-    then takes it from the prefix cache."""
+    then takes it from the prefix cache. ``constraint``: what the answer may be (structured outputs, app/grammar.py:
+    a JSON schema, regex, choice or grammar, enforced token by token; the answer ends, finish_reason "stop", once
+    the constraint is complete)."""
 
     prompt: PreparedPrompt
     max_new_tokens: int
@@ -80,6 +84,7 @@ class Request:
     logprobs: int | None = None
     logprobs_mode: str = "raw"
     group: object = None
+    constraint: Constraint | None = None
 
     @property
     def whole_prompt(self) -> bool:

@@ -316,3 +316,17 @@ def choose_rows(logits_BV: jax.Array, settings: dict, index_B: jax.Array) -> jax
         return jnp.where(sampled, drawn, greedy)
 
     return jax.lax.cond(jnp.any(sampled), draw, lambda: greedy)
+
+
+def apply_bitmask(logits_RV: jax.Array, mask_RW: jax.Array) -> jax.Array:
+    """``logits_RV`` with the tokens ``mask_RW`` (int32 [rows, words], app/grammar.py: bit v % 32 of word v // 32 set
+    = token v allowed) does not allow at -inf; tokens past its 32 * words bits are not allowed, and its bits past the
+    vocabulary are not read."""
+    rows, vocab = logits_RV.shape
+    words = mask_RW.shape[1]
+    words_RW = jax.lax.bitcast_convert_type(mask_RW, jnp.uint32)
+    bits = (words_RW[:, :, None] >> jnp.arange(32, dtype=jnp.uint32)) & 1  # [R, W, 32]
+    allowed = bits.reshape(rows, words * 32)[:, :vocab] == 1
+    if words * 32 < vocab:
+        allowed = jnp.pad(allowed, ((0, 0), (0, vocab - words * 32)))
+    return jnp.where(allowed, logits_RV, -jnp.inf)

@@ -15,7 +15,13 @@ One thread owns the device state (app/slots.py) and loops:
 4. read back the previous step's tokens (the device works on the next one meanwhile; with their log probabilities
    in a step where some request asks for them, app/token_logprobs.py): each request's answer text
    grows by O(1) work per token (app/answer_text.py); a request that ends (end id, stop string, max tokens,
-   cancellation) frees its slot for the next one.
+   its constraint complete, cancellation) frees its slot for the next one.
+
+A request with a constraint (structured outputs, app/grammar.py) holds an llguidance matcher, made when it is
+submitted, that consumes each of its tokens. Its first token is drawn within the fresh matcher's mask. In a step
+where some decode row is constrained, the previous step's tokens are read back while the device runs the forward
+(step 4 moves there), the matchers' masks computed from them, and then the tokens drawn within the masks (the
+sample program's masked variant); a step without a constrained row keeps the order above, with no wait.
 
 Nothing here depends on the batch: a request's greedy tokens are the same alone or among others. With several JAX
 processes (one mesh over them) there is no thread: ``run`` drives the loop in the caller, identically in every
@@ -38,6 +44,7 @@ from omnijax.app.answer_text import AnswerText, answer_for
 from omnijax.app.chunk_media import chunk_media, prompt_media
 from omnijax.app.chunks import plan_chunks, prefix_points
 from omnijax.app.generation import bucket_for
+from omnijax.app.grammar import Grammars
 from omnijax.app.media_cache import EncodedItem, MediaCache
 from omnijax.app.prefix_cache import PrefixCache, PrefixEntry, key_ids
 from omnijax.app.requests import GenerationResult, Request, RequestHandle, TokenEvent
@@ -79,6 +86,7 @@ class Live:
     logit_rows: list = dataclasses.field(default_factory=list)  # host logits of each chunk (prompt_logits)
     logprob_rows: list = dataclasses.field(default_factory=list)  # device log-probabilities of each chunk
     token_logprobs: list = dataclasses.field(default_factory=list)  # TokenLogprob per generated token (logprobs)
+    matcher: object = None  # the llguidance matcher of a constrained request (app/grammar.py)
     generated: int = 0
     cached: int = 0
     first_token: float | None = None
@@ -148,6 +156,8 @@ class Scheduler:
         self.media = MediaCache(self._encode_one, int(media_cache_mb * 2**20))
         self.prefix = PrefixCache(int(prefix_cache_mb * 2**20))
         self.stats = Stats()
+        self.grammars = Grammars(getattr(processor, "tokenizer", None), engine.cfg.decoder.vocab_size,
+                                 engine.cfg.eos_ids)
         self.threaded = threaded
         self._inbox: collections.deque = collections.deque()
         self._cancels: collections.deque = collections.deque()
@@ -157,6 +167,7 @@ class Scheduler:
         self._pending = None  # (tokens, active, lives, log probabilities) of the decode step not read back yet
         self._firsts: list = []  # (live, first token, its log probabilities) of requests inserted at this step, read
         # back at the next
+        self._unread_firsts: list = []  # those of the step before, while this step reads them back
         self._order = 0
         self._thread: threading.Thread | None = None
         self._stop = False
@@ -181,15 +192,17 @@ class Scheduler:
     def submit(self, request: Request, listener=None) -> RequestHandle:
         """Queue ``request``; its handle streams the tokens (``listener``: see RequestHandle). PromptError when it
         cannot fit, QueueFullError when ``max_queue`` requests wait already with no free slot for them (requests
-        that arrive together while slots are free are not refused: the next step takes them)."""
+        that arrive together while slots are free are not refused: the next step takes them); ConstraintError when
+        its constraint does not compile (its matcher is made here, in the caller's thread)."""
         self.check_fits(len(request.prompt.token_ids), request.max_new_tokens)
+        matcher = None if request.constraint is None else self.grammars.matcher(request.constraint)
         handle = RequestHandle(request, self._cancel, listener)
         with self._wake:
             if self._stop:
                 raise ClosedError("the pipeline is closed: it takes no more requests (load it again)")
             if len(self._inbox) + len(self._waiting) >= self.max_queue + self._slot_of.count(None):
                 raise QueueFullError(f"the engine's queue is full ({self.max_queue} requests are waiting)")
-            self._inbox.append(handle)
+            self._inbox.append((handle, matcher))
             self._wake.notify()
         if self.threaded:
             self._ensure_thread()
@@ -281,16 +294,22 @@ class Scheduler:
         try:
             self._take_inbox()
             self._admit()
-            firsts, self._firsts = self._firsts, []
+            self._unread_firsts, self._firsts = self._firsts, []
             dispatched = self._dispatch()
-            for live, token, logprobs in firsts:
-                self._read_first(live, token, logprobs)
-            pending, self._pending = self._pending, dispatched
-            if pending is not None:
-                self._read_step(*pending)
+            self._read_back()  # (done already in a step with a constrained row)
+            self._pending = dispatched
         except Exception as e:  # noqa: BLE001 - a step over the slots failed: the requests in them end with it
             log.exception("engine step failed")
             self._fail_slots(e)
+
+    def _read_back(self) -> None:
+        """The previous step's first tokens and decode tokens to their requests (once per step)."""
+        firsts, self._unread_firsts = self._unread_firsts, []
+        for live, token, logprobs in firsts:
+            self._read_first(live, token, logprobs)
+        pending, self._pending = self._pending, None
+        if pending is not None:
+            self._read_step(*pending)
 
     @staticmethod
     def _error(e: Exception) -> Exception:
@@ -310,7 +329,7 @@ class Scheduler:
         """Every request in a slot ends with ``e`` and the device state is allocated again (zeroed, every slot
         idle): what a failed program was given may be gone, or hold its failure, which surfaces only when read."""
         self._pending = None
-        self._firsts = []
+        self._firsts, self._unread_firsts = [], []
         for live in [x for x in self._slot_of if x is not None]:
             self._end(live, None, error=self._error(e))
         self.slots.reset()
@@ -319,9 +338,9 @@ class Scheduler:
         with self._wake:
             new, self._inbox = list(self._inbox), collections.deque()
             cancels, self._cancels = list(self._cancels), collections.deque()
-        for handle in new:
+        for handle, matcher in new:
             stops, eos = handle.request.stop, () if handle.request.ignore_eos else self.engine.cfg.eos_ids
-            self._waiting.append(Live(handle, self._order, answer_for(self.processor, stops, eos)))
+            self._waiting.append(Live(handle, self._order, answer_for(self.processor, stops, eos), matcher=matcher))
             self._order += 1
         for handle in cancels:
             live = next((x for x in list(self._waiting) + self._slot_of if x is not None and x.handle is handle),
@@ -438,18 +457,21 @@ class Scheduler:
         lives = list(self._slot_of[:rows])
         # log probabilities only in a step where some request asks for them (another program: compiled at first use)
         wanted = any(x is not None and x.decoding and x.request.logprobs is not None for x in lives)
+        # token masks only in a step with a constrained row (likewise)
+        mask = self._masks(lives) if any(x is not None and x.decoding and x.matcher is not None for x in lives) \
+            else None
         dispatched = None
+        if rows:  # (counted first: a constrained step's requests may end while it is being dispatched)
+            self.stats.steps += 1
         if group is not None and not self.slots.decode_rows_with_chunks:
             _, _, logits, hidden, _ = self.slots.step(0, group)
             if rows:
-                tokens, active, _, _, logprobs = self.slots.step(rows, logprobs=wanted)
+                tokens, active, _, _, logprobs = self.slots.step(rows, logprobs=wanted, mask=mask)
                 dispatched = tokens, active, lives, logprobs
         else:
-            tokens, active, logits, hidden, logprobs = self.slots.step(rows, group, logprobs=wanted)
+            tokens, active, logits, hidden, logprobs = self.slots.step(rows, group, logprobs=wanted, mask=mask)
             if rows:
                 dispatched = tokens, active, lives, logprobs
-        if rows:
-            self.stats.steps += 1
         for i, (live, a, b) in enumerate(planned):
             if live.finished:  # ended by an earlier chunk's failure
                 continue
@@ -460,6 +482,18 @@ class Scheduler:
             except Exception as e:  # noqa: BLE001 - ends alone if on the host
                 self._fail_request(live, e, device_state_used=self.slots.dispatched != before)
         return dispatched
+
+    def _masks(self, lives: list):
+        """The step's mask function (``Slots.step``): called while the device runs the forward, it reads the previous
+        step back (the matchers consume its tokens) and returns the rows' token masks, or None when no decoding row
+        is constrained any more."""
+
+        def masks():
+            self._read_back()
+            matchers = [x.matcher if x is not None and x.decoding and not x.finished else None for x in lives]
+            return self.grammars.masks(matchers) if any(m is not None for m in matchers) else None
+
+        return masks
 
     def _chunk(self, live: Live, a: int, b: int) -> Chunk:
         prompt = live.request.prompt
@@ -490,8 +524,10 @@ class Scheduler:
 
     def _insert(self, live: Live, logits) -> None:
         req = live.request
+        mask = None if live.matcher is None else self.grammars.masks([live.matcher])
         token, logprobs = self.slots.insert(live.slot, logits, req.sampling, req.max_new_tokens,
-                                            req.prompt.rope_delta, not req.ignore_eos, req.logprobs is not None)
+                                            req.prompt.rope_delta, not req.ignore_eos, req.logprobs is not None,
+                                            mask=mask)
         live.decoding = True
         self._firsts.append((live, token, logprobs))
 
@@ -522,13 +558,21 @@ class Scheduler:
 
     def _push(self, live: Live, token: int, logprob=None) -> None:
         """One generated token of ``live`` (with its ``TokenLogprob`` when the request asks for one): its text to
-        the caller; the end of the answer frees the slot."""
+        the caller, its constraint's matcher fed; the end of the answer frees the slot."""
         if live.finished:
             return
         live.generated += 1
         if logprob is not None:
             live.token_logprobs.append(logprob)
         live.handle._emit(TokenEvent(token, live.answer.push(token), logprob))
+        if live.matcher is not None and not live.answer.done:
+            if not live.matcher.consume_token(token):  # the mask allowed it: cannot happen
+                self.slots.release(live.slot)
+                self._end(live, None, error=RuntimeError(f"engine error: the constraint refused token {token}: "
+                                                         f"{live.matcher.get_error()}"))
+                return
+            if live.matcher.is_stopped():  # complete: nothing but an end id could follow
+                live.answer.end()
         if live.answer.done or live.generated >= live.request.max_new_tokens:
             if live.answer.finish_reason == "stop":
                 self.slots.release(live.slot)  # the device does not know stop strings: it may still be active

@@ -18,10 +18,12 @@ Both groups go through the weights once (decoder/packing.py). The step returns t
 device; ``sample``, a program of its own, draws each row's token from them (app/sampling.py) and advances the rows'
 state, so the sampler compiles once per decode row count instead of inside every step shape. With ``logprobs``,
 its variant that also returns each decoded token's log probability and the top 20 (app/token_logprobs.py),
-compiled the first time a step holds a request that asks for them. Other programs:
+compiled the first time a step holds a request that asks for them; with a token ``mask`` (structured outputs:
+app/grammar.py), its variant that draws from the logits the mask allows (``sampling.apply_bitmask``), compiled the
+first time a step holds a constrained request: a step without one runs the unmasked program. Other programs:
 
-- ``insert``: the first token of a prefilled request, drawn from its prompt's last logits, makes its slot active
-  (with ``logprobs``, its log probabilities too);
+- ``insert``: the first token of a prefilled request, drawn from its prompt's last logits (within its ``mask``,
+  when it has one), makes its slot active (with ``logprobs``, its log probabilities too);
 - ``release``: a slot stops (a cancelled or stopped request) at the next step;
 - ``snapshot`` / ``restore``: a row's keys and values copied out (the prefix cache) and into another row.
 
@@ -37,7 +39,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from omnijax.app.sampling import SamplingParams, choose_rows, row_settings
+from omnijax.app.sampling import SamplingParams, apply_bitmask, choose_rows, row_settings
 from omnijax.app.token_logprobs import token_logprobs
 from omnijax.common.matmul_policy import narrow_products, products_setting
 from omnijax.common.sharding import named_sharding, use_mesh
@@ -206,21 +208,23 @@ class Slots:
             logits = dec.last_logits(h[0], batches[0].count)
         return logits, active, cache, chunk_logits, chunk_h
 
-    def _sample_impl(self, state: SlotState, logits, eos_ids, *, rows, logprobs=False):
-        """The decode rows' tokens drawn from their ``logits`` [rows, V] (a step's) -> (tokens [rows], the state
-        with each active row's token, index and remaining advanced and rows that ended inactive, and with
-        ``logprobs`` the tokens' ``StepLogprobs``, else None)."""
+    def _sample_impl(self, state: SlotState, logits, eos_ids, mask=None, *, rows, logprobs=False):
+        """The decode rows' tokens drawn from their ``logits`` [rows, V] (a step's; with ``mask`` int32 [rows,
+        words], from the tokens it allows) -> (tokens [rows], the state with each active row's token, index and
+        remaining advanced and rows that ended inactive, and with ``logprobs`` the tokens' ``StepLogprobs``, else
+        None; their raw log probabilities are the model's, before the mask)."""
         active = state.active[:rows]
         index = state.index[:rows] + 1
         settings = {k: v[:rows] for k, v in state.settings.items()}
-        nxt = choose_rows(logits, settings, index)
+        drawn = logits if mask is None else apply_bitmask(logits, mask)
+        nxt = choose_rows(drawn, settings, index)
         remaining = state.remaining[:rows]
         ended = (jnp.isin(nxt, eos_ids) & state.eos_on[:rows]) | (remaining <= 1)
         head = lambda a, v: a.at[:rows].set(jnp.where(active, v, a[:rows]))  # noqa: E731
         state = state._replace(token=head(state.token, nxt), index=head(state.index, index),
                                remaining=head(state.remaining, remaining - 1),
                                active=state.active.at[:rows].set(active & ~ended))
-        return nxt, state, token_logprobs(logits, nxt, settings) if logprobs else None
+        return nxt, state, token_logprobs(logits, nxt, settings, drawn) if logprobs else None
 
     def _head_impl(self, params, hidden, *, products):
         with narrow_products(products):
@@ -230,16 +234,17 @@ class Slots:
         with narrow_products(products):
             return self.engine.model(params).decoder.next_token_logprobs(hidden, targets)
 
-    def _insert_impl(self, state: SlotState, slot, logits_1V, settings, max_new, delta, eos_on, eos_ids, *,
-                     logprobs=False):
+    def _insert_impl(self, state: SlotState, slot, logits_1V, settings, max_new, delta, eos_on, eos_ids,
+                     mask=None, *, logprobs=False):
         row = {k: v[None] for k, v in settings.items()}
-        token = choose_rows(logits_1V, row, jnp.zeros((1,), jnp.int32))[0]
+        drawn = logits_1V if mask is None else apply_bitmask(logits_1V, mask)
+        token = choose_rows(drawn, row, jnp.zeros((1,), jnp.int32))[0]
         ended = (jnp.isin(token, eos_ids) & eos_on) | (max_new <= 1)
         put = lambda a, v: a.at[slot].set(v)  # noqa: E731
         state = SlotState(put(state.token, token), put(state.index, 0), put(state.active, ~ended),
                           put(state.remaining, max_new - 1), put(state.delta, delta), put(state.eos_on, eos_on),
                           {k: put(state.settings[k], v) for k, v in settings.items()})
-        return state, token, token_logprobs(logits_1V, token[None], row) if logprobs else None
+        return state, token, token_logprobs(logits_1V, token[None], row, drawn) if logprobs else None
 
     # ---- host side -----------------------------------------------------------------------------------------
     def ensure_allocated(self) -> None:
@@ -308,22 +313,29 @@ class Slots:
             media = tuple(self.engine.put(a, (None,) * a.ndim) for a in (rows_m, is_media, deep))
         return ChunkGroup(tokens, count, start, rows, rope, bid, *media)
 
-    def step(self, rows: int, chunks: ChunkGroup | None = None, logprobs: bool = False) -> tuple:
+    def step(self, rows: int, chunks: ChunkGroup | None = None, logprobs: bool = False, mask=None) -> tuple:
         """One step of the first ``rows`` slots (0: none) and the prompt ``chunks`` -> (tokens [rows], which rows
         were active, the chunks' logits at their last tokens [C, V], their last layer's output [C, T, D]: see
         ``head``; with ``logprobs`` the decode rows' ``StepLogprobs``, else None) as device arrays (tokens: an
         empty host array when no row decodes). With decode rows, two programs: the forward, then ``sample`` on its
-        logits."""
+        logits. ``mask``: None, or a function called once the forward is dispatched (the host works while the
+        device runs it) that returns the decode rows' token masks (int32 [rows, words], app/grammar.py) or None;
+        with masks the tokens are drawn by the sample program's masked variant."""
         token, step = np.zeros((0,), np.int32), None
         self.dispatched += 1
         with use_mesh(self.engine.mesh):
             decode_logits, active, self.cache, logits, hidden = self._step(
                 self.engine.params, self.cache, self.state, chunks, rows=rows, products=products_setting())
-            if rows:
-                self.dispatched += 1
-                token, self.state, step = self._sample(self.state, decode_logits, self.engine.eos_ids, rows=rows,
-                                                       logprobs=bool(logprobs))
+        if rows:
+            mask_RW = None if mask is None else mask()
+            self.dispatched += 1
+            with use_mesh(self.engine.mesh):
+                token, self.state, step = self._sample(self.state, decode_logits, self.engine.eos_ids,
+                                                       self._put_mask(mask_RW), rows=rows, logprobs=bool(logprobs))
         return token, active, logits, hidden, step
+
+    def _put_mask(self, mask_RW: np.ndarray | None):
+        return None if mask_RW is None else self.engine.put(np.asarray(mask_RW, np.int32), (None, None))
 
     def lower_step(self, rows: int, chunk_shape: tuple[int, int] | None = None):
         """The step program for ``rows`` decode rows and a chunk group of ``chunk_shape`` (C, T) lowered (for
@@ -361,13 +373,13 @@ class Slots:
                                   products=products_setting())
 
     def insert(self, slot: int, logits_1V: jax.Array, sampling: SamplingParams, max_new: int, delta: int,
-               eos_on: bool, logprobs: bool = False):
-        """Make ``slot`` active with its first token drawn from ``logits`` -> (that token, with ``logprobs`` its
-        ``StepLogprobs`` of one row, else None), device arrays."""
+               eos_on: bool, logprobs: bool = False, mask: np.ndarray | None = None):
+        """Make ``slot`` active with its first token drawn from ``logits`` (within ``mask``, int32 [1, words], when
+        given) -> (that token, with ``logprobs`` its ``StepLogprobs`` of one row, else None), device arrays."""
         self.dispatched += 1
         self.state, token, step = self._insert(self.state, np.int32(slot), logits_1V, row_settings(sampling),
                                                np.int32(max_new), np.float32(delta), np.bool_(eos_on),
-                                               self.engine.eos_ids, logprobs=bool(logprobs))
+                                               self.engine.eos_ids, self._put_mask(mask), logprobs=bool(logprobs))
         return token, step
 
     def release(self, slot: int) -> None:
@@ -385,8 +397,8 @@ class Slots:
 
     def warm_up(self, shapes) -> None:
         """Compile the step for each chunk group shape (C, T) of ``shapes`` (text) and for every decode row count
-        (with the sample program of each row count, without log probabilities: that variant compiles at first
-        use), and insert and release (nothing stays active)."""
+        (with the sample program of each row count, without log probabilities or a token mask: those variants
+        compile at first use), and insert and release (nothing stays active)."""
         self.ensure_allocated()
         logits = None
         for c, t in shapes:

@@ -2,13 +2,14 @@
 
 ``token_logprobs`` is a pure function of a step's float32 logits, the tokens drawn from them and the rows' sampling
 settings: the chosen token's log probability and the ``TOP`` most likely tokens with theirs, under two
-distributions side by side: the model's own (``RAW``: the log-softmax of the logits, before temperature, top-k and
-top-p: what OpenAI and vLLM report by default), and the one the token was drawn from (``PROCESSED``: after the
-row's temperature, top-k and top-p, the tokens they drop at -inf; a greedy row's is the model's own), which a
-request may ask for instead (``Request.logprobs_mode``). ``TOP`` is fixed (``jax.lax.top_k`` with k = 20 always), so a
-request asking for 3 alternatives and one asking for 20 run the same program; the host keeps the first
-``top_logprobs`` of them. The serving engine's insert and decode programs call it only in their variant compiled for
-a step where some request asks for log probabilities (app/slots.py); a step without one runs no part of it.
+distributions side by side: the model's own (``RAW``: the log-softmax of the logits, before temperature, top-k,
+top-p and a structured output's constraint: what OpenAI and vLLM report by default), and the one the token was
+drawn from (``PROCESSED``: after the constraint and the row's temperature, top-k and top-p, the tokens they drop at
+-inf; a greedy unconstrained row's is the model's own), which a request may ask for instead
+(``Request.logprobs_mode``). ``TOP`` is fixed (``jax.lax.top_k`` with k = 20 always), so a request asking for 3
+alternatives and one asking for 20 run the same program; the host keeps the first ``top_logprobs`` of them. The
+serving engine's insert and decode programs call it only in their variant compiled for a step where some request
+asks for log probabilities (app/slots.py); a step without one runs no part of it.
 
 ``check_logprobs`` checks the Python API's ``logprobs`` setting; ``TokenLogprob`` is one token's host-side record.
 """
@@ -50,12 +51,14 @@ def _logprobs(logits_BV: jax.Array, tokens_B: jax.Array) -> tuple[jax.Array, jax
     return chosen, top_ids.astype(jnp.int32), top
 
 
-def token_logprobs(logits_BV: jax.Array, tokens_B: jax.Array, settings: dict) -> StepLogprobs:
+def token_logprobs(logits_BV: jax.Array, tokens_B: jax.Array, settings: dict,
+                   drawn_BV: jax.Array | None = None) -> StepLogprobs:
     """The natural-log probabilities of ``tokens_B`` and of the TOP most likely tokens under the log-softmax of the
     float32 ``logits_BV`` (``RAW``) and of what the rows' ``settings`` (as ``sampling.choose_rows`` takes them) draw
-    from (``PROCESSED``)."""
+    from (``PROCESSED``): ``drawn_BV``, the logits the tokens were drawn from before the settings (a constraint's
+    mask applied: app/grammar.py; default ``logits_BV``)."""
     raw = _logprobs(logits_BV, tokens_B)
-    processed = _logprobs(processed_rows(logits_BV, settings), tokens_B)
+    processed = _logprobs(processed_rows(logits_BV if drawn_BV is None else drawn_BV, settings), tokens_B)
     return StepLogprobs(*(jnp.stack(pair) for pair in zip(raw, processed)))
 
 

@@ -52,6 +52,11 @@ class SamplingError(OmnijaxError, ValueError):
     """A generation setting (temperature, top_k, top_p, seed, max_new_tokens, stop strings) is out of range."""
 
 
+class ConstraintError(SamplingError):
+    """A structured output constraint (``response_format``: a JSON schema, regex, choice list or grammar) is
+    malformed, or llguidance cannot compile it (its message is quoted)."""
+
+
 class CapabilityError(OmnijaxError):
     """The model cannot do what was asked (e.g. answer aloud without a talker)."""
 

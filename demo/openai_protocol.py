@@ -1,10 +1,13 @@
 """The OpenAI HTTP API's request and response shapes, as plain functions over JSON objects.
 
-Requests are checked field by field; anything this server does not do (tools, a response format, ``echo`` on
-chat) or a value out of range raises ``RequestError`` naming the field, which the server answers with a 400 and
-OpenAI's error object. Log probabilities (chat: ``logprobs`` true and ``top_logprobs`` 0..20; completions:
-``logprobs`` 0..5 and ``echo``; the extension ``logprobs_mode``: "raw", the default, or "processed") and ``n``
-(1..8 choices) are taken; their shapes are demo/openai_logprobs.py's.
+Requests are checked field by field; anything this server does not do (tools, ``echo`` on chat) or a value out of
+range raises ``RequestError`` naming the field, which the server answers with a 400 and OpenAI's error object.
+Structured outputs: ``response_format`` (``json_object``, ``json_schema``, and the extensions ``regex``,
+``choice`` and ``grammar``: app/grammar.py), or vLLM's ``guided_json`` / ``guided_regex`` / ``guided_choice`` /
+``guided_grammar``; one whose grammar llguidance refuses is a 400 naming the field, before any work. Log
+probabilities (chat: ``logprobs`` true and ``top_logprobs`` 0..20; completions: ``logprobs`` 0..5 and ``echo``; the
+extension ``logprobs_mode``: "raw", the default, or "processed") and ``n`` (1..8 choices) are taken; their shapes
+are demo/openai_logprobs.py's.
 Media parts arrive inline: ``image_url`` / ``video_url`` with a ``data:`` URL (remote ``http(s)`` URLs only when
 the server allows them, never ``file:`` or another scheme) and ``input_audio`` with base64 data; ``media_parts``
 turns them into the chat messages' media parts by writing each payload to a file of the request's own folder (the
@@ -25,8 +28,9 @@ import urllib.parse
 import uuid
 from typing import Any, Callable
 
+from omnijax.app import grammar
 from omnijax.app.token_logprobs import MODES
-from omnijax.common.errors import OmnijaxError
+from omnijax.common.errors import ConstraintError, OmnijaxError
 
 ROLES = {"system": "system", "developer": "system", "user": "user", "assistant": "assistant"}
 AUDIO_FORMATS = {"wav": ".wav", "mp3": ".mp3", "flac": ".flac", "ogg": ".ogg"}
@@ -34,8 +38,10 @@ IMAGE_TYPES = {"image/png": ".png", "image/jpeg": ".jpg", "image/jpg": ".jpg", "
                "image/gif": ".gif", "image/bmp": ".bmp"}
 VIDEO_TYPES = {"video/mp4": ".mp4", "video/webm": ".webm", "video/quicktime": ".mov", "video/x-matroska": ".mkv",
                "video/x-msvideo": ".avi"}
-UNSUPPORTED_FIELDS = ("tools", "tool_choice", "functions", "function_call", "response_format", "logit_bias",
-                      "best_of", "suffix", "prediction")
+UNSUPPORTED_FIELDS = ("tools", "tool_choice", "functions", "function_call", "logit_bias", "best_of", "suffix",
+                      "prediction")
+GUIDED_FIELDS = {"guided_json": "json_schema", "guided_regex": "regex", "guided_choice": "choice",
+                 "guided_grammar": "grammar"}  # vLLM's extensions -> the response_format type they mean
 MAX_TOP_LOGPROBS = 20  # chat's top_logprobs, as OpenAI bounds it (the engine computes 20 per token)
 MAX_COMPLETION_LOGPROBS = 5  # completions' logprobs, as OpenAI bounds it
 LOGPROBS_MODES = MODES  # the ``logprobs_mode`` extension: the model's distribution ("raw", the default) or the one
@@ -80,6 +86,7 @@ class Settings:
     logprobs_mode: str = "raw"  # an extension (as vLLM's --logprobs-mode, per request): "raw" or "processed"
     n: int = 1  # choices
     echo: bool = False  # completions: the prompt comes back before the answer (with logprobs: its tokens' too)
+    constraint: grammar.Constraint | None = None  # response_format (or a guided_* field): a structured output
 
 
 @dataclasses.dataclass(frozen=True)
@@ -132,9 +139,9 @@ def settings_of(body: dict, *, chat: bool) -> Settings:
     if not isinstance(body, dict):
         raise RequestError("the request body must be a JSON object")
     for name in UNSUPPORTED_FIELDS:
-        if body.get(name) not in (None, False, [], {}) and not (name == "response_format"
-                                                                 and body[name] == {"type": "text"}):
+        if body.get(name) not in (None, False, [], {}):
             raise RequestError(f"'{name}' is not supported by this server", param=name)
+    constraint = constraint_of(body)
     n = _field(body, "n", int, 1)
     if not 1 <= n <= MAX_CHOICES:
         raise RequestError(f"'n' must be an integer in [1, {MAX_CHOICES}], got {n}", param="n")
@@ -168,7 +175,29 @@ def settings_of(body: dict, *, chat: bool) -> Settings:
                     stop=stops, stream=stream,
                     include_usage=bool(_field(options, "include_usage", bool, False, where="stream_options.")),
                     ignore_eos=_field(body, "ignore_eos", bool, False), logprobs=logprobs,
-                    logprobs_mode=logprobs_mode, n=n, echo=echo)
+                    logprobs_mode=logprobs_mode, n=n, echo=echo, constraint=constraint)
+
+
+def constraint_of(body: dict) -> grammar.Constraint | None:
+    """The structured output a body asks for: ``response_format``, or one of vLLM's ``guided_*`` fields (one at
+    most); RequestError naming the field when it is malformed or llguidance refuses its grammar."""
+    asked = [name for name in ("response_format", *GUIDED_FIELDS) if body.get(name) is not None]
+    if len(asked) > 1:
+        raise RequestError(f"ask for one structured output at most, got {', '.join(map(repr, asked))}",
+                           param=asked[1])
+    if not asked:
+        return None
+    name = asked[0]
+    if name == "response_format":
+        value = body[name]
+    elif name == "guided_json":  # a schema (an object, or its JSON text)
+        value = {"type": "json_schema", "json_schema": {"schema": body[name]}}
+    else:
+        value = {"type": GUIDED_FIELDS[name], GUIDED_FIELDS[name]: body[name]}
+    try:
+        return grammar.from_response_format(value, where=name)
+    except ConstraintError as e:
+        raise RequestError(str(e), param=name) from None
 
 
 def _logprobs_of(body: dict, *, chat: bool) -> tuple[int | None, bool]:

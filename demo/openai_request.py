@@ -18,6 +18,7 @@ import os
 import pathlib
 import secrets
 
+from omnijax.common.errors import ConstraintError
 from omnijax.demo import openai_audio
 from omnijax.demo import openai_logprobs as lp
 from omnijax.demo import openai_protocol as api
@@ -74,7 +75,9 @@ def prepare_prompt(pipe, request: ApiRequest, folder: pathlib.Path, *, allow_rem
                    media_root: str | os.PathLike | None = None):
     """The request's PreparedPrompt: chat messages with their media (inline payloads written into ``folder``,
     remote URLs through ``fetch`` with ``allow_remote``, local paths inside ``media_root``), or the raw prompt of a
-    completions request."""
+    completions request. Its structured output is compiled for the model first (the server calls this in a worker
+    thread: the first one wraps the tokenizer for llguidance); RequestError when it cannot be."""
+    check_constraint(pipe, request)
     if not request.chat:
         return pipe.prepare_raw(api.completion_prompt(request.body))
     messages = api.chat_messages(request.body, allow_remote=allow_remote and fetch is not None,
@@ -83,6 +86,16 @@ def prepare_prompt(pipe, request: ApiRequest, folder: pathlib.Path, *, allow_rem
         raise api.RequestError("this model has no chat template (a base model): use /v1/completions",
                                param="messages")
     return pipe.prepare(api.resolve_media(messages, folder, fetch))
+
+
+def check_constraint(pipe, request: ApiRequest) -> None:
+    """RequestError (param ``response_format``) when the request's structured output does not compile for the model
+    (``Pipeline.check_response_format``; compiled, it is kept for ``submit``)."""
+    if request.settings.constraint is not None:
+        try:
+            pipe.check_response_format(request.settings.constraint)
+        except ConstraintError as e:
+            raise api.RequestError(str(e), param="response_format") from None
 
 
 def submit(pipe, prompt, request: ApiRequest, listener=None) -> list:
@@ -95,7 +108,7 @@ def submit(pipe, prompt, request: ApiRequest, listener=None) -> list:
     return pipe.submit_choices(prompt, settings.n, max_new_tokens=max(limit, 1), temperature=settings.temperature,
                                top_k=settings.top_k, top_p=settings.top_p, seed=request.seed,
                                stop=settings.stop or None, ignore_eos=settings.ignore_eos, logprobs=settings.logprobs,
-                               logprobs_mode=settings.logprobs_mode,
+                               logprobs_mode=settings.logprobs_mode, response_format=settings.constraint,
                                prompt_logprobs=settings.echo and settings.logprobs is not None, listener=listener)
 
 

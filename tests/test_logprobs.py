@@ -114,14 +114,14 @@ def test_another_top_count_compiles_nothing_and_plain_steps_run_without(gemma3_p
     calls = []
     step, insert = slots.step, slots.insert
 
-    def recording_step(rows, chunks=None, logprobs=False):
+    def recording_step(rows, chunks=None, logprobs=False, mask=None):
         if chunks is None:  # a decode step (a step with the prompt's chunk decodes no row of this request yet)
             calls.append(("decode", logprobs))
-        return step(rows, chunks, logprobs=logprobs)
+        return step(rows, chunks, logprobs=logprobs, mask=mask)
 
-    def recording_insert(*args):
+    def recording_insert(*args, **kwargs):
         calls.append(("insert", args[-1]))
-        return insert(*args)
+        return insert(*args, **kwargs)
 
     slots.step, slots.insert = recording_step, recording_insert
     try:
