@@ -47,9 +47,9 @@ def test_unsupported_model_type(numpy_checkpoint, tmp_path):
 
 
 def test_missing_tensor(numpy_checkpoint, tmp_path):
-    key = "language_model.model.layers.2.mlp.up_proj.weight"
+    key = "language_model.model.layers.1.mlp.up_proj.weight"
     dst = broken_copy(numpy_checkpoint, tmp_path, lambda t: t.pop(key))
-    with pytest.raises(CheckpointError, match=r"missing 1 tensor.*layers\.2\.mlp\.up_proj"):
+    with pytest.raises(CheckpointError, match=r"missing 1 tensor.*layers\.1\.mlp\.up_proj"):
         Pipeline.from_pretrained(dst)
 
 

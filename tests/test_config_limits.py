@@ -63,7 +63,7 @@ def fails_fast(folder, match):
     (lambda c: c["text_config"].update(rms_norm_eps=float("nan")), r"rms_norm_eps"),
     (lambda c: c["vision_config"].update(image_size=10**6), r"vision_config.image_size"),
     (lambda c: c.update(image_token_index=2**40), r"image_token_index"),
-    (lambda c: c["text_config"].update(layer_types=["full_attention"] * 2), r"layer_types lists 2 layers"),
+    (lambda c: c["text_config"].update(layer_types=["full_attention"] * 3), r"layer_types lists 3 layers"),
 ])
 def test_config_out_of_bounds(checkpoint, tmp_path, edit, match, nothing_built):
     fails_fast(copy_with(checkpoint, tmp_path, edit), match)
