@@ -214,6 +214,20 @@ def hf_gemma3_model(tiny_gemma3_dir):
 
 
 @pytest.fixture(scope="session")
+def gemma3_server(tmp_path_factory, tiny_gemma3_dir):
+    """``omnijax serve`` on ``tiny_gemma3_dir`` (4 slots, a 512-token context), one process for the session's API
+    feature tests (log probabilities, structured outputs): its base URL. Its tests compare counters before and
+    after their own requests only."""
+    from test_server import start_server
+
+    url, proc = start_server(tiny_gemma3_dir, tmp_path_factory.mktemp("serve_features"),
+                             ["--max-batch", "4", "--max-context", "512"])
+    yield url
+    proc.kill()
+    proc.wait()
+
+
+@pytest.fixture(scope="session")
 def gemma3_pipeline(tiny_gemma3_dir):
     """This package's float32 pipeline loaded from ``tiny_gemma3_dir``, with prompt chunks of two lengths only (128
     and 512 tokens: every short prompt of the suite is one 128-token chunk), so that the 21 modules using it share

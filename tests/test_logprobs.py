@@ -19,7 +19,7 @@ from omnijax.app.requests import Request
 from omnijax.app.sampling import SamplingParams, choice_seed
 from omnijax.app.token_logprobs import TOP, check_logprobs
 from omnijax.common.errors import SamplingError
-from test_server import DEADLINE_S, start_server
+from test_server import DEADLINE_S
 
 pytestmark = pytest.mark.reference
 
@@ -199,12 +199,8 @@ def test_token_bytes_join_to_the_text(gemma3_pipeline, family):
 # ---- through the server ----------------------------------------------------------------------------------------
 
 @pytest.fixture(scope="module")
-def server(tmp_path_factory, tiny_gemma3_dir):
-    tmp = tmp_path_factory.mktemp("serve_logprobs")
-    url, proc = start_server(tiny_gemma3_dir, tmp, ["--max-batch", "4", "--max-context", "512"])
-    yield url
-    proc.kill()
-    proc.wait()
+def server(gemma3_server):
+    return gemma3_server
 
 
 @pytest.fixture(scope="module")

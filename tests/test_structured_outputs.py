@@ -25,7 +25,7 @@ from omnijax.app import grammar
 from omnijax.app.sampling import apply_bitmask
 from omnijax.common.errors import ConstraintError
 from omnijax.preprocess.processor import PreparedPrompt
-from test_server import DEADLINE_S, metric, start_server
+from test_server import DEADLINE_S, metric
 
 SCHEMA = {"type": "object",
           "properties": {"answer": {"enum": ["yes", "no", "maybe"]},
@@ -208,12 +208,8 @@ def test_the_generate_command_takes_a_response_format(gemma3_pipeline, capsys, m
 # ---- through the server ----------------------------------------------------------------------------------------
 
 @pytest.fixture(scope="module")
-def server(tmp_path_factory, tiny_gemma3_dir):
-    tmp = tmp_path_factory.mktemp("serve_structured")
-    url, proc = start_server(tiny_gemma3_dir, tmp, ["--max-batch", "4", "--max-context", "512"])
-    yield url
-    proc.kill()
-    proc.wait()
+def server(gemma3_server):
+    return gemma3_server
 
 
 @pytest.fixture(scope="module")
