@@ -228,6 +228,15 @@ def gemma3_server(tmp_path_factory, tiny_gemma3_dir):
 
 
 @pytest.fixture(scope="session")
+def gemma3_client(gemma3_server):
+    """The official ``openai`` client of ``gemma3_server``."""
+    import openai
+    from test_server import DEADLINE_S
+
+    return openai.OpenAI(base_url=gemma3_server + "/v1", api_key="unused", timeout=DEADLINE_S, max_retries=0)
+
+
+@pytest.fixture(scope="session")
 def gemma3_pipeline(tiny_gemma3_dir):
     """This package's float32 pipeline loaded from ``tiny_gemma3_dir``, with prompt chunks of two lengths only (128
     and 512 tokens: every short prompt of the suite is one 128-token chunk), so that the 21 modules using it share

@@ -204,8 +204,8 @@ def server(gemma3_server):
 
 
 @pytest.fixture(scope="module")
-def client(server):
-    return openai.OpenAI(base_url=server + "/v1", api_key="unused", timeout=DEADLINE_S, max_retries=0)
+def client(gemma3_client):
+    return gemma3_client
 
 
 def chat_messages():
