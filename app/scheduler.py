@@ -48,7 +48,7 @@ from omnijax.app.grammar import Grammars
 from omnijax.app.media_cache import EncodedItem, MediaCache
 from omnijax.app.prefix_cache import PrefixCache, PrefixEntry, key_ids
 from omnijax.app.requests import GenerationResult, Request, RequestHandle, TokenEvent
-from omnijax.app.slots import DEFAULT_MAX_BATCHED_TOKENS, DEFAULT_SLOTS, MAX_CHUNK_ROWS, Chunk, Slots, chunk_rows
+from omnijax.app.slots import DEFAULT_MAX_BATCHED_TOKENS, DEFAULT_SLOTS, Chunk, Slots
 from omnijax.app.token_logprobs import MODES, RAW, host_rows
 from omnijax.common.errors import OmnijaxError, PromptError
 from omnijax.common.sharding import host_array
@@ -227,11 +227,10 @@ class Scheduler:
         return sum(live is not None for live in self._slot_of)
 
     def warm_up(self) -> None:
-        """Compile what text requests run (every step shape: decode row counts, and chunk groups of 1, 2 or 4
-        prompt chunks of each length within ``max_batched_tokens``) now, so the first requests do not wait for it.
-        Call it before any request."""
-        shapes = [(c, t) for c in (1, 2, MAX_CHUNK_ROWS) if c <= chunk_rows(self.slots.slots)
-                  for t in self.engine.buckets if self._fits(c, t)]
+        """Compile what text requests run (every step shape: decode row counts, and chunk groups of each row count
+        of ``Slots.chunk_counts`` and each length within ``max_batched_tokens``) now, so the first requests do not
+        wait for it. Call it before any request."""
+        shapes = [(c, t) for c in self.slots.chunk_counts for t in self.engine.buckets if self._fits(c, t)]
         self.slots.warm_up(shapes)
 
     def _fits(self, rows: int, length: int) -> bool:
@@ -240,7 +239,7 @@ class Scheduler:
         smallest bucket each when the budget is smaller)."""
         if rows == 1:
             return length <= bucket_for(self.max_batched_tokens, self.engine.buckets)
-        return rows <= chunk_rows(self.slots.slots) and \
+        return rows <= self.slots.chunk_counts[-1] and \
             rows * length <= max(self.max_batched_tokens, rows * self.engine.buckets[0])
 
     def compilations(self) -> int:
@@ -412,11 +411,11 @@ class Scheduler:
         return EncodedItem(host_array(features)[valid], tuple(host_array(e)[valid] for e in extras))
 
     def _plan(self) -> list[tuple[Live, int, int]]:
-        """The prompt chunks of the next step: (live, a, b) for prompt tokens a..b-1 of up to ``MAX_CHUNK_ROWS``
-        prefilling requests, oldest first, sharing ``max_batched_tokens`` (fewer requests when their chunks do not
-        fit: a media block is never split; the oldest always runs)."""
+        """The prompt chunks of the next step: (live, a, b) for prompt tokens a..b-1 of up to the largest of
+        ``Slots.chunk_counts`` prefilling requests, oldest first, sharing ``max_batched_tokens`` (fewer requests
+        when their chunks do not fit: a media block is never split; the oldest always runs)."""
         todo = sorted((x for x in self._slot_of if x is not None and x.prefilling), key=lambda x: x.order)
-        rows = chunk_rows(min(len(todo), MAX_CHUNK_ROWS, chunk_rows(self.slots.slots)))
+        rows = self.slots.chunk_rows(len(todo))
         while todo:
             share = max(self.max_batched_tokens // rows, 1)
             picked = []

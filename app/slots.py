@@ -90,9 +90,9 @@ class Chunk(NamedTuple):
     media: ChunkMedia | None
 
 
-def chunk_rows(n: int) -> int:
-    """The row count of a step's chunk group holding ``n`` chunks: 1, 2 or 4."""
-    return 1 if n <= 1 else 2 if n == 2 else MAX_CHUNK_ROWS
+def chunk_row_counts(slots: int) -> tuple[int, ...]:
+    """The row counts a step's chunk group may have with ``slots`` slots: 1, 2 and 4, at most one past ``slots``."""
+    return tuple(c for c in (1, 2, MAX_CHUNK_ROWS) if c // 2 < slots)
 
 
 class SlotState(NamedTuple):
@@ -149,7 +149,10 @@ class Slots:
         self.cfg = engine.cfg
         self.slots = slots
         self.context = round_context(min(context or engine.max_context, engine.max_context))
+        # the shapes a step may take: its decode row counts, and the row counts of its chunk group (fewer of either:
+        # fewer programs to compile, more padding or more steps)
         self.rows = row_buckets(slots) if engine.mesh.shape["data"] == 1 else (slots,)
+        self.chunk_counts = chunk_row_counts(slots)
         self.cache = None
         self.state = None
         self._laid_out = False  # the programs know the allocated state's layout
@@ -279,11 +282,15 @@ class Slots:
         """The decode step's row count for active slots up to ``highest_slot``."""
         return next(r for r in self.rows if r > highest_slot)
 
+    def chunk_rows(self, n: int) -> int:
+        """The row count of a chunk group holding ``n`` chunks (at most the largest of ``chunk_counts``)."""
+        return next(c for c in self.chunk_counts if c >= min(n, self.chunk_counts[-1]))
+
     def chunk_group(self, chunks: list[Chunk], length: int) -> ChunkGroup:
-        """A step's ``chunks`` (at most ``MAX_CHUNK_ROWS``, each at most ``length`` tokens) as the program's
-        inputs: ``chunk_rows`` rows of ``length`` tokens, padded with rows that take no token; media inputs without
-        media are zeros made once per shape."""
-        c, spec = chunk_rows(len(chunks)), self.cfg.decoder
+        """A step's ``chunks`` (at most the largest of ``chunk_counts``, each at most ``length`` tokens) as the
+        program's inputs: ``chunk_rows`` rows of ``length`` tokens, padded with rows that take no token; media inputs
+        without media are zeros made once per shape."""
+        c, spec = self.chunk_rows(len(chunks)), self.cfg.decoder
         axes = spec.rope_axes
         tokens = np.full((c, length), self.cfg.pad_id, np.int32)
         count, start = np.zeros(c, np.int32), np.zeros(c, np.int32)

@@ -78,6 +78,7 @@ if _ROOT not in sys.path:  # plain `pytest` (not `python -m pytest`) does not pu
     sys.path.insert(0, _ROOT)
 
 from fixtures import tiny_gemma3 as dm  # noqa: E402
+from fixtures.step_shapes import few_step_shapes  # noqa: E402
 
 TORCH_SEED = 1234
 
@@ -239,13 +240,14 @@ def gemma3_client(gemma3_server):
 @pytest.fixture(scope="session")
 def gemma3_pipeline(tiny_gemma3_dir):
     """This package's float32 pipeline loaded from ``tiny_gemma3_dir``, with prompt chunks of two lengths only (128
-    and 512 tokens: every short prompt of the suite is one 128-token chunk), so that the 21 modules using it share
-    a few compiled step programs instead of one per length bucket their prompts happen to reach."""
+    and 512 tokens: every short prompt of the suite is one 128-token chunk) and few step shapes
+    (``few_step_shapes``), so that the 21 modules using it share a few compiled step programs instead of one per
+    length bucket and batch their prompts happen to reach."""
     from omnijax.app.pipeline import Pipeline
 
     pipe = Pipeline.from_pretrained(tiny_gemma3_dir, dtype="float32")
     pipe.engine.buckets = (128, 512, pipe.engine.max_context)
-    return pipe
+    return few_step_shapes(pipe)
 
 
 # Qwen3-Omni: tiny folders built by tests/fixtures/qwen3_omni_checkpoint.py (imported inside the fixtures, so sessions
@@ -293,7 +295,7 @@ def hf_qwen_processor(tiny_qwen_dir):
 def qwen_pipeline(tiny_qwen_dir):
     from omnijax.app.pipeline import Pipeline
 
-    return Pipeline.from_pretrained(tiny_qwen_dir, video_size="checkpoint")
+    return few_step_shapes(Pipeline.from_pretrained(tiny_qwen_dir, video_size="checkpoint"))
 
 
 @pytest.fixture(scope="session")
@@ -301,7 +303,7 @@ def qwen_speech_pipeline(tiny_qwen_full_dir):
     """``tiny_qwen_full_dir`` loaded with its talker and code2wav: it can answer aloud."""
     from omnijax.app.pipeline import Pipeline
 
-    return Pipeline.from_pretrained(tiny_qwen_full_dir, video_size="checkpoint")
+    return few_step_shapes(Pipeline.from_pretrained(tiny_qwen_full_dir, video_size="checkpoint"))
 
 
 @pytest.fixture(scope="session")
@@ -431,7 +433,7 @@ def _gemma4_pipeline(folder):
 
     pipe = Pipeline.from_pretrained(folder, max_batched_tokens=384)
     pipe.engine.buckets = (384, pipe.engine.max_context)
-    return pipe
+    return few_step_shapes(pipe)
 
 
 @pytest.fixture(scope="session")
@@ -456,7 +458,7 @@ def llama4_pipeline(tiny_llama4_dir):
     tokens (the long cases run in several)."""
     from omnijax.app.pipeline import Pipeline
 
-    return Pipeline.from_pretrained(tiny_llama4_dir, max_batched_tokens=128)
+    return few_step_shapes(Pipeline.from_pretrained(tiny_llama4_dir, max_batched_tokens=128))
 
 
 @pytest.fixture(scope="session")
@@ -464,7 +466,7 @@ def llama4_text_pipeline(tiny_llama4_text_dir):
     """This package's float32 pipeline loaded from ``tiny_llama4_text_dir``."""
     from omnijax.app.pipeline import Pipeline
 
-    return Pipeline.from_pretrained(tiny_llama4_text_dir)
+    return few_step_shapes(Pipeline.from_pretrained(tiny_llama4_text_dir))
 
 
 # ---- media files for the web demo's tests

@@ -8,6 +8,7 @@ import pytest
 from safetensors.numpy import load_file, save_file
 
 from fixtures.tiny_gemma3 import build_tiny_gemma3
+from fixtures.step_shapes import few_step_shapes
 from omnijax.common.errors import CheckpointError, MediaError, PromptError, UnsupportedModelError
 from omnijax.app.pipeline import Pipeline
 
@@ -87,7 +88,7 @@ def test_corrupt_weight_file(numpy_checkpoint, tmp_path):
 
 @pytest.fixture(scope="module")
 def pipe(numpy_checkpoint):
-    return Pipeline.from_pretrained(numpy_checkpoint, max_context=256)
+    return few_step_shapes(Pipeline.from_pretrained(numpy_checkpoint, max_context=256))
 
 
 def test_unreadable_image_file(pipe, tmp_path):

@@ -39,7 +39,7 @@ SPEC = DecoderSpec(VOCAB, HIDDEN, (
 
 @pytest.fixture(scope="module")
 def model():
-    m = DecoderModel(SPEC, rngs=nnx.Rngs(0))
+    m = nnx.eval_shape(lambda: DecoderModel(SPEC, rngs=nnx.Rngs(0)))  # shapes only: the weights are drawn below
     graphdef, state = nnx.split(m)
     rng = np.random.default_rng(0)
     state = jax.tree.map(lambda x: jnp.asarray(rng.normal(0, 0.3, x.shape), x.dtype), state)  # nothing at init values
@@ -128,8 +128,8 @@ def test_prefill_returns_hidden_states_and_takes_embeddings(model):
     np.testing.assert_allclose(np.asarray(capped), np.asarray(plain), rtol=1e-5, atol=1e-5)
     np.testing.assert_allclose(np.asarray(by_embed), np.asarray(by_token), rtol=1e-5, atol=1e-5)
     # hidden state 2 is the output of layer 1: the first two layers alone, final-normed, give it final-normed
-    two = DecoderModel(DecoderSpec(VOCAB, HIDDEN, SPEC.layers[:2], norm_plus_one=True, embed_scale=2.0),
-                       rngs=nnx.Rngs(0))
+    two = nnx.eval_shape(lambda: DecoderModel(DecoderSpec(VOCAB, HIDDEN, SPEC.layers[:2], norm_plus_one=True,
+                                                          embed_scale=2.0), rngs=nnx.Rngs(0)))
     weights = dict(nnx.to_flat_state(state))
     nnx.update(two, nnx.from_flat_state([(path, weights[path]) for path, _ in nnx.to_flat_state(nnx.state(two))]))
     alone, _ = jax.jit(lambda: two.prefill(prompt, cache_len=16, cache_dtype=jnp.float32, output="hidden",

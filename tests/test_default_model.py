@@ -20,6 +20,7 @@ from training.model import CONFIG, write_folder_files
 from training.scenes import render, sample_scene, scene_from_dict
 from training.gemma3_weights import gemma3_weight_shapes
 from bench.default_model_eval import eval_items, evaluate
+from fixtures.step_shapes import few_step_shapes
 
 pytestmark = pytest.mark.slow
 
@@ -31,7 +32,7 @@ EXAMPLES = ROOT / "examples"
 def pipe():
     from omnijax.app.pipeline import Pipeline
 
-    return Pipeline.from_pretrained(default_model_dir())
+    return few_step_shapes(Pipeline.from_pretrained(default_model_dir()))
 
 
 def _user(images, text):

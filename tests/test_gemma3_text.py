@@ -13,6 +13,7 @@ import torch
 from safetensors.numpy import load_file, save_file
 
 from fixtures import tiny_gemma3 as dm
+from fixtures.step_shapes import few_step_shapes
 from omnijax.app.pipeline import Pipeline
 from omnijax.common.errors import PromptError
 from conftest import _randomise_
@@ -57,7 +58,7 @@ def text_dir(tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def text_pipe(text_dir):
-    return Pipeline.from_pretrained(text_dir)
+    return few_step_shapes(Pipeline.from_pretrained(text_dir))
 
 
 @pytest.fixture(scope="module")

@@ -23,6 +23,7 @@ SCRIPT = r"""
 import json, sys
 import jax
 from omnijax.app.pipeline import Pipeline
+from fixtures.step_shapes import few_step_shapes
 from omnijax.common.sharding import make_mesh
 assert len(jax.devices()) == 4, jax.devices()
 out = {}
@@ -30,6 +31,7 @@ for kind, folder, model_axis in [("small", sys.argv[1], 2), ("moe", sys.argv[2],
     exec(sys.argv[3])
     pipe = Pipeline.from_pretrained(folder, mesh=make_mesh(model_axis), max_batched_tokens=384)
     pipe.engine.buckets = (384, pipe.engine.max_context)
+    few_step_shapes(pipe)
     layer = pipe.engine.params["decoder"]["layers"][0]
     leaf = layer["moe"]["gate_proj"] if kind == "moe" else layer["mlp"]["gate_up_proj"]
     out[kind] = {"tokens": [r.token_ids for r in pipe.generate(convs, max_new_tokens=10)],

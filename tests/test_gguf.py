@@ -16,6 +16,7 @@ from omnijax.app.gguf.file import GGUFFile, StringArray
 from omnijax.app.pipeline import Pipeline
 from omnijax.common.errors import CheckpointError, PromptError, UnsupportedModelError
 from fixtures.tiny_gguf import DEFAULT_TYPES, write_tiny_gemma3_gguf
+from fixtures.step_shapes import few_step_shapes
 
 pytestmark = pytest.mark.reference
 
@@ -34,7 +35,7 @@ def tiny_gguf(tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def tiny_gguf_pipe(tiny_gguf):
-    return Pipeline.from_pretrained(tiny_gguf)
+    return few_step_shapes(Pipeline.from_pretrained(tiny_gguf))
 
 
 @pytest.fixture(scope="module")

@@ -23,11 +23,13 @@ SCRIPT = r"""
 import json, sys
 import jax, numpy as np
 from omnijax.app.pipeline import Pipeline
+from fixtures.step_shapes import few_step_shapes
 from omnijax.common.sharding import make_mesh
 assert len(jax.devices()) == 4, jax.devices()
 folder, large, wide = sys.argv[1:4]
 exec(sys.argv[4])
 pipe = Pipeline.from_pretrained(folder, mesh=make_mesh(4), max_batched_tokens=128)
+few_step_shapes(pipe)
 moe = next(l["mlp"] for l in pipe.engine.params["decoder"]["layers"].values() if "router" in l["mlp"])
 scores = pipe.prompt_logits(convs)
 out = {"tokens": [r.token_ids for r in pipe.generate(convs, max_new_tokens=12)],

@@ -18,6 +18,7 @@ from omnijax.common.matmul_policy import fast_bf16_products, matmul_oi
 from omnijax.common.quantized import (QuantizedArray, check_quantize, dequantize_numpy, quantize, quantize_int4,
                                       quantize_int8)
 from fixtures.four_devices import run_on_four_devices
+from fixtures.step_shapes import few_step_shapes
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 
@@ -117,7 +118,8 @@ def test_unknown_settings_name_the_valid_ones(tiny_gemma3_dir):
 def quantized_pipes(tiny_gemma3_dir, gemma3_pipeline):
     from omnijax.app.pipeline import Pipeline
 
-    return {mode: Pipeline.from_pretrained(tiny_gemma3_dir, quantize=mode) for mode in ("int8", "int4")}
+    return {mode: few_step_shapes(Pipeline.from_pretrained(tiny_gemma3_dir, quantize=mode))
+            for mode in ("int8", "int4")}
 
 
 def test_the_decoder_matrices_are_stored_quantized_and_the_rest_is_not(quantized_pipes, gemma3_pipeline):
@@ -176,8 +178,9 @@ import json, sys
 import jax, numpy as np
 from omnijax.app.pipeline import Pipeline
 from omnijax.common.sharding import make_mesh
+from fixtures.step_shapes import few_step_shapes
 assert len(jax.devices()) == 4, jax.devices()
-pipe = Pipeline.from_pretrained(sys.argv[1], mesh=make_mesh(4), quantize="int4")
+pipe = few_step_shapes(Pipeline.from_pretrained(sys.argv[1], mesh=make_mesh(4), quantize="int4"))
 w = pipe.engine.params["decoder"]["layers"][0]["mlp"]["gate_up_proj"]
 logits = pipe.prompt_logits([PROMPT])[0][-1:]
 out = {"tokens": pipe.generate([PROMPT], max_new_tokens=8)[0].token_ids, "logits": logits.tolist(),

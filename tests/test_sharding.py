@@ -28,11 +28,13 @@ SCRIPT = r"""
 import json, sys
 import jax
 from omnijax.app.pipeline import Pipeline
+from fixtures.step_shapes import few_step_shapes
 from omnijax.common.sharding import make_mesh
 assert len(jax.devices()) == 4, jax.devices()
 folder = sys.argv[1]
 """ + GEMMA3_CONVS + r"""
 pipe = Pipeline.from_pretrained(folder, mesh=make_mesh(4), dtype="float32")
+few_step_shapes(pipe)
 leaf = pipe.engine.params["decoder"]["layers"][0]["mlp"]["gate_up_proj"]
 out = {"tokens": [r.token_ids for r in pipe.generate(convs, max_new_tokens=12)],
        "shards": len(leaf.addressable_shards), "spec": str(leaf.sharding.spec)}
@@ -87,10 +89,12 @@ QWEN_SCRIPT = r"""
 import json, sys
 import jax
 from omnijax.app.pipeline import Pipeline
+from fixtures.step_shapes import few_step_shapes
 from omnijax.common.sharding import make_mesh
 folder = sys.argv[1]
 """ + QWEN_CONVS + r"""
 pipe = Pipeline.from_pretrained(folder, mesh=make_mesh(4))
+few_step_shapes(pipe)
 moe = next(l["mlp"] for l in pipe.engine.params["decoder"]["layers"].values() if "router" in l["mlp"])
 out = {"tokens": [r.token_ids for r in pipe.generate(convs, max_new_tokens=10)],
        "expert_spec": str(moe["gate_proj"].sharding.spec)}
@@ -162,9 +166,11 @@ if n > 1:
     jax.config.update("jax_cpu_collectives_implementation", "gloo")
     jax.distributed.initialize(coordinator_address=f"127.0.0.1:{port}", num_processes=n, process_id=pid)
 from omnijax.app.pipeline import Pipeline
+from fixtures.step_shapes import few_step_shapes
 from omnijax.common.sharding import make_mesh
 """ + GEMMA3_CONVS + r"""
 pipe = Pipeline.from_pretrained(folder, mesh=make_mesh(2), dtype="float32")
+few_step_shapes(pipe)
 stream = pipe.stream(convs[1], max_new_tokens=6)
 while True:
     try:
@@ -191,7 +197,7 @@ def test_two_processes_share_one_mesh_and_equal_one_process(tiny_gemma3_dir, gem
     """Two JAX processes on this machine (jax.distributed over localhost, CPU collectives), 2 devices each, one
     (data 2 x model 2) mesh across both: both get the single-process, one-device answer (the session pipeline's)."""
     env = dict(os.environ, XLA_FLAGS="--xla_force_host_platform_device_count=2", JAX_PLATFORMS="cpu",
-               PYTHONPATH=str(ROOT))
+               PYTHONPATH=os.pathsep.join([str(ROOT), str(ROOT / "tests")]))
     port = str(_free_port())
     procs = [subprocess.Popen([sys.executable, "-c", MULTIHOST_SCRIPT, str(i), "2", port, str(tiny_gemma3_dir)],
                               env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) for i in range(2)]
