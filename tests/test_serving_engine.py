@@ -103,6 +103,19 @@ def test_chunked_prefill_keeps_media_blocks_whole_and_cuts_at_prefix_points():
     assert prefix_points(0, 100, bidir, 48) == (90, 96) and prefix_points(95, 100, bidir, 48) == (96,)
 
 
+def test_a_chunk_group_takes_the_smallest_row_count_that_holds_its_chunks():
+    """1, 2 or 4 rows by default (at most one past the slots); with fewer counts (tests/fixtures/step_shapes.py) a
+    step compiles fewer programs and pads more, or the scheduler plans fewer chunks a step."""
+    from types import SimpleNamespace
+
+    from omnijax.app.slots import Slots, chunk_row_counts
+
+    assert [chunk_row_counts(n) for n in (1, 2, 3, 8)] == [(1,), (1, 2), (1, 2, 4), (1, 2, 4)]
+    rows = lambda counts, n: Slots.chunk_rows(SimpleNamespace(chunk_counts=counts), n)  # noqa: E731
+    assert [rows((1, 2, 4), n) for n in (1, 2, 3, 4, 6)] == [1, 2, 4, 4, 4]
+    assert [rows((1,), n) for n in (1, 3)] == [1, 1] and rows((1, 4), 2) == 4
+
+
 def test_cancel_frees_the_slot_at_the_next_step(gemma3_pipeline, sched):
     """Four long requests fill the slots and a fifth waits; cancelling one lets the fifth run to its end while the
     other three are still far from theirs."""
