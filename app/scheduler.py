@@ -239,8 +239,7 @@ class Scheduler:
         smallest bucket each when the budget is smaller)."""
         if rows == 1:
             return length <= bucket_for(self.max_batched_tokens, self.engine.buckets)
-        return rows <= self.slots.chunk_counts[-1] and \
-            rows * length <= max(self.max_batched_tokens, rows * self.engine.buckets[0])
+        return rows * length <= max(self.max_batched_tokens, rows * self.engine.buckets[0])
 
     def compilations(self) -> int:
         """Programs compiled so far by the engine (media encoders) and the slots."""
@@ -424,9 +423,10 @@ class Scheduler:
                 a, b = plan_chunks(live.done, len(prompt.token_ids), prompt.bidirectional, share,
                                    tuple(live.keep_at))[0]
                 picked.append((live, a, b))
-            if rows == 1 or self._fits(rows, bucket_for(max(b - a for _, a, b in picked), self.engine.buckets)):
+            if rows == self.slots.chunk_counts[0] or \
+                    self._fits(rows, bucket_for(max(b - a for _, a, b in picked), self.engine.buckets)):
                 return picked
-            rows //= 2
+            rows = max(c for c in self.slots.chunk_counts if c < rows)
         return []
 
     def _dispatch(self):
