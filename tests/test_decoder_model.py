@@ -191,6 +191,9 @@ def test_the_fused_backend_continues_the_cache_as_the_default_one(model):
         assert np.abs(b - a).max() <= 1e-4 * max(1.0, float(np.abs(a).max()))
 
 
+PACKED_BOUND = 1e-5
+
+
 def test_a_packed_forward_equals_its_groups_run_one_after_another(model):
     """A decode step's rows and two prompt chunks (one of them a padding sequence) in one forward give the outputs
     and the cache of a decode step followed by the chunk alone: each group attends in its own shape, the tokens
@@ -223,11 +226,15 @@ def test_a_packed_forward_equals_its_groups_run_one_after_another(model):
         return (h_dec, h_chunk, one_by_one), (p_dec, p_chunk, packed)
 
     (h_dec, h_chunk, one_by_one), (p_dec, p_chunk, packed) = run(state, cache)
-    # float32 in two summation orders (the products run over other row counts): within 2e-6 of the largest value
+    # float32 in two summation orders (the products and attention run over other row counts; XLA's CPU products
+    # sum in an order that depends on the shape): within 1e-5 of the largest value. Over 12 draws of the tokens the
+    # largest difference was 2.5e-6 of it on a Xeon with AMX (0.3e-6 to 2.5e-6); a packing mistake (a token
+    # attending to another row, a position off by one) moves values by a whole unit.
     for got, want in ((np.asarray(p_dec)[[0, 2]], np.asarray(h_dec)[[0, 2]]),
                       (np.asarray(p_chunk)[0, :count], np.asarray(h_chunk)[0, :count])):
-        np.testing.assert_allclose(got, want, rtol=0, atol=2e-6 * np.abs(want).max())
+        np.testing.assert_allclose(got, want, rtol=0, atol=PACKED_BOUND * np.abs(want).max())
     assert np.asarray(packed["length"]).tolist() == [12, start + count, 15] == \
         np.asarray(one_by_one["length"]).tolist()
     for a, b in zip(packed["k"] + packed["v"], one_by_one["k"] + one_by_one["v"]):
-        np.testing.assert_allclose(np.asarray(a), np.asarray(b), rtol=0, atol=2e-6 * np.abs(np.asarray(b)).max())
+        np.testing.assert_allclose(np.asarray(a), np.asarray(b), rtol=0,
+                                   atol=PACKED_BOUND * np.abs(np.asarray(b)).max())
