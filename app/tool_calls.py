@@ -155,6 +155,62 @@ def read_tool_choice(value: Any, tools: list[Tool], where: str = "tool_choice") 
     return ToolChoice("function", name)
 
 
+def check_schemas(tools: list[Tool]) -> None:
+    """ToolError naming ``tools[i].function.parameters`` when llguidance cannot compile a tool's schema."""
+    from omnijax.app import grammar
+
+    for i, tool in enumerate(tools):
+        where = f"tools[{i}].function.parameters"
+        try:
+            grammar.validate(grammar.json_schema(tool.parameters, tool.name, where=where), where)
+        except ToolError:
+            raise
+        except ConstraintError as e:
+            raise ToolError(str(e).split(": ", 1)[-1], where) from None
+
+
+@dataclasses.dataclass(frozen=True)
+class ToolRequest:
+    """The tools of one request, checked: what the model is offered (``tools``), how it may call them (``choice``,
+    ``parallel``), in which format (``fmt``), and the grammar its answer follows (None: free text)."""
+
+    tools: tuple[Tool, ...]
+    choice: ToolChoice
+    parallel: bool
+    fmt: str
+    grammar: str | None
+
+    def template_tools(self) -> list[dict]:
+        """The tools as the chat template takes them."""
+        return [t.as_openai() for t in self.tools]
+
+    @property
+    def parses(self) -> bool:
+        """Whether the answer is read for calls (tools offered and tool_choice not "none")."""
+        return bool(self.tools) and self.choice.mode != "none"
+
+
+def tool_request(tools: Any, tool_choice: Any = None, parallel_tool_calls: Any = True, fmt: str = "hermes",
+                 special_ids: dict[str, int] | None = None) -> ToolRequest | None:
+    """The checked ToolRequest of OpenAI's ``tools`` / ``tool_choice`` / ``parallel_tool_calls`` for a model
+    writing calls in ``fmt`` (None: no tools); ToolError naming the field."""
+    if fmt not in FORMATS:
+        raise ValueError(f"unknown tool-call format {fmt!r} (one of {', '.join(FORMATS)})")
+    if isinstance(tools, ToolRequest):
+        return tools
+    read = read_tools(tools)
+    choice = read_tool_choice(tool_choice, read)
+    if parallel_tool_calls is None:
+        parallel_tool_calls = True
+    if not isinstance(parallel_tool_calls, bool):
+        raise ToolError("must be a boolean", "parallel_tool_calls")
+    if not read:
+        return None
+    check_schemas(read)
+    grammar_text = call_grammar(fmt, read, choice, parallel_tool_calls, special_ids)
+    return ToolRequest(tuple(read), choice, parallel_tool_calls, fmt, grammar_text)
+
+
 # ---- format -> grammar ---------------------------------------------------------------------------------------
 
 def _lit(text: str) -> str:
@@ -600,36 +656,49 @@ def _llama4_calls(raw: str) -> tuple[int, list[ToolCall]] | None:
 # ---- streaming -----------------------------------------------------------------------------------------------
 
 class CallStream:
-    """The deltas of a streamed answer with tools: ``update(raw)`` with the whole raw text so far gives the content
-    that can no longer turn into a call (a possible call start and trailing white space are held back);
-    ``finish(raw)`` the rest of the content and the calls, parsed from the whole answer as ``parse_calls`` parses
-    it (so a stream joins into the answer a non-streamed request gets)."""
+    """A streamed answer with tools, read as it grows: ``update(raw)`` with the whole raw text so far (special tokens
+    included) gives (content delta, new calls): content is sent once it cannot turn into a call (a possible call
+    start and trailing white space wait), each call once it is complete. ``finish(raw)`` gives the rest, read as
+    ``parse_calls`` reads the whole answer (so the deltas join into the non-streamed answer)."""
 
-    def __init__(self, fmt: str, hold: Iterable[str] = ()):
+    def __init__(self, fmt: str, specials: Iterable[str] = ()):
         self.fmt = fmt
-        self.markers = [START[fmt], *hold] + (["[", "{"] if fmt == "llama4" else [])
+        self.specials = tuple(specials)
+        self.markers = [START[fmt]] + (["[", "{"] if fmt == "llama4" else [])
         self.sent = ""
+        self.calls: list[ToolCall] = []
 
-    def update(self, content: str) -> str:
-        """The new content of ``content`` (the raw text with special tokens removed) safe to send."""
-        cut = len(content)
-        for m in self.markers:
-            i = content.find(m)
-            if i >= 0:
-                cut = min(cut, i)
-            for k in range(min(len(m) - 1, len(content)), 0, -1):
-                if content.endswith(m[:k]):
-                    cut = min(cut, len(content) - k)
-                    break
-        stable = content[:cut].rstrip()
-        if not stable.startswith(self.sent) or len(stable) <= len(self.sent):
-            return ""
-        delta, self.sent = stable[len(self.sent):], stable
-        return delta
-
-    def finish(self, content: str) -> str:
-        """The content not sent yet, given the final ``content`` (``parse_calls``' content)."""
-        if not content.startswith(self.sent):
+    def _content(self, content: str) -> str:
+        if not content.startswith(self.sent) or len(content) <= len(self.sent) or self.calls:
             return ""
         delta, self.sent = content[len(self.sent):], content
         return delta
+
+    def _new_calls(self, calls: list[ToolCall]) -> list[ToolCall]:
+        new = calls[len(self.calls):]
+        self.calls += new
+        return new
+
+    def update(self, raw: str) -> tuple[str, list[ToolCall]]:
+        cut = len(raw)
+        for m in self.markers:
+            i = raw.find(m)
+            if i >= 0:
+                cut = min(cut, i)
+            for k in range(min(len(m) - 1, len(raw)), 0, -1):
+                if raw.endswith(m[:k]):
+                    cut = min(cut, len(raw) - k)
+                    break
+        if cut == len(raw):
+            return self._content(strip_specials(raw, self.specials).rstrip()), []
+        tail = raw.rstrip()
+        if self.fmt == "llama4" and not tail.endswith(("]", "}", "<|python_end|>")):
+            return self._content(strip_specials(raw[:cut], self.specials).rstrip()), []
+        content, calls = parse_calls(self.fmt, raw, self.specials)
+        if not calls:
+            return self._content(strip_specials(raw[:cut], self.specials).rstrip()), []
+        return self._content(content), self._new_calls(calls)
+
+    def finish(self, raw: str) -> tuple[str, list[ToolCall]]:
+        content, calls = parse_calls(self.fmt, raw, self.specials)
+        return self._content(content), self._new_calls(calls)

@@ -143,10 +143,19 @@ def media_of(messages: list[dict], kind: str) -> list[Any]:
     return found
 
 
-def template_messages(messages: list[dict]) -> list[dict]:
-    """Messages as the chat template sees them: media parts reduced to their type (the template emits markers)."""
-    return [{**m, "content": [p if p["type"] == "text" else {"type": p["type"]} for p in m["content"]]}
-            for m in messages]
+def template_messages(messages: list[dict], text=lambda t: t, flat: bool = False) -> list[dict]:
+    """Messages as the chat template sees them: media parts reduced to their type (the template emits markers), text
+    parts through ``text``; a tool message's text as one string (the templates write a tool result's content as
+    given: Llama 4's as JSON), and with ``flat`` (a prompt with tools) every text-only message's (Llama 4's
+    template writes the first user message's content as it is when it declares tools there)."""
+    out = []
+    for m in messages:
+        parts = [dict(p, text=text(p["text"])) if p["type"] == "text" else {"type": p["type"]} for p in m["content"]]
+        if (flat or m["role"] == "tool") and all(p["type"] == "text" for p in parts):
+            out.append({**m, "content": "".join(p["text"] for p in parts)})
+        else:
+            out.append({**m, "content": parts})
+    return out
 
 
 NO_CHAT_TEMPLATE = ("this checkpoint has no chat template (a base model?): pass the prompt as plain text instead "
@@ -167,10 +176,8 @@ def render_chat(tokenizer, messages: list[dict], chat_template: str | None = Non
     found = next((f for t in tool_texts(messages, tools) if (f := spells_special_token([t], pattern))), None)
     if found is not None:
         raise PromptError(f"the tools or tool calls contain the special token text {found!r}; remove it")
-    plain = _render(tokenizer, template_messages(messages), chat_template, tools)
-    marked_messages = [{**m, "content": [dict(p, text=mark(p["text"], pattern)) if p["type"] == "text"
-                                         else {"type": p["type"]} for p in m["content"]]}
-                       for m in messages]
+    plain = _render(tokenizer, template_messages(messages, flat=bool(tools)), chat_template, tools)
+    marked_messages = template_messages(messages, lambda t: mark(t, pattern), flat=bool(tools))
     try:
         marked = _render(tokenizer, marked_messages, chat_template, tools)
         if unmark(marked)[0] == plain:
