@@ -44,7 +44,10 @@ JSON_OPTIONS = {"whitespace_flexible": False, "item_separator": ", ", "key_separ
 G4_QUOTE = '<|"|>'
 # The keywords a Gemma 4 argument schema may use (its syntax is not JSON: omnijax writes its grammar itself).
 G4_KEYWORDS = frozenset({"type", "properties", "required", "items", "enum", "const", "anyOf", "oneOf", "description",
-                         "title", "default", "additionalProperties", "nullable", "examples", "$schema"})
+                         "title", "default", "additionalProperties", "nullable", "examples", "$schema", "minItems",
+                         "maxItems", "minLength", "maxLength", "minimum", "maximum", "exclusiveMinimum",
+                         "exclusiveMaximum", "multipleOf"})
+NUMBER_KEYWORDS = ("minimum", "maximum", "exclusiveMinimum", "exclusiveMaximum", "multipleOf")
 START = {"hermes": "<tool_call>", "prompt": "<tool_call>", "gemma4": "<|tool_call>", "llama4": "<|python_start|>"}
 
 
@@ -311,9 +314,23 @@ def gemma4_value(schema: Any, rules: _Rules, quote: str, where: str) -> str:
         return "(" + " | ".join(gemma4_value({**schema, "type": k}, rules, quote, where) for k in kind) + ")"
     expr = {"string": "g4_str", "integer": "G4_INT", "number": "G4_NUM", "boolean": '("true" | "false")',
             "null": '"null"'}.get(kind)
+    if kind in ("integer", "number") and any(k in schema for k in NUMBER_KEYWORDS):
+        expr = rules.add(_json_rule({k: schema[k] for k in ("type", *NUMBER_KEYWORDS) if k in schema}), "g4")
+    if kind == "string" and ("minLength" in schema or "maxLength" in schema):
+        low, high = _bounds(schema, "minLength", "maxLength", where)
+        if high == 0:
+            return f"{quote} {quote}"
+        text = rules.add(f"/(?s:.{{{max(low, 1)},{'' if high is None else high}}})/", "G4_TEXT")  # a terminal
+        expr = rules.add(f"{quote} {text} {quote}" if low > 0 else f"{quote} {text}? {quote}", "g4")
     if expr is None and kind == "array":
         item = gemma4_value(schema.get("items", {}), rules, quote, f"{where}.items")
-        expr = rules.add(f'"[" ({item} ("," {item})*)? "]"', "g4")
+        low, high = _bounds(schema, "minItems", "maxItems", where)
+        if high == 0:
+            expr = '"[" "]"'
+        else:
+            rest = f'("," {item}){{{max(low - 1, 0)},{"" if high is None else high - 1}}}'
+            body = f"{item} {rest}"
+            expr = rules.add(f'"[" {body} "]"' if low > 0 else f'"[" ({body})? "]"', "g4")
     elif expr is None and kind == "object":
         props = schema.get("properties", {})
         required = schema.get("required", [])
@@ -335,6 +352,14 @@ def gemma4_value(schema: Any, rules: _Rules, quote: str, where: str) -> str:
     if schema.get("nullable"):
         expr = f'({expr} | "null")'
     return expr
+
+
+def _bounds(schema: dict, low_key: str, high_key: str, where: str) -> tuple[int, int | None]:
+    low, high = schema.get(low_key, 0), schema.get(high_key)
+    if not isinstance(low, int) or isinstance(low, bool) or low < 0 or high is not None and (
+            not isinstance(high, int) or isinstance(high, bool) or high < low):
+        raise ToolError(f"'{low_key}' / '{high_key}' must be integers with {low_key} <= {high_key}", where)
+    return low, high
 
 
 def _g4_literal(value: Any, quote: str) -> str:

@@ -2,7 +2,8 @@
 into plain messages before the template renders it.
 
 - the tools go into the system message (after its own text, which the Gemma 3 template puts at the head of the
-  first user turn): ``TOOLS_HEADER``, one JSON object per tool line within ``<tools></tools>``, then how to call;
+  first user turn): ``TOOLS_HEADER``, each function (name, description, parameters) as one line of compact JSON
+  within ``<tools></tools>``, then how to call (``TOOLS_FOOTER``);
 - an assistant message's ``tool_calls`` become text after its content, one call per line:
   ``<tool_call>\\n{"name": "get_weather", "arguments": {"city": "Paris"}}\\n</tool_call>``
   (the format the answer is constrained to: app/tool_calls.py's ``prompt``);
@@ -17,17 +18,16 @@ from __future__ import annotations
 import json
 from typing import Any
 
-TOOLS_HEADER = ("You can call functions to help with the user's request. The functions are listed below, one JSON "
-                "object a line, within <tools></tools> tags:\n<tools>\n")
-TOOLS_FOOTER = ("\n</tools>\n\nTo call functions, answer with one JSON object per call, each within "
-                "<tool_call></tool_call> tags:\n<tool_call>\n{\"name\": <function-name>, \"arguments\": "
-                "<arguments-json-object>}\n</tool_call>\nTheir results come back within <tool_response>"
-                "</tool_response> tags.")
+TOOLS_HEADER = "You may call these functions (one JSON object a line):\n<tools>\n"
+TOOLS_FOOTER = ("\n</tools>\nTo call them, answer with one call per block:\n<tool_call>\n{\"name\": <function-name>, "
+                "\"arguments\": <arguments-json-object>}\n</tool_call>\nResults come back in <tool_response> blocks.")
 
 
 def tools_text(tools: list[dict]) -> str:
-    """The system text declaring ``tools`` (OpenAI's tool dicts)."""
-    return TOOLS_HEADER + "\n".join(json.dumps(t, ensure_ascii=False) for t in tools) + TOOLS_FOOTER
+    """The system text declaring ``tools`` (OpenAI's tool dicts; each function's object, compact JSON)."""
+    lines = [json.dumps(t.get("function", t) if isinstance(t, dict) else t, ensure_ascii=False,
+                        separators=(",", ":")) for t in tools]
+    return TOOLS_HEADER + "\n".join(lines) + TOOLS_FOOTER
 
 
 def call_text(call: dict) -> str:
