@@ -200,3 +200,20 @@ def test_required_calls_in_each_familys_format(request, family):
     check_call(named.name, named.arguments, names=("get_weather",))
     plain = pipe.generate(MESSAGES, tools=TOOLS, tool_choice="none", max_new_tokens=4)
     assert plain.tool_calls is None and plain.content is None
+
+
+def test_cli_prints_the_calls(tiny_gemma3_dir, gemma3_pipeline, capsys):
+    from omnijax.app.cli import main
+
+    named = {"type": "function", "function": {"name": "get_weather"}}
+    expected = gemma3_pipeline.generate(MESSAGES, tools=TOOLS, tool_choice=named, max_new_tokens=MAX_TOKENS)
+    code = main(["generate", "--model", str(tiny_gemma3_dir), "--prompt", MESSAGES[0]["content"], "--tools",
+                 json.dumps(TOOLS), "--tool-choice", "get_weather", "--max-new-tokens", str(MAX_TOKENS)])
+    assert code == 0
+    [line] = capsys.readouterr().out.splitlines()
+    call = json.loads(line)
+    assert call == {"name": "get_weather", "arguments": json.loads(expected.tool_calls[0].arguments)}
+    check_call(call["name"], json.dumps(call["arguments"]), names=("get_weather",))
+    code = main(["generate", "--model", str(tiny_gemma3_dir), "--prompt", "hi", "--tools", json.dumps(TOOLS),
+                 "--tool-choice", "nope"])
+    assert code == 2 and "--tool-choice.function.name" in capsys.readouterr().err
