@@ -331,15 +331,16 @@ class Pipeline:
         return self.processor.tokenizer.decode([t for t in token_ids if t not in eos], skip_special_tokens=False)
 
     def read_tool_calls(self, result: GenerationResult, request: ToolRequest | None) -> GenerationResult:
-        """``result`` with its ``tool_calls`` and ``content`` read from its tokens (``request`` offered tools and did
-        not say "none"); it is returned as it is otherwise."""
+        """``result`` with its ``tool_calls`` and ``content`` (the text before the first call; without calls, the
+        answer's text) read from its tokens (``request`` offered tools and did not say "none"); it is returned as it
+        is otherwise."""
         if request is None or not request.parses:
             return result
         from omnijax.preprocess.tokenizer import special_tokens
 
         content, calls = parse_calls(request.fmt, self.raw_answer(result.token_ids),
                                      special_tokens(self.processor.tokenizer))
-        result.tool_calls, result.content = calls, content
+        result.tool_calls, result.content = calls, content if calls else result.text  # no calls: the answer
         return result
 
     def _with_tools(self, settings: dict) -> ToolRequest | None:
