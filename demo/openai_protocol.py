@@ -193,7 +193,7 @@ def tools_of(body: dict, *, chat: bool) -> dict | None:
     """A chat body's ``tools`` / ``tool_choice`` / ``parallel_tool_calls`` checked (app/tool_calls.py: every tool
     named, its parameters a schema llguidance compiles, the choice one of them) before any work, or None without
     tools; RequestError naming the field."""
-    given = {name: body.get(name) for name in TOOL_FIELDS if body.get(name) is not None}
+    given = {name: body.get(name) for name in TOOL_FIELDS if body.get(name) not in (None, [], {})}
     if not given:
         return None
     if not chat:

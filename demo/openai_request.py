@@ -38,6 +38,8 @@ class ApiRequest:
     settings: api.Settings
     spoken: dict | None
     seed: int
+    compiled: dict = dataclasses.field(default_factory=dict, compare=False, repr=False)  # what ``tool_request``
+    # made for this request's model
 
     @property
     def echo(self) -> str | None:
@@ -68,6 +70,9 @@ def read_request(body, *, chat: bool, model: str, voices: tuple[str, ...] = ()) 
         raise api.RequestError("log probabilities are not given with a spoken answer", param="logprobs")
     if spoken is not None and settings.n > 1:
         raise api.RequestError("a spoken answer is one choice: 'n' must be 1", param="n")
+    if spoken is not None and settings.tools is not None and settings.tools["mode"] != "none":
+        raise api.RequestError("tool calls are not read from a spoken answer ('tool_choice': 'none' declares the "
+                               "tools only)", param="tools")
     seed = secrets.randbelow(2**63) if settings.seed is None else settings.seed
     return ApiRequest(body, chat, settings, spoken, seed)
 
@@ -96,10 +101,13 @@ def tool_request(pipe, request: ApiRequest):
     tools = request.settings.tools
     if tools is None:
         return None
-    try:
-        return pipe.check_tools(tools["tools"], tools["tool_choice"], tools["parallel_tool_calls"])
-    except ToolError as e:
-        raise api.RequestError(str(e), param=e.param) from None
+    if "tools" not in request.compiled:
+        try:
+            request.compiled["tools"] = pipe.check_tools(tools["tools"], tools["tool_choice"],
+                                                         tools["parallel_tool_calls"])
+        except ToolError as e:
+            raise api.RequestError(str(e), param=e.param) from None
+    return request.compiled["tools"]
 
 
 def read_calls(pipe, request: ApiRequest, results: list) -> list:

@@ -203,3 +203,24 @@ def test_grammar_refuses_arguments_off_the_schema(tokenizers, family):
     assert not takes(tokenizer, fmt, "required", wrong[fmt])  # the required city is missing
     m = matcher(tokenizer, fmt, "required")
     assert not m.is_accepting()  # a call is required: the answer cannot end before it
+
+
+def test_gemma4_grammar_bounds_strings_items_and_numbers(tokenizers):
+    tokenizer = tokenizers["gemma4"]
+    bounded = [{"type": "function", "function": {"name": "f", "parameters": {"type": "object", "properties": {
+        "s": {"type": "string", "maxLength": 3}, "n": {"type": "integer", "minimum": 1, "maximum": 5},
+        "xs": {"type": "array", "minItems": 1, "maxItems": 2, "items": {"type": "boolean"}},
+        "e": {"enum": ["a", 2, None]}}, "required": ["s", "n", "xs"]}}}]
+    request = tc.tool_request(bounded, "required", False, "gemma4", tokenizer.get_added_vocab())
+    ll = llguidance.hf.from_tokenizer(tokenizer, n_vocab=len(tokenizer))
+
+    def takes_args(args: str) -> bool:
+        m = llguidance.LLMatcher(ll, request.grammar, log_level=0)
+        ids = tokenizer.encode(f"<|tool_call>call:f{{{args}}}<tool_call|>", add_special_tokens=False)
+        return m.consume_tokens(ids) and m.is_accepting()
+
+    good = 'n:5,s:<|"|>a}"<|"|>,xs:[true,false]'
+    assert takes_args(good) and takes_args('e:<|"|>a<|"|>,' + good) and takes_args("e:null," + good)
+    for bad in ('n:5,s:<|"|>abcd<|"|>,xs:[true]', 'n:6,s:<|"|>a<|"|>,xs:[true]', 'n:5,s:<|"|>a<|"|>,xs:[]',
+                'n:5,s:<|"|>a<|"|>,xs:[true,true,true]', 'e:3,' + good, 's:<|"|>a<|"|>,n:5,xs:[true]'):
+        assert not takes_args(bad), bad  # too long, too large, too few, too many, not in the enum, not sorted
