@@ -154,7 +154,8 @@ def read_tool_choice(value: Any, tools: list[Tool], where: str = "tool_choice") 
                         where)
     name = value["function"].get("name")
     if not any(t.name == name for t in tools):
-        raise ToolError(f"names the function {str(name)[:80]!r}, which 'tools' does not declare", f"{where}.function.name")
+        raise ToolError(f"names the function {str(name)[:80]!r}, which 'tools' does not declare",
+                        f"{where}.function.name")
     return ToolChoice("function", name)
 
 

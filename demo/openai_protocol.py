@@ -1,7 +1,8 @@
 """The OpenAI HTTP API's request and response shapes, as plain functions over JSON objects.
 
 Requests are checked field by field; anything this server does not do (the deprecated ``functions`` /
-``function_call``, ``echo`` on chat) or a value out of range raises ``RequestError`` naming the field, which the server answers with a 400 and OpenAI's error object.
+``function_call``, ``echo`` on chat) or a value out of range raises ``RequestError`` naming the field, which the
+server answers with a 400 and OpenAI's error object.
 Structured outputs: ``response_format`` (``json_object``, ``json_schema``, and the extensions ``regex``,
 ``choice`` and ``grammar``: app/grammar.py), or vLLM's ``guided_json`` / ``guided_regex`` / ``guided_choice`` /
 ``guided_grammar``; one whose grammar llguidance refuses is a 400 naming the field, before any work. Log

@@ -137,8 +137,9 @@ def submit(pipe, prompt, request: ApiRequest, listener=None) -> list:
     if limit is None:  # as much as fits, up to the default
         limit = max(1, min(DEFAULT_MAX_TOKENS, pipe.scheduler.context - len(prompt.token_ids)))
     tools = {} if settings.tools is None else {"tools": tool_request(pipe, request)}
-    return pipe.submit_choices(prompt, settings.n, **tools, max_new_tokens=max(limit, 1), temperature=settings.temperature,
-                               top_k=settings.top_k, top_p=settings.top_p, seed=request.seed,
+    return pipe.submit_choices(prompt, settings.n, **tools, max_new_tokens=max(limit, 1),
+                               temperature=settings.temperature, top_k=settings.top_k, top_p=settings.top_p,
+                               seed=request.seed,
                                stop=settings.stop or None, ignore_eos=settings.ignore_eos, logprobs=settings.logprobs,
                                logprobs_mode=settings.logprobs_mode, response_format=settings.constraint,
                                prompt_logprobs=settings.echo and settings.logprobs is not None, listener=listener)

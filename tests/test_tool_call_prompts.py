@@ -1,8 +1,8 @@
 """Prompts with tools: the tokens ``Pipeline.prepare(messages, tools=...)`` makes for a conversation holding tool
 declarations, an assistant turn with two calls (OpenAI's shape: arguments as JSON text) and two tool results (one
 holding braces and quotes) equal those of transformers' ``apply_chat_template(..., tools=...)`` on the checkpoint's
-own template (Qwen3-Omni, Llama 4, Gemma 4: the tiny checkpoints' templates, tests/fixtures); Gemma 3, whose template has no tools, through the documented prompt format
-(preprocess/tool_prompt.py) rendered by its template."""
+own template (Qwen3-Omni, Llama 4, Gemma 4: the tiny checkpoints' templates, tests/fixtures); Gemma 3, whose
+template has no tools, through the documented prompt format (preprocess/tool_prompt.py) rendered by its template."""
 
 from __future__ import annotations
 
@@ -29,7 +29,8 @@ def conversation(arguments_as_text: bool) -> list[dict]:
             *[{"role": "tool", "tool_call_id": i, "content": r} for (i, _), r in zip(CALLS, RESULTS)]]
 
 
-@pytest.mark.parametrize("fixture", ["qwen_pipeline", "llama4_text_pipeline", "gemma4_text_pipeline", "gemma3_pipeline"])
+@pytest.mark.parametrize("fixture", ["qwen_pipeline", "llama4_text_pipeline", "gemma4_text_pipeline",
+                                     "gemma3_pipeline"])
 def test_prompt_with_tools_and_results_equals_the_template_reference(request, fixture):
     pipe = request.getfixturevalue(fixture)
     tokenizer = AutoTokenizer.from_pretrained(pipe.folder)
