@@ -273,12 +273,15 @@ def _members(rules: _Rules, items: list[tuple[str, bool]], sep: str) -> str | No
 
 
 def _g4_any(rules: _Rules, quote: str) -> str:
+    """The rules every Gemma 4 grammar shares: any value (``g4_any``), a string, numbers, keys. String text can
+    never hold the quote when it is a token of its own; written as text, it is excluded."""
     if not any(line.startswith("g4_any:") for line in rules.lines):
+        text = "/(?s:.+)/" if quote.startswith("<[") else f"/(?s:.+)/ & ~/(?s:.*){re.escape(G4_QUOTE)}(?s:.*)/"
         rules.lines += [
             f"g4_any: g4_str | G4_NUM | \"true\" | \"false\" | \"null\" | \"[\" (g4_any (\",\" g4_any)*)? \"]\" "
             f"| \"{{\" (G4_KEY \":\" g4_any (\",\" G4_KEY \":\" g4_any)*)? \"}}\"",
             f"g4_str: {quote} G4_TEXT? {quote}",
-            "G4_TEXT: /(?s:.+)/",
+            f"G4_TEXT: {text}",
             "G4_NUM: /-?(0|[1-9][0-9]*)(\\.[0-9]+)?([eE][+-]?[0-9]+)?/",
             "G4_INT: /-?(0|[1-9][0-9]*)/",
             "G4_KEY: /[A-Za-z_][A-Za-z0-9_]*/",
@@ -321,7 +324,10 @@ def gemma4_value(schema: Any, rules: _Rules, quote: str, where: str) -> str:
         low, high = _bounds(schema, "minLength", "maxLength", where)
         if high == 0:
             return f"{quote} {quote}"
-        text = rules.add(f"/(?s:.{{{max(low, 1)},{'' if high is None else high}}})/", "G4_TEXT")  # a terminal
+        bounded = f"/(?s:.{{{max(low, 1)},{'' if high is None else high}}})/"
+        if not quote.startswith("<["):  # the quote written as text: not inside a string
+            bounded += f" & ~/(?s:.*){re.escape(G4_QUOTE)}(?s:.*)/"
+        text = rules.add(bounded, "G4_TEXT")  # a terminal (an upper-case name)
         expr = rules.add(f"{quote} {text} {quote}" if low > 0 else f"{quote} {text}? {quote}", "g4")
     if expr is None and kind == "array":
         item = gemma4_value(schema.get("items", {}), rules, quote, f"{where}.items")
@@ -412,6 +418,9 @@ def _call_body(fmt: str, tool: Tool, rules: _Rules, special_ids: dict[str, int],
         args = gemma4_value(tool.parameters, rules, quote, f"{where}.function.parameters")
         return rules.add(f'{_lit("call:" + tool.name)} {args} {_marker("<tool_call|>", special_ids)}', "call")
     if fmt == "llama4":
+        if not PY_NAME.match(tool.name):
+            raise ToolError(f"{tool.name!r} cannot be called in Llama 4's pythonic calls (letters, digits and '_')",
+                            f"{where}.function.name")
         args = _pythonic_args(tool, rules, f"{where}.function.parameters")
         return rules.add(f'{_lit(tool.name + "(")} {args or ""} ")"', "call")
     raise ValueError(f"unknown tool-call format {fmt!r}")
