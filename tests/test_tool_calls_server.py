@@ -12,6 +12,7 @@ import httpx
 import openai
 import pytest
 
+from omnijax.demo.openai_tool_stream import ToolDeltas
 from test_server import DEADLINE_S
 
 PARAMS = {"type": "object", "properties": {
@@ -195,6 +196,12 @@ def test_required_calls_in_each_familys_format(request, family):
     assert out.tool_calls and out.content == ""
     for call in out.tool_calls:
         check_call(call.name, call.arguments)
+    # the server's stream of the same tokens, one at a time (the raw text holds the family's special markers)
+    deltas = ToolDeltas(pipe, pipe.check_tools(TOOLS, "required"))
+    sent = [d for t in out.token_ids for d in deltas.update(t)] + deltas.finish(out)
+    assert [d["tool_calls"][0]["index"] for d in sent] == list(range(len(out.tool_calls)))
+    assert [(d["tool_calls"][0]["function"]["name"], d["tool_calls"][0]["function"]["arguments"]) for d in sent] \
+        == [(c.name, c.arguments) for c in out.tool_calls]
     [named] = pipe.generate(MESSAGES, tools=TOOLS, max_new_tokens=MAX_TOKENS,
                             tool_choice={"type": "function", "function": {"name": "get_weather"}}).tool_calls
     check_call(named.name, named.arguments, names=("get_weather",))
