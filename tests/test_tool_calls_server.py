@@ -15,6 +15,8 @@ import pytest
 from omnijax.demo.openai_tool_stream import ToolDeltas
 from test_server import DEADLINE_S
 
+pytestmark = pytest.mark.slow  # a server, and four families' pipelines answering up to 200 tokens
+
 PARAMS = {"type": "object", "properties": {
     "city": {"type": "string", "maxLength": 8},
     "days": {"type": "integer", "minimum": 1, "maximum": 9},
