@@ -80,6 +80,11 @@ def add_generate_parser(sub) -> argparse.ArgumentParser:
                           "'{\"type\": \"json_object\"}', '{\"type\": \"regex\", \"regex\": \"...\"}', "
                           "'{\"type\": \"choice\", \"choice\": [\"yes\", \"no\"]}', "
                           "'{\"type\": \"grammar\", \"grammar\": \"<Lark>\"}'")
+    gen.add_argument("--tools", metavar="JSON",
+                     help="functions the model may call, as OpenAI's tools list (or @FILE holding it); the answer's "
+                          "text is printed, then each call as a line of JSON ({\"name\": ..., \"arguments\": {...}})")
+    gen.add_argument("--tool-choice", default=None,
+                     help="with --tools: auto (the default), none, required, or a function's name (that one call)")
     gen.add_argument("--no-stream", action="store_true", help="print the answer at the end instead of streaming")
     gen.add_argument("--speak", metavar="FILE.wav", help="also answer aloud (a model with a talker): write the spoken "
                                                        "answer to this WAV file (the text still goes to stdout)")
@@ -131,6 +136,47 @@ def response_format_of(value: str | None):
     except (ValueError, RecursionError) as e:
         raise ConstraintError(f"--response-format is not valid JSON: {e}") from None
     return from_response_format(parsed, where="--response-format")
+
+
+def tools_of(args) -> dict | None:
+    """``--tools`` (JSON text, or @FILE holding it) and ``--tool-choice``, checked (ToolError naming the flag's
+    field), as ``Pipeline.generate``'s settings; None without tools."""
+    if args.tools is None:
+        if args.tool_choice is not None:
+            raise PromptError("--tool-choice needs --tools")
+        return None
+    import json
+
+    from omnijax.app.tool_calls import ToolError, tool_request
+
+    if getattr(args, "raw", False):
+        raise PromptError("--tools needs a chat prompt, not --raw")
+    text = read_text_file(args.tools[1:]) if args.tools.startswith("@") else args.tools
+    try:
+        tools = json.loads(text)
+    except (ValueError, RecursionError) as e:
+        raise ToolError(f"not valid JSON: {e}", "--tools") from None
+    choice = args.tool_choice
+    if choice not in (None, "auto", "none", "required"):
+        choice = {"type": "function", "function": {"name": choice}}
+    try:
+        tool_request(tools, choice, True)
+    except ToolError as e:
+        raise ToolError(str(e).split(": ", 1)[-1], "--" + e.param.replace("tool_choice", "tool-choice")) from None
+    return {"tools": tools, "tool_choice": choice}
+
+
+def print_tool_answer(result) -> None:
+    """An answer with tools: its text (before the calls), then each call as one line of JSON."""
+    import json
+
+    if result.tool_calls is None:
+        print(result.text)
+        return
+    if result.content:
+        print(result.content)
+    for call in result.tool_calls:
+        print(json.dumps({"name": call.name, "arguments": json.loads(call.arguments)}, ensure_ascii=False))
 
 
 def run_score(args) -> int:
@@ -278,6 +324,7 @@ def run_generate(args) -> int:
 
     check_settings(**sampling)  # ... and so does a bad setting
     sampling["response_format"] = response_format_of(args.response_format)
+    tools = tools_of(args)
     model_settings(args)
     pipe = load_pipeline(args, max_batch=1)
     from omnijax.app import program_clock
@@ -286,7 +333,10 @@ def run_generate(args) -> int:
     start = time.perf_counter()
     if args.speak is not None:
         sampling.update(speak=True, voice=args.voice, max_speech_frames=args.max_speech_frames)
-    if args.no_stream:
+    if tools is not None:  # the calls are read from the whole answer
+        result = pipe.generate(messages, **sampling, **tools)
+        print_tool_answer(result)
+    elif args.no_stream:
         result = pipe.generate(messages, **sampling)
         print(result.text)
     else:

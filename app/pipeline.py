@@ -26,11 +26,12 @@ from omnijax.app.compilation_cache import enable_compilation_cache
 from omnijax.app.weight_cache import WeightCache, safetensors_dtype
 from omnijax.app.config_limits import check_config_limits
 from omnijax.common.host_memory import release_free_memory
-from omnijax.common.errors import CapabilityError, CheckpointError, PromptError, SettingError
+from omnijax.common.errors import CapabilityError, CheckpointError, ConstraintError, PromptError, SettingError
 from omnijax.common.quantized import check_quantize
 from omnijax.app.families import family_for_config
 from omnijax.app.generation import Engine
 from omnijax.app.grammar import Constraint, from_response_format
+from omnijax.app.tool_calls import ToolError, ToolRequest, parse_calls, tool_request
 from omnijax.app.model import abstract_model
 from omnijax.app.requests import GenerationResult, Request, RequestHandle
 from omnijax.app.sampling import (SamplingParams, check_choices, check_max_speech_frames, check_settings,
@@ -280,11 +281,80 @@ class Pipeline:
         out = [r.prompt_logits for r in self._wait(handles)]
         return out if batch else out[0]
 
-    def prepare(self, messages) -> PreparedPrompt:
-        """Chat messages -> PreparedPrompt through the family's processor; a plain string is a raw prompt."""
+    def prepare(self, messages, tools: list[dict] | ToolRequest | None = None) -> PreparedPrompt:
+        """Chat messages -> PreparedPrompt through the family's processor; a plain string is a raw prompt.
+        ``tools``: the functions the model is offered (OpenAI's tool dicts or ``check_tools``' ToolRequest), written
+        into the prompt as the checkpoint's chat template (or, without tool support there, the prompt format of
+        preprocess/tool_prompt.py) writes them."""
         if isinstance(messages, str):
+            if tools:
+                raise PromptError("tools need chat messages, not a raw prompt")
             return self.prepare_raw(messages)
-        return self.processor.prepare(messages)
+        if isinstance(tools, ToolRequest):
+            tools = tools.template_tools()
+        return self.processor.prepare(messages, tools=tools or None)
+
+    # ---- tool calls ------------------------------------------------------------------------------------------
+    @property
+    def tool_format(self) -> str:
+        """How this checkpoint's model writes tool calls (app/tool_calls.py's formats; its family's choice)."""
+        return self.processor.tool_format
+
+    def check_tools(self, tools, tool_choice=None, parallel_tool_calls: bool = True) -> ToolRequest | None:
+        """OpenAI's ``tools`` (a list of ``{"type": "function", "function": {"name", "description", "parameters"}}``),
+        ``tool_choice`` ("auto", the default with tools; "none"; "required"; ``{"type": "function", "function":
+        {"name": ...}}``) and ``parallel_tool_calls`` checked and their call grammar compiled for this model: a
+        ToolRequest (None without tools). ToolError (a ConstraintError; ``param`` names the field) when one is
+        malformed, names an unknown function, or has a schema llguidance cannot compile."""
+        request = tool_request(tools, tool_choice, parallel_tool_calls, self.tool_format,
+                               self.processor.tokenizer.get_added_vocab())
+        constraint = self.tool_constraint(request)
+        if constraint is not None:
+            try:
+                self.scheduler.grammars.check(constraint, where="tools")
+            except ToolError:
+                raise
+            except ConstraintError as e:
+                raise ToolError(str(e).split(": ", 1)[-1], "tools") from None
+        return request
+
+    @staticmethod
+    def tool_constraint(request: ToolRequest | None) -> Constraint | None:
+        """The constraint an answer with tools follows (None: free text)."""
+        if request is None or request.grammar is None:
+            return None
+        return Constraint(request.grammar, f"tool calls ({request.fmt}, {request.choice.mode})")
+
+    def raw_answer(self, token_ids: Sequence[int]) -> str:
+        """An answer's text with its special tokens (tool-call markers are some), its end ids left out."""
+        eos = set(self.config.eos_ids)
+        return self.processor.tokenizer.decode([t for t in token_ids if t not in eos], skip_special_tokens=False)
+
+    def read_tool_calls(self, result: GenerationResult, request: ToolRequest | None) -> GenerationResult:
+        """``result`` with its ``tool_calls`` and ``content`` (the text before the first call; without calls, the
+        answer's text) read from its tokens (``request`` offered tools and did not say "none"); it is returned as it
+        is otherwise."""
+        if request is None or not request.parses:
+            return result
+        from omnijax.preprocess.tokenizer import special_tokens
+
+        content, calls = parse_calls(request.fmt, self.raw_answer(result.token_ids),
+                                     special_tokens(self.processor.tokenizer))
+        result.tool_calls, result.content = calls, content if calls else result.text  # no calls: the answer
+        return result
+
+    def _with_tools(self, settings: dict) -> ToolRequest | None:
+        """Pop ``tools`` / ``tool_choice`` / ``parallel_tool_calls`` from ``settings``, the checked ToolRequest, its
+        constraint put in as the response format (both at once: SamplingError)."""
+        request = self.check_tools(settings.pop("tools", None), settings.pop("tool_choice", None),
+                                   settings.pop("parallel_tool_calls", True))
+        constraint = self.tool_constraint(request)
+        if constraint is not None:
+            if settings.get("response_format") not in (None, {"type": "text"}):
+                raise ConstraintError("response_format and tool calls cannot both constrain an answer; use "
+                                      "tool_choice 'none' with a response_format")
+            settings["response_format"] = constraint
+        return request
 
     def prepare_raw(self, text: str, max_text_bytes: int | None = None) -> PreparedPrompt:
         """A raw-completion prompt: ``text`` tokenized as the tokenizer does by default (BOS as it is configured to
@@ -304,7 +374,7 @@ class Pipeline:
                top_p: float = 1.0, seed: int = 0, stop: Sequence[str] | None = None,
                ignore_eos: bool = False, logprobs: int | bool | None = None, logprobs_mode: str = "raw",
                prompt_logprobs: bool = False, response_format: dict | Constraint | None = None, listener=None,
-               group=None) -> RequestHandle:
+               group=None, tools=None, tool_choice=None, parallel_tool_calls: bool = True) -> RequestHandle:
         """Queue one conversation, raw prompt string or PreparedPrompt on the engine without waiting: the handle's
         ``events()`` stream its tokens, ``result()`` waits for the GenerationResult, ``cancel()`` stops it.
         Settings are checked first (SamplingError, PromptError); ``ignore_eos``: generate exactly
@@ -316,12 +386,17 @@ class Pipeline:
         output, what the answer must be (see ``check_response_format``; ConstraintError when it is malformed or does
         not compile); ``listener``: called from the
         engine's thread at each new event (it must not block; e.g. to wake an event loop); ``group``: see
-        ``Request.group`` (``submit_choices`` sets it)."""
+        ``Request.group`` (``submit_choices`` sets it); ``tools``, ``tool_choice``, ``parallel_tool_calls``: see
+        ``check_tools`` (the prompt, when not prepared yet, offers the tools; ``read_tool_calls`` reads the calls of
+        the handle's result)."""
         sampling, max_new_tokens, stop = check_settings(max_new_tokens, temperature, top_k, top_p, seed, stop)
         logprobs = check_logprobs(logprobs)
         check_logprobs_mode(logprobs_mode)
-        constraint = self.check_response_format(response_format)
-        prepared = prompt if isinstance(prompt, PreparedPrompt) else self.prepare(prompt)
+        with_tools = {"tools": tools, "tool_choice": tool_choice, "parallel_tool_calls": parallel_tool_calls,
+                      "response_format": response_format}
+        request = self._with_tools(with_tools)
+        constraint = self.check_response_format(with_tools["response_format"])
+        prepared = prompt if isinstance(prompt, PreparedPrompt) else self.prepare(prompt, tools=request)
         return self.scheduler.submit(Request(prepared, max_new_tokens, sampling, stop, bool(ignore_eos),
                                              prompt_logprobs=bool(prompt_logprobs), logprobs=logprobs,
                                              logprobs_mode=logprobs_mode, group=group, constraint=constraint),
@@ -347,8 +422,9 @@ class Pipeline:
         n = check_choices(n)
         check_settings(settings.get("max_new_tokens", 64), settings.get("temperature", 0.0), settings.get("top_k", 0),
                        settings.get("top_p", 1.0), seed, settings.get("stop"))
+        request = self._with_tools(settings)
         settings["response_format"] = self.check_response_format(settings.get("response_format"))
-        prepared = prompt if isinstance(prompt, PreparedPrompt) else self.prepare(prompt)
+        prepared = prompt if isinstance(prompt, PreparedPrompt) else self.prepare(prompt, tools=request)
         group = object() if n > 1 else None
         handles: list[RequestHandle] = []
         try:
@@ -380,7 +456,8 @@ class Pipeline:
                  top_p: float = 1.0, seed: int = 0, stop: Sequence[str] | None = None, speak: bool = False,
                  voice: str | None = None, max_speech_frames: int | None = None,
                  logprobs: int | bool | None = None, logprobs_mode: str = "raw", n: int = 1,
-                 response_format: dict | Constraint | None = None):
+                 response_format: dict | Constraint | None = None, tools=None, tool_choice=None,
+                 parallel_tool_calls: bool = True):
         """One conversation (or raw prompt string) -> GenerationResult; a list of them -> list of GenerationResult
         (the requests run side by side on the engine; every one with these settings).
 
@@ -390,12 +467,17 @@ class Pipeline:
         token's ``TokenLogprob`` in ``GenerationResult.logprobs`` carries; logprobs_mode: their distribution ("raw"
         or "processed", as ``submit``). n: answers per conversation (1..8; see
         ``submit_choices``): with n > 1 each conversation gives a list of n results. response_format: a structured
-        output (``check_response_format``)."""
+        output (``check_response_format``). tools, tool_choice, parallel_tool_calls: functions the model may call
+        (``check_tools``): each result's ``tool_calls`` (ToolCall: ``name``, ``arguments`` as JSON text, ``id``)
+        and ``content`` (its text before them) are read from the answer."""
         sampling, _, _ = check_settings(max_new_tokens, temperature, top_k, top_p, seed, stop)
         check_logprobs(logprobs)
         check_logprobs_mode(logprobs_mode)
         n = check_choices(n)
-        constraint = self.check_response_format(response_format)
+        with_tools = {"tools": tools, "tool_choice": tool_choice, "parallel_tool_calls": parallel_tool_calls,
+                      "response_format": response_format}
+        request = self._with_tools(with_tools)
+        constraint = self.check_response_format(with_tools["response_format"])
         batch = _is_batch(messages)
         if speak:
             if n > 1:
@@ -404,10 +486,13 @@ class Pipeline:
         conversations = list(messages) if batch else [messages]
         if len(conversations) > MAX_BATCH:  # before any of them is prepared
             raise SettingError(f"a batch holds at most {MAX_BATCH} conversations, got {len(conversations)}")
-        prompts = [self.prepare(c) for c in conversations]
+        prompts = [self.prepare(c, tools=request) for c in conversations]
         results = self.generate_prepared(prompts, max_new_tokens=max_new_tokens, temperature=temperature,
                                          top_k=top_k, top_p=top_p, seed=seed, stop=stop, logprobs=logprobs,
                                          logprobs_mode=logprobs_mode, n=n, response_format=constraint)
+        for r in results:
+            for one in (r if isinstance(r, list) else [r]):
+                self.read_tool_calls(one, request)
         if speak:
             chunks = list(self._speak(prompts[0], results[0], voice, sampling, max_speech_frames))
             _attach_audio(results[0], chunks, self.speech)

@@ -41,7 +41,9 @@ class GenerationResult:
     each prompt token after the first given those before it (``Request.prompt_logprobs``). logprobs: one
     ``TokenLogprob`` per generated token (the token's natural-log probability under the model's distribution, before
     any sampling setting, and its most likely alternatives) for a request that asked for them
-    (``Request.logprobs``); None otherwise."""
+    (``Request.logprobs``); None otherwise. tool_calls: the calls the answer holds (app/tool_calls.py's
+    ToolCall) and content: its text before them, for a request that offered tools (``Pipeline.read_tool_calls``);
+    None otherwise."""
 
     text: str
     token_ids: list[int]
@@ -56,6 +58,8 @@ class GenerationResult:
     prompt_logits: np.ndarray | None = None
     prompt_logprobs: np.ndarray | None = None
     logprobs: list[TokenLogprob] | None = None
+    tool_calls: list | None = None
+    content: str | None = None
 
 
 @dataclasses.dataclass(frozen=True)

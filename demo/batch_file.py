@@ -329,6 +329,7 @@ class _Run:
                 if any(result.finish_reason == "cancelled" for result in results):  # stopped: left for the next run
                     return
                 request_id = api.new_id("chatcmpl" if line.chat else "cmpl")
+                results = openai_request.read_calls(self._pipe, pending.request, results)
                 body = openai_request.answer_body(request_id, self.model, results, pending.request, pending.prompt,
                                                   self.token_text)
                 self._write(ok_row(line.custom_id, body), ok=True)

@@ -1,13 +1,17 @@
 """The OpenAI HTTP API's request and response shapes, as plain functions over JSON objects.
 
-Requests are checked field by field; anything this server does not do (tools, ``echo`` on chat) or a value out of
-range raises ``RequestError`` naming the field, which the server answers with a 400 and OpenAI's error object.
+Requests are checked field by field; anything this server does not do (the deprecated ``functions`` /
+``function_call``, ``echo`` on chat) or a value out of range raises ``RequestError`` naming the field, which the
+server answers with a 400 and OpenAI's error object.
 Structured outputs: ``response_format`` (``json_object``, ``json_schema``, and the extensions ``regex``,
 ``choice`` and ``grammar``: app/grammar.py), or vLLM's ``guided_json`` / ``guided_regex`` / ``guided_choice`` /
 ``guided_grammar``; one whose grammar llguidance refuses is a 400 naming the field, before any work. Log
 probabilities (chat: ``logprobs`` true and ``top_logprobs`` 0..20; completions: ``logprobs`` 0..5 and ``echo``; the
 extension ``logprobs_mode``: "raw", the default, or "processed") and ``n`` (1..8 choices) are taken; their shapes
-are demo/openai_logprobs.py's.
+are demo/openai_logprobs.py's. Tool calls (chat): ``tools``, ``tool_choice`` and ``parallel_tool_calls`` are read
+by app/tool_calls.py (a bad tool, a schema llguidance refuses, an unknown function: a 400 naming the field);
+``tool`` messages and assistant messages with ``tool_calls`` go to the chat template; an answer's calls come back as
+``message.tool_calls`` with ``finish_reason`` "tool_calls".
 Media parts arrive inline: ``image_url`` / ``video_url`` with a ``data:`` URL (remote ``http(s)`` URLs only when
 the server allows them, never ``file:`` or another scheme) and ``input_audio`` with base64 data; ``media_parts``
 turns them into the chat messages' media parts by writing each payload to a file of the request's own folder (the
@@ -19,6 +23,7 @@ from __future__ import annotations
 import base64
 import binascii
 import dataclasses
+import json
 import math
 import pathlib
 import os
@@ -29,17 +34,18 @@ import uuid
 from typing import Any, Callable
 
 from omnijax.app import grammar
+from omnijax.app import tool_calls
 from omnijax.app.token_logprobs import MODES
 from omnijax.common.errors import ConstraintError, OmnijaxError
 
-ROLES = {"system": "system", "developer": "system", "user": "user", "assistant": "assistant"}
+ROLES = {"system": "system", "developer": "system", "user": "user", "assistant": "assistant", "tool": "tool"}
 AUDIO_FORMATS = {"wav": ".wav", "mp3": ".mp3", "flac": ".flac", "ogg": ".ogg"}
 IMAGE_TYPES = {"image/png": ".png", "image/jpeg": ".jpg", "image/jpg": ".jpg", "image/webp": ".webp",
                "image/gif": ".gif", "image/bmp": ".bmp"}
 VIDEO_TYPES = {"video/mp4": ".mp4", "video/webm": ".webm", "video/quicktime": ".mov", "video/x-matroska": ".mkv",
                "video/x-msvideo": ".avi"}
-UNSUPPORTED_FIELDS = ("tools", "tool_choice", "functions", "function_call", "logit_bias", "best_of", "suffix",
-                      "prediction")
+UNSUPPORTED_FIELDS = ("functions", "function_call", "logit_bias", "best_of", "suffix", "prediction")
+TOOL_FIELDS = ("tools", "tool_choice", "parallel_tool_calls")
 GUIDED_FIELDS = {"guided_json": "json_schema", "guided_regex": "regex", "guided_choice": "choice",
                  "guided_grammar": "grammar"}  # vLLM's extensions -> the response_format type they mean
 MAX_TOP_LOGPROBS = 20  # chat's top_logprobs, as OpenAI bounds it (the engine computes 20 per token)
@@ -87,6 +93,8 @@ class Settings:
     n: int = 1  # choices
     echo: bool = False  # completions: the prompt comes back before the answer (with logprobs: its tokens' too)
     constraint: grammar.Constraint | None = None  # response_format (or a guided_* field): a structured output
+    tools: dict | None = None  # chat: {"tools", "tool_choice", "parallel_tool_calls"} as given (checked by
+    # ``tools_of``), or None without tools
 
 
 @dataclasses.dataclass(frozen=True)
@@ -170,12 +178,39 @@ def settings_of(body: dict, *, chat: bool) -> Settings:
     if options and not stream:
         raise RequestError("'stream_options' is only allowed with 'stream': true", param="stream_options")
     seed = _field(body, "seed", int)
+    tools = tools_of(body, chat=chat)
+    if tools is not None and constraint is not None and tools["tool_choice"] != "none":
+        raise RequestError("'response_format' and tool calls cannot both constrain an answer (use 'tool_choice': "
+                           "'none' with a response_format)", param="response_format")
     return Settings(max_new_tokens=max_new, temperature=_number(body, "temperature", 1.0),
                     top_p=_number(body, "top_p", 1.0), top_k=_field(body, "top_k", int, 0), seed=seed,
                     stop=stops, stream=stream,
                     include_usage=bool(_field(options, "include_usage", bool, False, where="stream_options.")),
                     ignore_eos=_field(body, "ignore_eos", bool, False), logprobs=logprobs,
-                    logprobs_mode=logprobs_mode, n=n, echo=echo, constraint=constraint)
+                    logprobs_mode=logprobs_mode, n=n, echo=echo, constraint=constraint, tools=tools)
+
+
+def tools_of(body: dict, *, chat: bool) -> dict | None:
+    """A chat body's ``tools`` / ``tool_choice`` / ``parallel_tool_calls`` checked (app/tool_calls.py: every tool
+    named, its parameters a schema llguidance compiles, the choice one of them) before any work, or None without
+    tools; RequestError naming the field."""
+    given = {name: body.get(name) for name in TOOL_FIELDS if body.get(name) not in (None, [], {})}
+    if not given:
+        return None
+    if not chat:
+        raise RequestError(f"'{next(iter(given))}' is a chat parameter", param=next(iter(given)))
+    try:
+        read = tool_calls.read_tools(given.get("tools"))
+        choice = tool_calls.read_tool_choice(given.get("tool_choice"), read)
+        if not isinstance(given.get("parallel_tool_calls", True), bool):
+            raise tool_calls.ToolError("must be a boolean", "parallel_tool_calls")
+        tool_calls.check_schemas(read)
+    except tool_calls.ToolError as e:
+        raise RequestError(str(e), param=e.param) from None
+    if not read:
+        return None
+    return {"tools": given["tools"], "tool_choice": given.get("tool_choice"),
+            "parallel_tool_calls": given.get("parallel_tool_calls", True), "mode": choice.mode}
 
 
 def constraint_of(body: dict) -> grammar.Constraint | None:
@@ -343,12 +378,16 @@ def chat_messages(body: dict, *, allow_remote: bool = False, media_root: str | o
             raise RequestError(f"{path} must be an object", param=path)
         role = message.get("role")
         if role not in ROLES:
-            raise RequestError(f"{path}.role {role!r} is not supported (system, developer, user, assistant)",
+            raise RequestError(f"{path}.role {role!r} is not supported (system, developer, user, assistant, tool)",
                                param=f"{path}.role")
-        if message.get("tool_calls") or message.get("function_call"):
-            raise RequestError(f"{path}: tool calls are not supported by this server", param=f"{path}.tool_calls")
+        if message.get("function_call"):
+            raise RequestError(f"{path}: 'function_call' is deprecated and not supported; use 'tool_calls'",
+                               param=f"{path}.function_call")
+        extras = _tool_fields(message, path, role)
         content = message.get("content")
-        if isinstance(content, str):
+        if content is None and extras.get("tool_calls"):
+            parts: list = []
+        elif isinstance(content, str):
             parts: list = [{"type": "text", "text": content}]
         elif isinstance(content, list):
             if len(content) > MAX_PARTS:
@@ -359,7 +398,43 @@ def chat_messages(body: dict, *, allow_remote: bool = False, media_root: str | o
             raise RequestError(f"{path}.content must be a string or a list of parts", param=f"{path}.content")
         if role != "user" and any(isinstance(p, MediaRef) for p in parts):
             raise RequestError(f"{path}: media parts are accepted in user messages only", param=f"{path}.content")
-        out.append({"role": ROLES[role], "content": parts})
+        out.append({"role": ROLES[role], "content": parts, **extras})
+    return out
+
+
+def _tool_fields(message: dict, path: str, role: str) -> dict:
+    """An assistant message's ``tool_calls`` (each ``{"id", "type": "function", "function": {"name", "arguments":
+    JSON text}}``) and a tool message's ``tool_call_id``, checked; RequestError naming the field."""
+    out: dict = {}
+    calls = message.get("tool_calls")
+    if calls:
+        if role != "assistant":
+            raise RequestError(f"{path}: only assistant messages carry 'tool_calls'", param=f"{path}.tool_calls")
+        if not isinstance(calls, list):
+            raise RequestError(f"{path}.tool_calls must be a list", param=f"{path}.tool_calls")
+        for j, call in enumerate(calls):
+            where = f"{path}.tool_calls[{j}]"
+            function = call.get("function") if isinstance(call, dict) else None
+            if not isinstance(function, dict) or not isinstance(function.get("name"), str):
+                raise RequestError(f"{where} needs 'function': {{'name': ..., 'arguments': ...}}",
+                                   param=f"{where}.function")
+            arguments = function.get("arguments", "{}")
+            if isinstance(arguments, str):
+                try:
+                    arguments = json.loads(arguments) if arguments.strip() else {}
+                except ValueError:
+                    raise RequestError(f"{where}.function.arguments is not valid JSON",
+                                       param=f"{where}.function.arguments") from None
+            if not isinstance(arguments, dict):
+                raise RequestError(f"{where}.function.arguments must be a JSON object",
+                                   param=f"{where}.function.arguments")
+        out["tool_calls"] = calls
+    for key in ("tool_call_id", "name"):
+        value = message.get(key)
+        if value is not None and role in ("tool", "assistant"):
+            if not isinstance(value, str):
+                raise RequestError(f"{path}.{key} must be a string", param=f"{path}.{key}")
+            out[key] = value
     return out
 
 
@@ -381,7 +456,7 @@ def resolve_media(messages: list[dict], folder: pathlib.Path, fetch: Callable[[M
                 parts.append({"type": part.kind, part.kind: str(file)})
             else:
                 parts.append(part)
-        out.append({"role": message["role"], "content": parts})
+        out.append({**message, "content": parts})
     return out
 
 
@@ -411,13 +486,18 @@ FINISH_REASONS = {"eos": "stop", "stop": "stop", "length": "length", "cancelled"
 
 
 def chat_choice(text: str, finish_reason: str, index: int = 0, logprobs: dict | None = None,
-                audio: dict | None = None) -> dict:
-    """One choice of a ``chat.completion``."""
+                audio: dict | None = None, tool_calls: list | None = None) -> dict:
+    """One choice of a ``chat.completion``; with ``tool_calls`` (app/tool_calls.py's ToolCall) its message carries
+    them (``content`` the text before them, null when there is none) and ``finish_reason`` is "tool_calls"."""
     message: dict = {"role": "assistant", "content": text}
     if audio is not None:
         message["audio"] = audio
-    return {"index": index, "message": message, "finish_reason": FINISH_REASONS.get(finish_reason, finish_reason),
-            "logprobs": logprobs}
+    reason = FINISH_REASONS.get(finish_reason, finish_reason)
+    if tool_calls:
+        message["content"] = text or None
+        message["tool_calls"] = [c.as_openai() for c in tool_calls]
+        reason = "tool_calls"
+    return {"index": index, "message": message, "finish_reason": reason, "logprobs": logprobs}
 
 
 def chat_completion(request_id: str, model: str, text: str, finish_reason: str, use: dict,

@@ -4,7 +4,7 @@
     request = read_request(body, chat=True, model="gemma-3-4b-it", voices=pipe.voices)   # RequestError: a 400
     prompt = prepare_prompt(pipe, request, folder)      # messages -> PreparedPrompt (media written into ``folder``)
     handles = submit(pipe, prompt, request)             # its n choices; SamplingError / PromptError: a 400
-    results = [h.result() for h in handles]
+    results = read_calls(pipe, request, [h.result() for h in handles])   # tool calls, when tools were offered
     body = answer_body(api.new_id("chatcmpl"), "gemma-3-4b-it", results, request, prompt, TokenText(tokenizer))
 
 Fields and values are checked by demo/openai_protocol.py; spoken answers (``modalities``) by demo/openai_audio.py;
@@ -18,6 +18,7 @@ import os
 import pathlib
 import secrets
 
+from omnijax.app.tool_calls import ToolError
 from omnijax.common.errors import ConstraintError
 from omnijax.demo import openai_audio
 from omnijax.demo import openai_logprobs as lp
@@ -37,6 +38,8 @@ class ApiRequest:
     settings: api.Settings
     spoken: dict | None
     seed: int
+    compiled: dict = dataclasses.field(default_factory=dict, compare=False, repr=False)  # what ``tool_request``
+    # made for this request's model
 
     @property
     def echo(self) -> str | None:
@@ -67,6 +70,9 @@ def read_request(body, *, chat: bool, model: str, voices: tuple[str, ...] = ()) 
         raise api.RequestError("log probabilities are not given with a spoken answer", param="logprobs")
     if spoken is not None and settings.n > 1:
         raise api.RequestError("a spoken answer is one choice: 'n' must be 1", param="n")
+    if spoken is not None and settings.tools is not None and settings.tools["mode"] != "none":
+        raise api.RequestError("tool calls are not read from a spoken answer ('tool_choice': 'none' declares the "
+                               "tools only)", param="tools")
     seed = secrets.randbelow(2**63) if settings.seed is None else settings.seed
     return ApiRequest(body, chat, settings, spoken, seed)
 
@@ -78,6 +84,7 @@ def prepare_prompt(pipe, request: ApiRequest, folder: pathlib.Path, *, allow_rem
     completions request. Its structured output is compiled for the model first (the server calls this in a worker
     thread: the first one wraps the tokenizer for llguidance); RequestError when it cannot be."""
     check_constraint(pipe, request)
+    tools = tool_request(pipe, request)
     if not request.chat:
         return pipe.prepare_raw(api.completion_prompt(request.body))
     messages = api.chat_messages(request.body, allow_remote=allow_remote and fetch is not None,
@@ -85,7 +92,31 @@ def prepare_prompt(pipe, request: ApiRequest, folder: pathlib.Path, *, allow_rem
     if not pipe.has_chat_template:
         raise api.RequestError("this model has no chat template (a base model): use /v1/completions",
                                param="messages")
-    return pipe.prepare(api.resolve_media(messages, folder, fetch))
+    return pipe.prepare(api.resolve_media(messages, folder, fetch), tools=tools)
+
+
+def tool_request(pipe, request: ApiRequest):
+    """The request's tools checked and their call grammar compiled for the model (``Pipeline.check_tools``; kept
+    compiled for ``submit``), or None; RequestError naming the field."""
+    tools = request.settings.tools
+    if tools is None:
+        return None
+    if "tools" not in request.compiled:
+        try:
+            request.compiled["tools"] = pipe.check_tools(tools["tools"], tools["tool_choice"],
+                                                         tools["parallel_tool_calls"])
+        except ToolError as e:
+            raise api.RequestError(str(e), param=e.param) from None
+    return request.compiled["tools"]
+
+
+def read_calls(pipe, request: ApiRequest, results: list) -> list:
+    """``results`` with their tool calls read (``Pipeline.read_tool_calls``) when the request offered tools."""
+    tools = tool_request(pipe, request)
+    if tools is not None:
+        for r in results:
+            pipe.read_tool_calls(r, tools)
+    return results
 
 
 def check_constraint(pipe, request: ApiRequest) -> None:
@@ -105,8 +136,10 @@ def submit(pipe, prompt, request: ApiRequest, listener=None) -> list:
     limit = settings.max_new_tokens
     if limit is None:  # as much as fits, up to the default
         limit = max(1, min(DEFAULT_MAX_TOKENS, pipe.scheduler.context - len(prompt.token_ids)))
-    return pipe.submit_choices(prompt, settings.n, max_new_tokens=max(limit, 1), temperature=settings.temperature,
-                               top_k=settings.top_k, top_p=settings.top_p, seed=request.seed,
+    tools = {} if settings.tools is None else {"tools": tool_request(pipe, request)}
+    return pipe.submit_choices(prompt, settings.n, **tools, max_new_tokens=max(limit, 1),
+                               temperature=settings.temperature, top_k=settings.top_k, top_p=settings.top_p,
+                               seed=request.seed,
                                stop=settings.stop or None, ignore_eos=settings.ignore_eos, logprobs=settings.logprobs,
                                logprobs_mode=settings.logprobs_mode, response_format=settings.constraint,
                                prompt_logprobs=settings.echo and settings.logprobs is not None, listener=listener)
@@ -135,9 +168,10 @@ def answer_body(request_id: str, model: str, results: list, request: ApiRequest,
     settings = request.settings
     use = usage(results, settings)
     if request.chat:
-        choices = [api.chat_choice(r.text, r.finish_reason, i, None if settings.logprobs is None else
+        choices = [api.chat_choice(r.text if r.tool_calls is None else r.content, r.finish_reason, i,
+                                   None if settings.logprobs is None else
                                    lp.chat_logprobs(lp.answer_records(r.logprobs, r.finish_reason),
-                                                    settings.logprobs, token_text))
+                                                    settings.logprobs, token_text), tool_calls=r.tool_calls)
                    for i, r in enumerate(results)]
         if getattr(results[0], "audio", None) is not None:
             choices[0]["message"] = openai_audio.audio_message(results[0], request.spoken["format"])

@@ -46,6 +46,7 @@ from omnijax.demo.api_key import ApiKeyCheck
 from omnijax.demo.body_limit import BodyLimit
 from omnijax.demo.host_check import HostCheck
 from omnijax.demo.metrics import CONTENT_TYPE, metrics_text
+from omnijax.demo.openai_tool_stream import ToolDeltas
 
 log = logging.getLogger(__name__)
 
@@ -133,6 +134,11 @@ class Server:
         request_id = api.new_id("chatcmpl" if chat else "cmpl")
         speech = None if spoken is None else (prompt, settings, seed, spoken)
         echo = parsed.echo
+        tools = openai_request.tool_request(self.pipe, parsed) if chat else None
+        if settings.stream and tools is not None and tools.parses:
+            return StreamingResponse(self._stream_calls(handles, wake, request_id, settings, tools),
+                                     media_type="text/event-stream",
+                                     headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
         if settings.stream:
             return StreamingResponse(self._stream(handles, wake, request_id, chat, settings, speech, prompt, echo),
                                      media_type="text/event-stream",
@@ -152,6 +158,7 @@ class Server:
             watcher.cancel()
             for h in handles:
                 h.cancel()
+        results = openai_request.read_calls(self.pipe, parsed, results)
         return JSONResponse(openai_request.answer_body(request_id, self.model, results, parsed, prompt,
                                                        self.token_text))
 
@@ -238,6 +245,50 @@ class Server:
                 else:
                     yield api.sse(api.completion(request_id, model, "", None, use, created, chunk=True,
                                                  choices=[]))
+            yield api.sse("[DONE]")
+        except OmnijaxError as e:  # the stream has started: the error goes as an event
+            yield api.sse(api.error_body(str(e), code=type(e).__name__))
+            yield api.sse("[DONE]")
+        finally:  # also when the client goes away (the generator is closed or cancelled)
+            for h in handles:
+                h.cancel()
+
+    async def _stream_calls(self, handles: list, wake: asyncio.Event, request_id: str, settings: api.Settings,
+                            tools):
+        """Server-sent events of a chat answer that may call tools (demo/openai_tool_stream.py): its content as it
+        becomes certain not to start a call, then each call in one ``tool_calls`` delta (``index``, ``id``, ``type``,
+        ``function.name`` and its whole ``arguments``) as soon as it is complete; the last chunk's finish_reason is
+        "tool_calls" when the answer holds calls. Log probabilities come with the chunks of their tokens."""
+        created = int(time.time())
+        model, top = self.model, settings.logprobs
+        held = [lp.StreamedRecords() for _ in handles]
+        streams = [ToolDeltas(self.pipe, tools) for _ in handles]
+
+        def chunk(i: int, delta: dict, records: list, finish_reason: str | None = None) -> bytes:
+            logprobs = None if top is None or not records else {
+                "content": lp.chat_content(records, top, self.token_text), "refusal": None}
+            return api.sse(api.chat_chunk(request_id, model, created, delta, finish_reason, index=i,
+                                          logprobs=logprobs))
+
+        try:
+            for i in range(len(handles)):
+                yield api.sse(api.chat_chunk(request_id, model, created, {"role": "assistant", "content": ""},
+                                             index=i))
+            async for i, event in _events(handles, wake, indexed=True):
+                records = held[i].take(event) if top is not None else []
+                for delta in streams[i].update(event.token_id) or ([{"content": ""}] if records else []):
+                    yield chunk(i, delta, records)
+                    records = []
+            results = [h.result() for h in handles]
+            for i, result in enumerate(results):
+                for delta in streams[i].finish(result):
+                    yield chunk(i, delta, [])
+                rest = held[i].rest(result.finish_reason) if top is not None else []
+                if rest:
+                    yield chunk(i, {"content": ""}, rest)
+                yield chunk(i, {}, [], "tool_calls" if streams[i].calls_sent else result.finish_reason)
+            if settings.include_usage:
+                yield api.sse(api.chat_chunk(request_id, model, created, None, use=self._usage(results, settings)))
             yield api.sse("[DONE]")
         except OmnijaxError as e:  # the stream has started: the error goes as an event
             yield api.sse(api.error_body(str(e), code=type(e).__name__))

@@ -28,7 +28,8 @@ from typing import Any, Callable
 import numpy as np
 
 from omnijax.common.errors import PromptError
-from omnijax.preprocess.prompts import DEFAULT_ROLES, MEDIA_TYPES, media_of, normalize_messages, render_chat
+from omnijax.preprocess import tool_prompt
+from omnijax.preprocess.prompts import DEFAULT_ROLES, MEDIA_TYPES, media_of, normalize_messages, render_chat, tool_texts
 from omnijax.preprocess.request_limits import RequestBudget, check_media_budget, check_media_tokens, check_text_size
 from omnijax.preprocess.user_text import encode_prompt
 
@@ -116,10 +117,14 @@ class Processor:
     checkpoint takes ({} for a text-only one). Subclasses override ``expand`` and ``finish`` (module docstring).
 
     roles: the message roles the family's chat template knows; any other is refused (PromptError).
+    tool_format: how the family's model writes tool calls (app/tool_calls.py's formats): "hermes", "gemma4",
+        "llama4", or "prompt" for a chat template without tool support (the tools and calls are written as text by
+        preprocess/tool_prompt.py before the template renders the conversation).
     budget: the limits of one request (preprocess/request_limits.py); the pipeline sets its context budget.
     """
 
     roles: tuple[str, ...] = DEFAULT_ROLES
+    tool_format: str = "prompt"
 
     def __init__(self, tokenizer, modalities: dict[str, Modality] | None = None):
         self.tokenizer = tokenizer
@@ -131,10 +136,14 @@ class Processor:
         """Host-side batching per modality: media items of a batch -> the encoder's bucketed input arrays."""
         return {m: modality.collate for m, modality in self.modalities.items()}
 
-    def prepare(self, messages: Any) -> PreparedPrompt:
+    def prepare(self, messages: Any, tools: list[dict] | None = None) -> PreparedPrompt:
+        """``tools``: OpenAI's tool dicts the model may call (given to the chat template, or written into the
+        conversation by the prompt format)."""
+        if self.tool_format == "prompt":
+            messages, tools = tool_prompt.rewrite(messages, tools), None
         messages = normalize_messages(messages, self.roles)
-        check_text_size([p["text"] for m in messages for p in m["content"] if p["type"] == "text"],
-                        self.budget.max_text_bytes, "the conversation")
+        check_text_size([p["text"] for m in messages for p in m["content"] if p["type"] == "text"]
+                        + tool_texts(messages, tools), self.budget.max_text_bytes, "the conversation")
         sources = {kind: media_of(messages, kind) for kind in MEDIA_TYPES}
         for kind, found in sources.items():
             if found and kind not in self.modalities:
@@ -145,7 +154,7 @@ class Processor:
                            audio.tokens_for_seconds if audio is not None else None)
         messages = self.load_media(messages)
         media = self.process_media(messages)
-        ids = encode_prompt(self.tokenizer, self.expand(render_chat(self.tokenizer, messages), media))
+        ids = encode_prompt(self.tokenizer, self.expand(render_chat(self.tokenizer, messages, tools=tools), media))
         for m, modality in self.modalities.items():
             check_soft_tokens(ids, m, modality.token_id, media.get(m))
         soft = [modality.token_id for modality in self.modalities.values() if modality.bidirectional]

@@ -216,13 +216,13 @@ def hf_gemma3_model(tiny_gemma3_dir):
 
 @pytest.fixture(scope="session")
 def gemma3_server(tmp_path_factory, tiny_gemma3_dir):
-    """``omnijax serve`` on ``tiny_gemma3_dir`` (4 slots, a 512-token context), one process for the session's API
-    feature tests (log probabilities, structured outputs): its base URL. Its tests compare counters before and
-    after their own requests only."""
+    """``omnijax serve`` on ``tiny_gemma3_dir`` (4 slots, a 1024-token context: a prompt declaring tools fits), one
+    process for the session's API feature tests (log probabilities, structured outputs, tool calls): its base URL.
+    Its tests compare counters before and after their own requests only."""
     from test_server import start_server
 
     url, proc = start_server(tiny_gemma3_dir, tmp_path_factory.mktemp("serve_features"),
-                             ["--max-batch", "4", "--max-context", "512"])
+                             ["--max-batch", "4", "--max-context", "1024"])
     yield url
     proc.kill()
     proc.wait()

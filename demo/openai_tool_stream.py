@@ -1,0 +1,41 @@
+"""The ``tool_calls`` deltas of one streamed chat choice that may call tools: each token's id is added to the
+answer, whose raw text (special tokens included: Gemma 4's and Llama 4's markers are some) is read again as a
+whole by app/tool_calls.py's ``CallStream``; content goes out once it cannot start a call, each call in one delta
+(``index``, ``id``, ``type``, ``function.name`` and its whole ``arguments``) once it is complete."""
+
+from __future__ import annotations
+
+from omnijax.app.tool_calls import CallStream, ToolCall
+from omnijax.preprocess.tokenizer import special_tokens
+
+
+class ToolDeltas:
+    """The deltas of one choice of ``pipe`` (a Pipeline) answering with ``tools`` (a ToolRequest)."""
+
+    def __init__(self, pipe, tools):
+        self.pipe = pipe
+        self.ids: list[int] = []
+        self.stream = CallStream(tools.fmt, special_tokens(pipe.processor.tokenizer))
+
+    @property
+    def calls_sent(self) -> int:
+        return len(self.stream.calls)
+
+    def _deltas(self, content: str, calls: list[ToolCall]) -> list[dict]:
+        out = [{"content": content}] if content else []
+        first = self.calls_sent - len(calls)
+        for k, call in enumerate(calls):
+            out.append({"tool_calls": [{"index": first + k, "id": call.id, "type": "function",
+                                        "function": {"name": call.name, "arguments": call.arguments}}]})
+        return out
+
+    def update(self, token_id: int | None) -> list[dict]:
+        """The deltas a new token gives (none for an event without a token)."""
+        if token_id is None:
+            return []
+        self.ids.append(int(token_id))
+        return self._deltas(*self.stream.update(self.pipe.raw_answer(self.ids)))
+
+    def finish(self, result) -> list[dict]:
+        """The deltas left once the answer (``result``, a GenerationResult) has ended."""
+        return self._deltas(*self.stream.finish(self.pipe.raw_answer(result.token_ids)))
