@@ -20,6 +20,7 @@ from omnijax.demo.cli_caption import main as caption_main
 from omnijax.demo.caption import CaptionOptions, merge_parts, messages_for, read_rows, run_captions
 from omnijax.demo.caption_items import (CaptionInputError, CaptionItem, check_parts, dedup_rows, discover,
                                 finished_paths, parse_jsonl_manifest, parse_rows, part_path, shard_items)
+from fixtures.four_devices import with_devices
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 MAX_NEW = 8
@@ -393,7 +394,7 @@ def test_distributed_run_shares_one_mesh_and_process_0_writes(mixed_folder, tmp_
     folder, good, bad, audio = mixed_folder
     out = tmp_path / "captions.jsonl"
     port = str(_free_port())
-    env = {"XLA_FLAGS": "--xla_force_host_platform_device_count=2", "JAX_PLATFORMS": "cpu"}
+    env = {"XLA_FLAGS": with_devices(2), "JAX_PLATFORMS": "cpu"}
     args = ["--model", str(tiny_gemma3_dir), "--input", str(folder), "--out", str(out), "--batch-size", "2",
             "--max-new-tokens", str(MAX_NEW), "--no-progress", "--distributed", "--coordinator", f"127.0.0.1:{port}",
             "--num-processes", "2"]
