@@ -147,7 +147,8 @@ def tools_of(args) -> dict | None:
         return None
     import json
 
-    from omnijax.app.tool_calls import ToolError, tool_request
+    from omnijax.app.tool_calls import tool_request
+    from omnijax.app.tools import ToolError
 
     if getattr(args, "raw", False):
         raise PromptError("--tools needs a chat prompt, not --raw")

@@ -31,7 +31,8 @@ from omnijax.common.quantized import check_quantize
 from omnijax.app.families import family_for_config
 from omnijax.app.generation import Engine
 from omnijax.app.grammar import Constraint, from_response_format
-from omnijax.app.tool_calls import ToolError, ToolRequest, parse_calls, tool_request
+from omnijax.app.tool_calls import ToolRequest, parse_calls, tool_request
+from omnijax.app.tools import ToolError
 from omnijax.app.model import abstract_model
 from omnijax.app.requests import GenerationResult, Request, RequestHandle
 from omnijax.app.sampling import (SamplingParams, check_choices, check_max_speech_frames, check_settings,
@@ -297,7 +298,7 @@ class Pipeline:
     # ---- tool calls ------------------------------------------------------------------------------------------
     @property
     def tool_format(self) -> str:
-        """How this checkpoint's model writes tool calls (app/tool_calls.py's formats; its family's choice)."""
+        """How this checkpoint's model writes tool calls (app/tools.py's formats; its family's choice)."""
         return self.processor.tool_format
 
     def check_tools(self, tools, tool_choice=None, parallel_tool_calls: bool = True) -> ToolRequest | None:

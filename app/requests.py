@@ -41,7 +41,7 @@ class GenerationResult:
     each prompt token after the first given those before it (``Request.prompt_logprobs``). logprobs: one
     ``TokenLogprob`` per generated token (the token's natural-log probability under the model's distribution, before
     any sampling setting, and its most likely alternatives) for a request that asked for them
-    (``Request.logprobs``); None otherwise. tool_calls: the calls the answer holds (app/tool_calls.py's
+    (``Request.logprobs``); None otherwise. tool_calls: the calls the answer holds (app/tools.py's
     ToolCall) and content: its text before them, for a request that offered tools (``Pipeline.read_tool_calls``);
     None otherwise."""
 

@@ -9,7 +9,7 @@ Structured outputs: ``response_format`` (``json_object``, ``json_schema``, and t
 probabilities (chat: ``logprobs`` true and ``top_logprobs`` 0..20; completions: ``logprobs`` 0..5 and ``echo``; the
 extension ``logprobs_mode``: "raw", the default, or "processed") and ``n`` (1..8 choices) are taken; their shapes
 are demo/openai_logprobs.py's. Tool calls (chat): ``tools``, ``tool_choice`` and ``parallel_tool_calls`` are read
-by app/tool_calls.py (a bad tool, a schema llguidance refuses, an unknown function: a 400 naming the field);
+by app/tools.py (a bad tool, a schema llguidance refuses, an unknown function: a 400 naming the field);
 ``tool`` messages and assistant messages with ``tool_calls`` go to the chat template; an answer's calls come back as
 ``message.tool_calls`` with ``finish_reason`` "tool_calls".
 Media parts arrive inline: ``image_url`` / ``video_url`` with a ``data:`` URL (remote ``http(s)`` URLs only when
@@ -34,7 +34,7 @@ import uuid
 from typing import Any, Callable
 
 from omnijax.app import grammar
-from omnijax.app import tool_calls
+from omnijax.app import tools as tool_specs
 from omnijax.app.token_logprobs import MODES
 from omnijax.common.errors import ConstraintError, OmnijaxError
 
@@ -191,7 +191,7 @@ def settings_of(body: dict, *, chat: bool) -> Settings:
 
 
 def tools_of(body: dict, *, chat: bool) -> dict | None:
-    """A chat body's ``tools`` / ``tool_choice`` / ``parallel_tool_calls`` checked (app/tool_calls.py: every tool
+    """A chat body's ``tools`` / ``tool_choice`` / ``parallel_tool_calls`` checked (app/tools.py: every tool
     named, its parameters a schema llguidance compiles, the choice one of them) before any work, or None without
     tools; RequestError naming the field."""
     given = {name: body.get(name) for name in TOOL_FIELDS if body.get(name) not in (None, [], {})}
@@ -200,12 +200,12 @@ def tools_of(body: dict, *, chat: bool) -> dict | None:
     if not chat:
         raise RequestError(f"'{next(iter(given))}' is a chat parameter", param=next(iter(given)))
     try:
-        read = tool_calls.read_tools(given.get("tools"))
-        choice = tool_calls.read_tool_choice(given.get("tool_choice"), read)
+        read = tool_specs.read_tools(given.get("tools"))
+        choice = tool_specs.read_tool_choice(given.get("tool_choice"), read)
         if not isinstance(given.get("parallel_tool_calls", True), bool):
-            raise tool_calls.ToolError("must be a boolean", "parallel_tool_calls")
-        tool_calls.check_schemas(read)
-    except tool_calls.ToolError as e:
+            raise tool_specs.ToolError("must be a boolean", "parallel_tool_calls")
+        tool_specs.check_schemas(read)
+    except tool_specs.ToolError as e:
         raise RequestError(str(e), param=e.param) from None
     if not read:
         return None
@@ -487,7 +487,7 @@ FINISH_REASONS = {"eos": "stop", "stop": "stop", "length": "length", "cancelled"
 
 def chat_choice(text: str, finish_reason: str, index: int = 0, logprobs: dict | None = None,
                 audio: dict | None = None, tool_calls: list | None = None) -> dict:
-    """One choice of a ``chat.completion``; with ``tool_calls`` (app/tool_calls.py's ToolCall) its message carries
+    """One choice of a ``chat.completion``; with ``tool_calls`` (app/tools.py's ToolCall) its message carries
     them (``content`` the text before them, null when there is none) and ``finish_reason`` is "tool_calls"."""
     message: dict = {"role": "assistant", "content": text}
     if audio is not None:

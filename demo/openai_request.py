@@ -18,7 +18,7 @@ import os
 import pathlib
 import secrets
 
-from omnijax.app.tool_calls import ToolError
+from omnijax.app.tools import ToolError
 from omnijax.common.errors import ConstraintError
 from omnijax.demo import openai_audio
 from omnijax.demo import openai_logprobs as lp

@@ -5,7 +5,8 @@ whole by app/tool_calls.py's ``CallStream``; content goes out once it cannot sta
 
 from __future__ import annotations
 
-from omnijax.app.tool_calls import CallStream, ToolCall
+from omnijax.app.tool_calls import CallStream
+from omnijax.app.tools import ToolCall
 from omnijax.preprocess.tokenizer import special_tokens
 
 

@@ -117,7 +117,7 @@ class Processor:
     checkpoint takes ({} for a text-only one). Subclasses override ``expand`` and ``finish`` (module docstring).
 
     roles: the message roles the family's chat template knows; any other is refused (PromptError).
-    tool_format: how the family's model writes tool calls (app/tool_calls.py's formats): "hermes", "gemma4",
+    tool_format: how the family's model writes tool calls (app/tools.py's formats): "hermes", "gemma4",
         "llama4", or "prompt" for a chat template without tool support (the tools and calls are written as text by
         preprocess/tool_prompt.py before the template renders the conversation).
     budget: the limits of one request (preprocess/request_limits.py); the pipeline sets its context budget.

@@ -6,7 +6,7 @@ into plain messages before the template renders it.
   within ``<tools></tools>``, then how to call (``TOOLS_FOOTER``);
 - an assistant message's ``tool_calls`` become text after its content, one call per line:
   ``<tool_call>\\n{"name": "get_weather", "arguments": {"city": "Paris"}}\\n</tool_call>``
-  (the format the answer is constrained to: app/tool_calls.py's ``prompt``);
+  (the format the answer is constrained to: app/tools.py's ``prompt``);
 - ``tool`` messages become a user message (consecutive ones one message), each result as
   ``<tool_response>\\n{content}\\n</tool_response>``.
 

@@ -1,8 +1,8 @@
-"""Tool calls without a model (app/tool_calls.py): each family format's parser on answers that broke other servers
-(text before a call, two calls, nested arrays, strings holding ``}``, quotes or brackets, Llama 4's JSON form), the
-streamed reading joining into the same calls, the checks of ``tools`` / ``tool_choice``, and each format's grammar
-compiled for the family's tiny vocabulary: it takes the answers the parser reads and refuses what the tool choice
-forbids."""
+"""Tool calls without a model (app/tools.py, app/tool_grammar.py, app/tool_calls.py): each family format's parser
+on answers that broke other servers (text before a call, two calls, nested arrays, strings holding ``}``, quotes or
+brackets, Llama 4's JSON form), the streamed reading joining into the same calls, the checks of ``tools`` /
+``tool_choice``, and each format's grammar compiled for the family's tiny vocabulary: it takes the answers the
+parser reads and refuses what the tool choice forbids."""
 
 from __future__ import annotations
 
@@ -14,6 +14,8 @@ import pytest
 from transformers import AutoTokenizer
 
 from omnijax.app import tool_calls as tc
+from omnijax.app import tool_grammar
+from omnijax.app import tools as tool_specs
 from omnijax.preprocess.tokenizer import special_tokens
 
 WEATHER = {"type": "function", "function": {
@@ -46,7 +48,7 @@ def check_calls(calls: list, expected: list[tuple[str, dict]]) -> None:
     assert len({c.id for c in calls}) == len(calls) and all(c.id.startswith("call_") for c in calls)
 
 
-@pytest.mark.parametrize("fmt", tc.FORMATS)
+@pytest.mark.parametrize("fmt", tool_specs.FORMATS)
 def test_text_before_two_calls_nested_arrays_and_tricky_strings(fmt):
     content, calls = tc.parse_calls(fmt, ANSWERS[fmt], ["<|python_start|>", "<|python_end|>", '<|"|>'])
     assert content == "Let me check."
@@ -76,7 +78,7 @@ def test_text_without_a_whole_call_stays_content(fmt, text):
     assert tc.parse_calls(fmt, text) == (text, [])
 
 
-@pytest.mark.parametrize("fmt", tc.FORMATS)
+@pytest.mark.parametrize("fmt", tool_specs.FORMATS)
 def test_streamed_reading_joins_into_the_same_answer(fmt):
     """Every prefix of the answer read in turn: the content deltas join into the content, each call comes once,
     whole, and no content is sent after the first call."""
@@ -122,7 +124,7 @@ def test_streamed_text_without_calls_is_all_content():
     (None, "required", True, "tool_choice"),
 ])
 def test_bad_tools_are_refused_naming_the_field(tools, choice, parallel, param):
-    with pytest.raises(tc.ToolError) as e:
+    with pytest.raises(tool_specs.ToolError) as e:
         tc.tool_request(tools, choice, parallel, "hermes")
     assert e.value.param == param and str(e.value).startswith(param + ": ")
 
@@ -130,25 +132,25 @@ def test_bad_tools_are_refused_naming_the_field(tools, choice, parallel, param):
 def test_tool_choices():
     assert tc.tool_request(None) is None
     auto = tc.tool_request(TOOLS, None, True, "hermes")
-    assert auto.choice == tc.ToolChoice("auto") and auto.parses and auto.grammar.startswith("start: FREE")
+    assert auto.choice == tool_specs.ToolChoice("auto") and auto.parses and auto.grammar.startswith("start: FREE")
     assert auto.template_tools()[0]["function"]["name"] == "get_weather"
     none = tc.tool_request(TOOLS, "none", True, "hermes")
     assert none.grammar is None and not none.parses
     named = tc.tool_request(TOOLS, {"type": "function", "function": {"name": "clock"}}, True, "hermes")
-    assert named.choice == tc.ToolChoice("function", "clock") and "get_weather" not in named.grammar
+    assert named.choice == tool_specs.ToolChoice("function", "clock") and "get_weather" not in named.grammar
 
 
 def test_gemma4_grammar_refuses_keywords_it_cannot_enforce():
     pattern = {"type": "function", "function": {"name": "f", "parameters": {
         "type": "object", "properties": {"code": {"type": "string", "pattern": "[0-9]+"}}}}}
-    with pytest.raises(tc.ToolError, match="'pattern' is not supported") as e:
+    with pytest.raises(tool_specs.ToolError, match="'pattern' is not supported") as e:
         tc.tool_request([pattern], "required", True, "gemma4")
     assert e.value.param == "tools[0].function.parameters.properties.code"
     assert tc.tool_request([pattern], "required", True, "hermes").grammar  # JSON formats: llguidance's schema
 
 
 def test_gemma4_text_is_the_templates_argument_syntax():
-    assert tc.gemma4_text({"b": [1, "x"], "a": {"k": None, "t": True}}) == \
+    assert tool_grammar.gemma4_text({"b": [1, "x"], "a": {"k": None, "t": True}}) == \
         '{a:{k:null,t:true},b:[1,<|"|>x<|"|>]}'
 
 

@@ -41,7 +41,7 @@ class Gemma4Processor(Processor):
     clip accepted (at most the feature extractor's 30 s)."""
 
     roles = ("system", "developer", "user", "assistant", "tool")  # the roles its chat template knows
-    tool_format = "gemma4"  # how its model writes tool calls (app/tool_calls.py)
+    tool_format = "gemma4"  # how its model writes tool calls (app/tools.py)
 
     def __init__(self, folder: pathlib.Path, *, token_ids: dict[str, int], image_bidirectional: bool = False,
                  max_audio_seconds: float | None = None):

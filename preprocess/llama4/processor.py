@@ -22,7 +22,7 @@ class Llama4Processor(Processor):
     checkpoint. ``tokens_per_tile`` follows from the processor settings (preprocess/llama4/prompt.py)."""
 
     roles = ("system", "user", "assistant", "ipython", "tool")  # the roles its chat template knows
-    tool_format = "llama4"  # how its model writes tool calls (app/tool_calls.py)
+    tool_format = "llama4"  # how its model writes tool calls (app/tools.py)
 
     def __init__(self, folder: pathlib.Path, *, image_token_id: int | None):
         tokenizer = load_tokenizer(folder)

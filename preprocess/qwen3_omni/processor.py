@@ -43,7 +43,7 @@ class Qwen3OmniProcessor(Processor):
     preprocess/qwen3_omni/video.py)."""
 
     roles = ("system", "user", "assistant", "tool")  # the roles its chat template knows
-    tool_format = "hermes"  # how its model writes tool calls (app/tool_calls.py)
+    tool_format = "hermes"  # how its model writes tool calls (app/tools.py)
 
     def __init__(self, folder: pathlib.Path, *, image_token_id: int, audio_token_id: int, thinker_config: dict,
                  vision: image_batch.VisionInput, audio: audio_batch.AudioInput,
