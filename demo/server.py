@@ -136,13 +136,10 @@ class Server:
         echo = parsed.echo
         tools = openai_request.tool_request(self.pipe, parsed) if chat else None
         if settings.stream and tools is not None and tools.parses:
-            return StreamingResponse(self._stream_calls(handles, wake, request_id, settings, tools),
-                                     media_type="text/event-stream",
-                                     headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
+            return _event_stream(self._stream_calls(handles, wake, request_id, settings, tools), handles)
         if settings.stream:
-            return StreamingResponse(self._stream(handles, wake, request_id, chat, settings, speech, prompt, echo),
-                                     media_type="text/event-stream",
-                                     headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
+            return _event_stream(self._stream(handles, wake, request_id, chat, settings, speech, prompt, echo),
+                                 handles)
         watcher = asyncio.create_task(_cancel_on_disconnect(request, handles))
         try:
             async for _ in _events(handles, wake):
@@ -196,62 +193,55 @@ class Server:
                                           index=i, logprobs=logprobs))
 
         later: list[tuple] = []  # (choice, text, records) waiting for the echo's log probabilities
-        try:
+        for i in range(len(handles)):
+            if chat:
+                first = {"role": "assistant", "content": ""} if deltas is None else \
+                    {"role": "assistant", "content": None, **deltas.start()}
+                yield api.sse(api.chat_chunk(request_id, model, created, first, index=i))
+            elif echo is not None and not waiting:
+                yield api.sse(api.completion(request_id, model, echo, None, None, created, chunk=True, index=i))
+        async for i, event in _events(handles, wake, indexed=True):
+            records = held[i].take(event) if top is not None else []
+            if not event.text or hidden:
+                continue
+            if deltas is not None:
+                yield api.sse(api.chat_chunk(request_id, model, created, deltas.transcript(event.text)))
+            elif waiting:
+                later.append((i, event.text, records))
+            else:
+                yield piece(i, event.text, records)
+        results = [h.result() for h in handles]
+        if waiting:
+            shared = self._prompt_logprobs(results, settings, prompt, echo)
             for i in range(len(handles)):
-                if chat:
-                    first = {"role": "assistant", "content": ""} if deltas is None else \
-                        {"role": "assistant", "content": None, **deltas.start()}
-                    yield api.sse(api.chat_chunk(request_id, model, created, first, index=i))
-                elif echo is not None and not waiting:
-                    yield api.sse(api.completion(request_id, model, echo, None, None, created, chunk=True, index=i))
-            async for i, event in _events(handles, wake, indexed=True):
-                records = held[i].take(event) if top is not None else []
-                if not event.text or hidden:
-                    continue
-                if deltas is not None:
-                    yield api.sse(api.chat_chunk(request_id, model, created, deltas.transcript(event.text)))
-                elif waiting:
-                    later.append((i, event.text, records))
-                else:
-                    yield piece(i, event.text, records)
-            results = [h.result() for h in handles]
-            if waiting:
-                shared = self._prompt_logprobs(results, settings, prompt, echo)
-                for i in range(len(handles)):
-                    yield api.sse(api.completion(request_id, model, echo, None, None, created, chunk=True, index=i,
-                                                 logprobs=shared if shared is not None else lp.empty()))
-                for i, text, records in later:
-                    yield piece(i, text, records)
-            for i, result in enumerate(results):
-                if deltas is not None and result.finish_reason != "cancelled":
-                    prompt_, settings_, seed, spoken = speech
-                    chunks = iter(await run_in_threadpool(self._speech, prompt_, result, settings_, seed, spoken))
-                    while (chunk := await run_in_threadpool(next, chunks, None)) is not None:
-                        yield api.sse(api.chat_chunk(request_id, model, created, deltas.data(chunk)))
-                    yield api.sse(api.chat_chunk(request_id, model, created, deltas.end()))
-                rest = held[i].rest(result.finish_reason) if top is not None and not hidden else []
-                if rest:
-                    yield piece(i, "", rest)
-                if chat:
-                    yield api.sse(api.chat_chunk(request_id, model, created, {}, result.finish_reason, index=i))
-                else:
-                    yield api.sse(api.completion(request_id, model, "", "length" if hidden else result.finish_reason,
-                                                 None, created, chunk=True, index=i,
-                                                 logprobs=None if top is None else lp.empty()))
-            if settings.include_usage:
-                use = self._usage(results, settings)
-                if chat:
-                    yield api.sse(api.chat_chunk(request_id, model, created, None, use=use))
-                else:
-                    yield api.sse(api.completion(request_id, model, "", None, use, created, chunk=True,
-                                                 choices=[]))
-            yield api.sse("[DONE]")
-        except OmnijaxError as e:  # the stream has started: the error goes as an event
-            yield api.sse(api.error_body(str(e), code=type(e).__name__))
-            yield api.sse("[DONE]")
-        finally:  # also when the client goes away (the generator is closed or cancelled)
-            for h in handles:
-                h.cancel()
+                yield api.sse(api.completion(request_id, model, echo, None, None, created, chunk=True, index=i,
+                                             logprobs=shared if shared is not None else lp.empty()))
+            for i, text, records in later:
+                yield piece(i, text, records)
+        for i, result in enumerate(results):
+            if deltas is not None and result.finish_reason != "cancelled":
+                prompt_, settings_, seed, spoken = speech
+                chunks = iter(await run_in_threadpool(self._speech, prompt_, result, settings_, seed, spoken))
+                while (chunk := await run_in_threadpool(next, chunks, None)) is not None:
+                    yield api.sse(api.chat_chunk(request_id, model, created, deltas.data(chunk)))
+                yield api.sse(api.chat_chunk(request_id, model, created, deltas.end()))
+            rest = held[i].rest(result.finish_reason) if top is not None and not hidden else []
+            if rest:
+                yield piece(i, "", rest)
+            if chat:
+                yield api.sse(api.chat_chunk(request_id, model, created, {}, result.finish_reason, index=i))
+            else:
+                yield api.sse(api.completion(request_id, model, "", "length" if hidden else result.finish_reason,
+                                             None, created, chunk=True, index=i,
+                                             logprobs=None if top is None else lp.empty()))
+        if settings.include_usage:
+            use = self._usage(results, settings)
+            if chat:
+                yield api.sse(api.chat_chunk(request_id, model, created, None, use=use))
+            else:
+                yield api.sse(api.completion(request_id, model, "", None, use, created, chunk=True,
+                                             choices=[]))
+        yield api.sse("[DONE]")
 
     async def _stream_calls(self, handles: list, wake: asyncio.Event, request_id: str, settings: api.Settings,
                             tools):
@@ -270,32 +260,25 @@ class Server:
             return api.sse(api.chat_chunk(request_id, model, created, delta, finish_reason, index=i,
                                           logprobs=logprobs))
 
-        try:
-            for i in range(len(handles)):
-                yield api.sse(api.chat_chunk(request_id, model, created, {"role": "assistant", "content": ""},
-                                             index=i))
-            async for i, event in _events(handles, wake, indexed=True):
-                records = held[i].take(event) if top is not None else []
-                for delta in streams[i].update(event.token_id) or ([{"content": ""}] if records else []):
-                    yield chunk(i, delta, records)
-                    records = []
-            results = [h.result() for h in handles]
-            for i, result in enumerate(results):
-                for delta in streams[i].finish(result):
-                    yield chunk(i, delta, [])
-                rest = held[i].rest(result.finish_reason) if top is not None else []
-                if rest:
-                    yield chunk(i, {"content": ""}, rest)
-                yield chunk(i, {}, [], "tool_calls" if streams[i].calls_sent else result.finish_reason)
-            if settings.include_usage:
-                yield api.sse(api.chat_chunk(request_id, model, created, None, use=self._usage(results, settings)))
-            yield api.sse("[DONE]")
-        except OmnijaxError as e:  # the stream has started: the error goes as an event
-            yield api.sse(api.error_body(str(e), code=type(e).__name__))
-            yield api.sse("[DONE]")
-        finally:  # also when the client goes away (the generator is closed or cancelled)
-            for h in handles:
-                h.cancel()
+        for i in range(len(handles)):
+            yield api.sse(api.chat_chunk(request_id, model, created, {"role": "assistant", "content": ""},
+                                         index=i))
+        async for i, event in _events(handles, wake, indexed=True):
+            records = held[i].take(event) if top is not None else []
+            for delta in streams[i].update(event.token_id) or ([{"content": ""}] if records else []):
+                yield chunk(i, delta, records)
+                records = []
+        results = [h.result() for h in handles]
+        for i, result in enumerate(results):
+            for delta in streams[i].finish(result):
+                yield chunk(i, delta, [])
+            rest = held[i].rest(result.finish_reason) if top is not None else []
+            if rest:
+                yield chunk(i, {"content": ""}, rest)
+            yield chunk(i, {}, [], "tool_calls" if streams[i].calls_sent else result.finish_reason)
+        if settings.include_usage:
+            yield api.sse(api.chat_chunk(request_id, model, created, None, use=self._usage(results, settings)))
+        yield api.sse("[DONE]")
 
     def models(self) -> dict:
         return {"object": "list", "data": [{"id": self.model, "object": "model", "created": self.created,
@@ -317,6 +300,27 @@ async def _json_body(request: Request) -> dict:
     if not isinstance(body, dict):
         raise api.RequestError("the request body must be a JSON object")
     return body
+
+
+def _event_stream(events, handles: list) -> StreamingResponse:
+    """The server-sent ``events`` of a started answer (an async generator of encoded events) as a response: an
+    OmnijaxError raised once the stream has started goes as an error event, and the ``handles`` are cancelled when
+    the stream ends, fails or the client goes away (the generator is closed or cancelled)."""
+
+    async def guarded():
+        try:
+            async for event in events:
+                yield event
+        except OmnijaxError as e:
+            yield api.sse(api.error_body(str(e), code=type(e).__name__))
+            yield api.sse("[DONE]")
+        finally:
+            await events.aclose()
+            for h in handles:
+                h.cancel()
+
+    return StreamingResponse(guarded(), media_type="text/event-stream",
+                             headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
 
 
 async def _events(handles: list, wake: asyncio.Event, *, indexed: bool = False):
