@@ -13,6 +13,7 @@ import ast
 import dataclasses
 import json
 import re
+import warnings
 from typing import Any, Iterable
 
 from omnijax.app.tool_grammar import call_grammar
@@ -57,8 +58,11 @@ def tool_request(tools: Any, tool_choice: Any = None, parallel_tool_calls: Any =
         raise ToolError("must be a boolean", "parallel_tool_calls")
     if not read:
         return None
-    check_schemas(read)
-    grammar_text = call_grammar(fmt, read, choice, parallel_tool_calls, special_ids)
+    try:
+        check_schemas(read)
+        grammar_text = call_grammar(fmt, read, choice, parallel_tool_calls, special_ids)
+    except RecursionError:
+        raise ToolError("a function's parameters schema is too large or too deeply nested", "tools") from None
     return ToolRequest(tuple(read), choice, parallel_tool_calls, fmt, grammar_text)
 
 
@@ -95,27 +99,45 @@ def _arguments(value: Any) -> str | None:
             return None
     if not isinstance(value, dict):
         return None
-    return json.dumps(value, ensure_ascii=False)
+    return _json_text(value)
+
+
+def _json_text(value: dict) -> str | None:
+    """``value`` as JSON text (None when it is not JSON: a set, bytes, NaN or infinity, a lone surrogate)."""
+    try:
+        text = json.dumps(value, ensure_ascii=False, allow_nan=False)
+        text.encode("utf-8")
+    except (TypeError, ValueError, RecursionError):  # UnicodeEncodeError is a ValueError
+        return None
+    return text
 
 
 def _hermes_calls(raw: str) -> tuple[int, list[ToolCall]] | None:
     calls, first = [], None
     pos = 0
+    decoder = json.JSONDecoder()
     while (start := raw.find("<tool_call>", pos)) >= 0:
-        end = raw.find("</tool_call>", start)
-        if end < 0:
+        at = _skip_space(raw, start + len("<tool_call>"))
+        try:  # the JSON object whole: a string in it may hold "</tool_call>"
+            obj, at = decoder.raw_decode(raw, at)
+        except (ValueError, RecursionError):
             break
-        try:
-            obj = json.loads(raw[start + len("<tool_call>"):end].strip())
-        except ValueError:
+        at = _skip_space(raw, at)
+        if not raw.startswith("</tool_call>", at):
             break
         args = _arguments(obj.get("arguments", obj.get("parameters", {}))) if isinstance(obj, dict) else None
         if args is None or not isinstance(obj.get("name"), str):
             break
         calls.append(ToolCall(obj["name"], args))
         first = start if first is None else first
-        pos = end + len("</tool_call>")
+        pos = at + len("</tool_call>")
     return (first, calls) if calls else None
+
+
+def _skip_space(text: str, pos: int) -> int:
+    while pos < len(text) and text[pos].isspace():
+        pos += 1
+    return pos
 
 
 class _Gemma4Reader:
@@ -205,7 +227,10 @@ def _gemma4_calls(raw: str) -> tuple[int, list[ToolCall]] | None:
             if raw.startswith(closing, end):
                 end += len(closing)
                 break
-        calls.append(ToolCall(match.group(1), json.dumps(args, ensure_ascii=False)))
+        text = _json_text(args)
+        if text is None:
+            break
+        calls.append(ToolCall(match.group(1), text))
         first = start if first is None else first
         pos = end
     return (first, calls) if calls else None
@@ -224,12 +249,29 @@ def _py_value(node: ast.AST) -> Any:
         if any(k is None for k in node.keys):
             raise ValueError("** in a dict")
         return {str(_py_value(k)): _py_value(v) for k, v in zip(node.keys, node.values)}
-    return ast.literal_eval(node)
+    value = ast.literal_eval(node)
+    if value is not None and not isinstance(value, (str, int, float)):
+        raise ValueError(f"{type(value).__name__} is not a JSON value")
+    return value
+
+
+def _keyword_value(source: str, node: ast.AST) -> Any:
+    """A pythonic call's argument value: its text read as JSON (what the grammar writes: JSON's string escapes),
+    else as a Python literal."""
+    text = ast.get_source_segment(source, node)
+    try:
+        return json.loads(text)
+    except (TypeError, ValueError, RecursionError):
+        return _py_value(node)
 
 
 def _pythonic(segment: str) -> list[ToolCall] | None:
+    source = segment.strip()
     try:
-        tree = ast.parse(segment.strip(), mode="eval").body
+        with warnings.catch_warnings():  # JSON's "\/" is an invalid escape to Python (its value is read as JSON)
+            warnings.simplefilter("ignore", DeprecationWarning)
+            warnings.simplefilter("ignore", SyntaxWarning)
+            tree = ast.parse(source, mode="eval").body
     except (SyntaxError, ValueError, RecursionError):
         return None
     if not isinstance(tree, ast.List) or not tree.elts:
@@ -240,49 +282,55 @@ def _pythonic(segment: str) -> list[ToolCall] | None:
                 or any(k.arg is None for k in call.keywords):
             return None
         try:
-            args = {k.arg: _py_value(k.value) for k in call.keywords}
+            args = {k.arg: _keyword_value(source, k.value) for k in call.keywords}
         except (ValueError, TypeError, SyntaxError, RecursionError):
             return None
-        calls.append(ToolCall(call.func.id, json.dumps(args, ensure_ascii=False)))
+        text = _json_text(args)
+        if text is None:
+            return None
+        calls.append(ToolCall(call.func.id, text))
     return calls
 
 
-def _json_calls(raw: str, start: int) -> list[ToolCall] | None:
-    """JSON calls ``{"name": ..., "parameters" | "arguments": {...}}`` from ``start`` on (separated by white space
-    or ';'; what follows the last one is not read)."""
-    decoder, calls, pos = json.JSONDecoder(), [], start
-    while pos < len(raw):
+def _json_calls(text: str) -> list[ToolCall] | None:
+    """JSON calls ``{"name": ..., "parameters" | "arguments": {...}}`` making up all of ``text`` (separated by
+    white space or ';')."""
+    decoder, calls, pos = json.JSONDecoder(), [], 0
+    while pos < len(text):
         try:
-            obj, pos = decoder.raw_decode(raw, pos)
+            obj, pos = decoder.raw_decode(text, pos)
         except (ValueError, RecursionError):
-            break
-        if not isinstance(obj, dict) or not isinstance(obj.get("name"), str):
-            break
-        args = _arguments(obj.get("parameters", obj.get("arguments", {})))
+            return None
+        if not isinstance(obj, dict) or not isinstance(obj.get("name"), str) or \
+                not ("parameters" in obj or "arguments" in obj):
+            return None
+        args = _arguments(obj.get("parameters", obj.get("arguments")))
         if args is None:
-            break
+            return None
         calls.append(ToolCall(obj["name"], args))
-        while pos < len(raw) and (raw[pos].isspace() or raw[pos] == ";"):
+        while pos < len(text) and (text[pos].isspace() or text[pos] == ";"):
             pos += 1
     return calls or None
 
 
 def _llama4_calls(raw: str) -> tuple[int, list[ToolCall]] | None:
+    """Llama 4's calls: a pythonic list or JSON calls that are the whole answer, or all of what follows
+    ``<|python_start|>`` (up to ``<|python_end|>``; text may come before the marker). A list or an object inside
+    other text is text."""
     text = raw
     end_marker = text.find("<|python_end|>")
     if end_marker >= 0:
         text = text[:end_marker]
     marker = text.find("<|python_start|>")
-    ends = [i for i, c in enumerate(text) if c == "]"][::-1][:64]
-    for start in [i for i, c in enumerate(text) if c in "[{"][:64]:
-        if text[start] == "{":
-            calls = _json_calls(text, start)
-        else:
-            calls = next((c for end in ends if end > start and (c := _pythonic(text[start:end + 1]))), None)
-        if calls:
-            head = marker if 0 <= marker < start and not text[marker + 16:start].strip() else start
-            return head, calls
-    return None
+    head = marker if marker >= 0 else len(text) - len(text.lstrip())
+    body = text[marker + len("<|python_start|>"):].strip() if marker >= 0 else text.strip()
+    if body.startswith("["):
+        calls = _pythonic(body)
+    elif body.startswith("{"):
+        calls = _json_calls(body)
+    else:
+        calls = None
+    return (head, calls) if calls else None
 
 
 # ---- streaming -----------------------------------------------------------------------------------------------
@@ -296,7 +344,8 @@ class CallStream:
     def __init__(self, fmt: str, specials: Iterable[str] = ()):
         self.fmt = fmt
         self.specials = tuple(specials)
-        self.markers = [START[fmt]] + (["[", "{"] if fmt == "llama4" else [])
+        self.markers = [START[fmt]]
+        self.openers = ("[", "{") if fmt == "llama4" else ()  # calls without a marker: the whole answer
         self.sent = ""
         self.calls: list[ToolCall] = []
 
@@ -321,6 +370,9 @@ class CallStream:
                 if raw.endswith(m[:k]):
                     cut = min(cut, len(raw) - k)
                     break
+        lead = len(raw) - len(raw.lstrip())
+        if raw[lead:lead + 1] in self.openers and raw[lead:lead + 1]:
+            cut = min(cut, lead)
         if cut == len(raw):
             return self._content(strip_specials(raw, self.specials).rstrip()), []
         tail = raw.rstrip()

@@ -115,6 +115,9 @@ def gemma4_value(schema: Any, rules: _Rules, quote: str, where: str) -> str:
         options = [schema["const"]] if "const" in schema else schema["enum"]
         if not isinstance(options, list) or not options:
             raise ToolError("'enum' must be a non-empty list", where)
+        if any(isinstance(v, (list, dict)) for v in options):
+            raise ToolError("Gemma 4's tool-call syntax takes 'enum' / 'const' values that are strings, numbers, "
+                            "booleans or null", where)
         return "(" + " | ".join(_g4_literal(v, quote) for v in options) + ")"
     for key in ("anyOf", "oneOf"):
         if key in schema:

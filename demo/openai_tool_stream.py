@@ -1,6 +1,6 @@
 """The ``tool_calls`` deltas of one streamed chat choice that may call tools: the answer's raw text (special tokens
 included: Gemma 4's and Llama 4's markers are some; end tokens left out) grows by what each token settles
-(app/detokenize.py: O(1) decoding per token) and is read by app/tool_calls.py's ``CallStream``; content goes out
+(app/detokenize.py: incremental decoding) and is read again by app/tool_calls.py's ``CallStream``; content goes out
 once it cannot start a call, each call in one delta (``index``, ``id``, ``type``, ``function.name`` and its whole
 ``arguments``) once it is complete."""
 

@@ -153,6 +153,26 @@ def special_tokens(tokenizer) -> dict[str, int]:
     return found
 
 
+def added_tokens(tokenizer) -> dict[str, int]:
+    """Every text the tokenizer turns into one token wherever it appears, text -> id: its special tokens and the
+    added tokens not flagged special (Qwen3-Omni's ``<tool_call>``, ``<tool_response>``, ``<think>``: markers
+    user text must not spell). Cached on the tokenizer."""
+    cached = getattr(tokenizer, "_omnijax_added_tokens", None)
+    if cached is not None:
+        return cached
+    found = dict(special_tokens(tokenizer))
+    backend = getattr(tokenizer, "backend_tokenizer", None)
+    if backend is not None:
+        for token_id, token in backend.get_added_tokens_decoder().items():
+            if token.content:
+                found.setdefault(token.content, int(token_id))
+    try:
+        tokenizer._omnijax_added_tokens = found
+    except AttributeError:
+        pass
+    return found
+
+
 _BYTE_TOKEN = re.compile(r"<0x[0-9A-Fa-f]{2}>")
 
 

@@ -22,7 +22,7 @@ import numpy as np
 
 from omnijax.common.errors import PromptError
 from omnijax.preprocess.encode_text import encode
-from omnijax.preprocess.tokenizer import special_tokens
+from omnijax.preprocess.tokenizer import added_tokens
 
 OPEN, CLOSE, ESCAPE, ESCAPE_END = "\ue000", "\ue001", "\ue002", "\ue003"
 _MARK_CHARS = OPEN + CLOSE + ESCAPE + ESCAPE_END
@@ -30,11 +30,12 @@ _ESCAPED = re.compile(f"{ESCAPE}([0-9a-f]*){ESCAPE_END}")
 
 
 def protected_pattern(tokenizer) -> re.Pattern:
-    """A regex matching the tokenizer's special-token strings (longest first) and the mark characters."""
+    """A regex matching the tokenizer's special-token strings and its other added tokens' (``added_tokens``; longest
+    first) and the mark characters."""
     cached = getattr(tokenizer, "_omnijax_protected_pattern", None)
     if cached is not None:
         return cached
-    trie = _trie_regex(list(special_tokens(tokenizer)))
+    trie = _trie_regex(list(added_tokens(tokenizer)))
     pattern = re.compile("|".join(([trie] if trie else []) + [f"[{_MARK_CHARS}]"]))
     try:
         tokenizer._omnijax_protected_pattern = pattern
@@ -131,7 +132,7 @@ def encode_prompt(tokenizer, marked: str) -> np.ndarray:
     text, spans = unmark(marked)
     if not spans:
         return np.asarray(encode(tokenizer, text, add_special_tokens=False)["input_ids"], np.int32)
-    specials = set(special_tokens(tokenizer).values())
+    specials = set(added_tokens(tokenizer).values())
     try:
         enc = encode(tokenizer, text, add_special_tokens=False, return_offsets_mapping=True)
         ids, offsets = enc["input_ids"], enc["offset_mapping"]

@@ -58,14 +58,61 @@ def test_text_before_two_calls_nested_arrays_and_tricky_strings(fmt):
 
 
 def test_llama4_json_calls_and_bare_lists():
-    text = 'First I look. {"name": "get_weather", "parameters": ' + json.dumps(ARGS) + '}; {"name": "clock", ' \
-           '"parameters": {}}'
+    """Without ``<|python_start|>`` Llama 4's calls are the whole answer (JSON calls, or a pythonic list); a list or
+    an object inside other text is text."""
+    text = ' {"name": "get_weather", "parameters": ' + json.dumps(ARGS) + '}; {"name": "clock", "parameters": {}}'
     content, calls = tc.parse_calls("llama4", text)
-    assert content == "First I look."
+    assert content == ""
     check_calls(calls, [("get_weather", ARGS), ("clock", {})])
-    content, calls = tc.parse_calls("llama4", 'See [1]. [clock(), get_weather(city="x", days=true)] Done.')
-    assert content == "See [1]."  # a list that is not calls stays text; what follows the calls is dropped
+    content, calls = tc.parse_calls("llama4", '[clock(), get_weather(city="x", days=true)]\n')
     check_calls(calls, [("clock", {}), ("get_weather", {"city": "x", "days": True})])
+    for text in ['First I look. {"name": "get_weather", "parameters": {"city": "x"}}',
+                 'Sure. The user is {"name": "Alice", "age": 30}. Anything else?',
+                 '{"name": "Alice", "age": 30}',  # an object with a name but no parameters is not a call
+                 'See [1]. [clock(), get_weather(city="x")] Done.', "Use a list like [print(x=1)] here.",
+                 "In Python, [f(a={1, 2})] builds a set", "[f(a={1, 2})]", "[f(a=b'x')]", "[f(a=1j)]",
+                 "[f(a=1e999)]"]:
+        assert tc.parse_calls("llama4", text) == (text, []), text
+
+
+def test_pythonic_values_read_as_the_json_the_grammar_writes():
+    """The grammar writes JSON values into pythonic calls: JSON's escapes (a surrogate pair, an escaped slash) mean
+    what JSON says; Python's True / None are read too."""
+    _, calls = tc.parse_calls("llama4", '[f(a="smile \\ud83d\\ude00", b="x\\/y", c=True, d=None)]')
+    check_calls(calls, [("f", {"a": "smile \U0001F600", "b": "x/y", "c": True, "d": None})])
+    calls[0].arguments.encode("utf-8")
+
+
+def test_a_call_whose_string_holds_the_end_marker():
+    text = 'hi <tool_call>\n{"name": "f", "arguments": {"s": "a</tool_call>b"}}\n</tool_call>'
+    content, calls = tc.parse_calls("hermes", text)
+    assert content == "hi"
+    check_calls(calls, [("f", {"s": "a</tool_call>b"})])
+
+
+def test_arguments_that_are_not_json_text_are_no_call():
+    """A lone surrogate cannot be sent as UTF-8: the call stays text, never a failing response."""
+    text = '<tool_call>\n{"name": "f", "arguments": {"s": "\\ud83d"}}\n</tool_call>'
+    assert tc.parse_calls("hermes", text) == (text, [])
+
+
+@pytest.mark.parametrize("fmt", ["gemma4", "llama4", "hermes"])
+def test_a_schema_too_large_for_the_grammar_is_a_tool_error(fmt):
+    """2,000 properties: the request's grammar compiles, or the request is refused naming ``tools`` (a
+    RecursionError, a failure of the server, fails the test)."""
+    wide = {"type": "function", "function": {"name": "wide", "parameters": {
+        "type": "object", "properties": {f"p{i}": {"type": "integer"} for i in range(2000)}}}}
+    try:
+        tc.tool_request([wide], "required", True, fmt)
+    except tool_specs.ToolError as e:
+        assert e.param.startswith("tools")
+
+
+def test_gemma4_enum_of_arrays_is_refused():
+    tool = {"type": "function", "function": {"name": "f", "parameters": {
+        "type": "object", "properties": {"k": {"enum": [["a"], {"b": "c"}]}}}}}
+    with pytest.raises(tool_specs.ToolError, match="enum"):
+        tc.tool_request([tool], "required", True, "gemma4")
 
 
 @pytest.mark.parametrize("fmt,text", [
@@ -73,6 +120,7 @@ def test_llama4_json_calls_and_bare_lists():
     ("hermes", "<tool_call>\nnot json\n</tool_call>"),
     ("gemma4", "<|tool_call>call:get_weather{city:<|\"|>unterminated"),
     ("llama4", "A list [1, 2] and f(x)"),
+    ("llama4", "<|python_start|>[f(a=1)"),
 ])
 def test_text_without_a_whole_call_stays_content(fmt, text):
     assert tc.parse_calls(fmt, text) == (text, [])
