@@ -17,8 +17,8 @@ import warnings
 from typing import Any, Iterable
 
 from omnijax.app.tool_grammar import call_grammar
-from omnijax.app.tools import (FORMATS, G4_QUOTE, START, Tool, ToolCall, ToolChoice, ToolError, check_schemas,
-                               read_tool_choice, read_tools)
+from omnijax.app.tools import (BARE_OPENERS, CALL_ENDS, FORMATS, G4_QUOTE, START, Tool, ToolCall, ToolChoice,
+                               ToolError, check_schemas, read_tool_choice, read_tools)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -345,7 +345,8 @@ class CallStream:
         self.fmt = fmt
         self.specials = tuple(specials)
         self.markers = [START[fmt]]
-        self.openers = ("[", "{") if fmt == "llama4" else ()  # calls without a marker: the whole answer
+        self.openers = BARE_OPENERS.get(fmt, ())  # calls without a marker: the whole answer
+        self.ends = CALL_ENDS.get(fmt)
         self.sent = ""
         self.calls: list[ToolCall] = []
 
@@ -371,12 +372,12 @@ class CallStream:
                     cut = min(cut, len(raw) - k)
                     break
         lead = len(raw) - len(raw.lstrip())
-        if raw[lead:lead + 1] in self.openers and raw[lead:lead + 1]:
+        if raw[lead:lead + 1] in self.openers:
             cut = min(cut, lead)
         if cut == len(raw):
             return self._content(strip_specials(raw, self.specials).rstrip()), []
         tail = raw.rstrip()
-        if self.fmt == "llama4" and not tail.endswith(("]", "}", "<|python_end|>")):
+        if self.ends and not tail.endswith(self.ends):
             return self._content(strip_specials(raw[:cut], self.specials).rstrip()), []
         content, calls = parse_calls(self.fmt, raw, self.specials)
         if not calls:

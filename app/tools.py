@@ -33,6 +33,11 @@ NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_.-]{0,63}\Z")
 PY_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*\Z")
 G4_QUOTE = '<|"|>'
 START = {"hermes": "<tool_call>", "prompt": "<tool_call>", "gemma4": "<|tool_call>", "llama4": "<|python_start|>"}
+# Formats whose calls may also be the whole answer without the start marker: the characters such an answer opens with.
+BARE_OPENERS = {"llama4": ("[", "{")}
+# Formats whose calls end without a closing marker of their own: what a complete call's text ends with (a streamed
+# answer is read for calls only when it ends so).
+CALL_ENDS = {"llama4": ("]", "}", "<|python_end|>")}
 
 
 class ToolError(ConstraintError):
