@@ -97,15 +97,15 @@ def open_folder(folder: pathlib.Path) -> Checkpoint:
 def open_gguf(file: pathlib.Path, tokenizer_cache=None) -> Checkpoint:
     """A GGUF file: its architecture's ``GGUFArch`` turns the metadata into a Hugging Face config; the tokenizer
     is built from the metadata (once: it is kept under ``tokenizer_cache``, default
-    ``$OMNIJAX_HOME/gguf-tokenizers``, keyed by the file's size, time and header). Unsupported architectures and tensor types fail here, before any tensor is
-    read."""
+    ``$OMNIJAX_HOME/gguf-tokenizers``, keyed by the file's size, time and header). Unsupported architectures and
+    tensor types fail here, before any tensor is read."""
     from omnijax.app.families import gguf_arch_for
     from omnijax.app.gguf.arch import GGUFMetadata
     from omnijax.app.gguf.dequant import check_types
     from omnijax.app.gguf.file import GGUFFile
     from omnijax.app.gguf.limits import check_gguf_metadata
     from omnijax.app.gguf.tensors import GGUFTensors
-    from omnijax.preprocess.tokenizer import cached_gguf_tokenizer
+    from omnijax.preprocess.tokenizer import GGUF_TOKENIZER_STRING_ARRAYS, cached_gguf_tokenizer
 
     gguf = GGUFFile(file)
     try:
@@ -125,7 +125,9 @@ def open_gguf(file: pathlib.Path, tokenizer_cache=None) -> Checkpoint:
     except BaseException:
         gguf.close()
         raise
-    tokenizer = cached_gguf_tokenizer(file, hf_config["model_type"], gguf.data_start, tokenizer_cache)
+    tokenizer = cached_gguf_tokenizer(
+        file, hf_config["model_type"], gguf.data_start, tokenizer_cache,
+        lambda: GGUFFile(file, string_arrays=GGUF_TOKENIZER_STRING_ARRAYS).metadata)
 
     def open_tensors(spec, weight_map, dtype):
         wanted = {key for tensor in weight_map.values() for key in tensor.keys}

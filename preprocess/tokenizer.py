@@ -205,7 +205,8 @@ def gguf_tokenizer_key(file: pathlib.Path, header_bytes: int) -> str:
     vocabulary included: ``header_bytes`` from the start), with the cache format and transformers' version."""
     import hashlib
 
-    import transformers
+    with _no_advisory_notices():
+        import transformers
 
     stat = file.stat()
     digest = hashlib.sha256()
@@ -222,8 +223,10 @@ def gguf_tokenizer_key(file: pathlib.Path, header_bytes: int) -> str:
     return digest.hexdigest()[:32]
 
 
-def cached_gguf_tokenizer(file: pathlib.Path, model_type: str, header_bytes: int, cache_root: pathlib.Path | None):
-    """``load_gguf_tokenizer``, kept after the first time as a tokenizer folder (tokenizer.json in the tokenizers
+def cached_gguf_tokenizer(file: pathlib.Path, model_type: str, header_bytes: int, cache_root: pathlib.Path | None,
+                          read_metadata):
+    """``load_gguf_tokenizer`` on ``read_metadata()`` (the file's metadata with its vocabulary; read only when the
+    tokenizer is built), kept after the first time as a tokenizer folder (tokenizer.json in the tokenizers
     library's own format, with its config and chat template) under ``cache_root/<key>`` (default
     ``$OMNIJAX_HOME/gguf-tokenizers``): building it from the metadata takes seconds, loading the folder a fraction
     of one. A cache that cannot be read or written is skipped."""
@@ -240,7 +243,7 @@ def cached_gguf_tokenizer(file: pathlib.Path, model_type: str, header_bytes: int
             return load_cached_tokenizer(folder)
         except CheckpointError:
             pass  # a damaged entry is built again below
-    tokenizer = load_gguf_tokenizer(file, model_type)
+    tokenizer = load_gguf_tokenizer(read_metadata(), model_type, f"GGUF file {str(file)!r}")
     try:
         root.mkdir(parents=True, exist_ok=True)
         tmp = pathlib.Path(tempfile.mkdtemp(prefix=".building-", dir=root))
@@ -288,23 +291,50 @@ def load_cached_tokenizer(folder: pathlib.Path):
     return tokenizer
 
 
-def load_gguf_tokenizer(file: pathlib.Path, model_type: str):
-    """The tokenizer a GGUF file describes in its metadata (vocabulary, merges or scores, special ids, BOS/EOS
-    flags, chat template), built by transformers as ``from_pretrained(folder, gguf_file=name)`` builds it.
+# The GGUF metadata keys (llama.cpp's names) of the ids of the special tokens transformers' GGUF reading sets
+GGUF_SPECIAL_TOKEN_IDS = {"bos_token": "bos_token_id", "eos_token": "eos_token_id", "unk_token": "unknown_token_id",
+                          "pad_token": "padding_token_id"}
+# The string arrays the tokenizer is built from (a GGUF reader keeps them whole; other long arrays it may skip)
+GGUF_TOKENIZER_STRING_ARRAYS = ("tokenizer.ggml.tokens", "tokenizer.ggml.merges")
+
+
+def load_gguf_tokenizer(metadata: dict, model_type: str, where: str):
+    """The tokenizer a GGUF file's metadata describes (vocabulary, merges or scores, special ids, BOS/EOS flags,
+    chat template), built as transformers' ``from_pretrained(folder, gguf_file=name)`` builds it: the same keys
+    (its GGUF tokenizer mapping), the same converter into a tokenizers-library tokenizer, the same class. The
+    metadata comes from the caller's reader (``GGUF_TOKENIZER_STRING_ARRAYS`` read whole): transformers' own GGUF
+    reader imports torch, which a user's install does not have.
 
     model_type: the Hugging Face model type of the file's model; it picks the tokenizer class the way
     AutoTokenizer does (without AutoTokenizer's pass over the whole file to rebuild the model config).
     """
-    from transformers.models.auto.tokenization_auto import TOKENIZER_MAPPING_NAMES, tokenizer_class_from_name
+    import numpy as np
 
-    file = pathlib.Path(file)
+    with _no_advisory_notices():
+        from transformers.integrations.gguf import GGUF_TOKENIZER_MAPPING, convert_gguf_tokenizer
+        from transformers.models.auto.tokenization_auto import TOKENIZER_MAPPING_NAMES, tokenizer_class_from_name
+
     name = TOKENIZER_MAPPING_NAMES.get(model_type) or "TokenizersBackend"
     cls = tokenizer_class_from_name(name if isinstance(name, str) else name[-1])
     if cls is None:
         raise CheckpointError(f"transformers has no tokenizer class {name!r} for model type {model_type!r}")
+    plain = {k: v.tolist() if isinstance(v, np.ndarray) else v for k, v in metadata.items()}
+    grouped = {group: {name: plain[f"tokenizer.{key}"] for key, name in renames.items() if f"tokenizer.{key}" in plain}
+               for group, renames in GGUF_TOKENIZER_MAPPING.items()}
+    vocabulary, settings = grouped["tokenizer"], grouped["tokenizer_config"]
     try:
-        tokenizer = cls.from_pretrained(str(file.parent), gguf_file=file.name, local_files_only=True)
+        kind = vocabulary.get("tokenizer_type")
+        if kind == "llama":  # as transformers reads it: llama.cpp adds BOS to such a vocabulary unless told not to
+            settings.setdefault("add_bos_token", True)
+        elif kind == "gemma4":  # the chat template writes <bos> itself
+            settings["add_bos_token"] = False
+        tokens = vocabulary["tokens"]
+        for token, key in GGUF_SPECIAL_TOKEN_IDS.items():
+            token_id = plain.get(f"tokenizer.ggml.{key}")
+            settings[token] = tokens[token_id] if token_id is not None else None
+        backend, extra = convert_gguf_tokenizer(plain["general.architecture"], vocabulary)
+        tokenizer = cls(tokenizer_object=backend, **settings, **extra)
     except Exception as e:
-        raise CheckpointError(f"the tokenizer in GGUF file {str(file)!r} could not be built: {e}") from e
-    check_tokenizer(tokenizer, f"GGUF file {str(file)!r}")
+        raise CheckpointError(f"the tokenizer in {where} could not be built: {e}") from e
+    check_tokenizer(tokenizer, where)
     return tokenizer

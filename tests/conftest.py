@@ -19,6 +19,15 @@ from PIL import Image
 
 # The suite runs on CPU (parity with transformers on CPU float32), also on machines with an accelerator.
 os.environ.setdefault("JAX_PLATFORMS", "cpu")
+# Every process the tests start (command-line runs, servers, four-device runs, scripts) runs without torch, as on a
+# user's machine: tests/fixtures/without_torch/sitecustomize.py hides it there (about 3 s of every start, which
+# transformers spends importing it). This process computes the references with it: it takes it back.
+if "torch" in sys.modules and sys.modules["torch"] is None:
+    del sys.modules["torch"]
+from fixtures.child_path import WITHOUT_TORCH  # noqa: E402
+
+if str(WITHOUT_TORCH) not in os.environ.get("PYTHONPATH", "").split(os.pathsep):
+    os.environ["PYTHONPATH"] = os.pathsep.join(p for p in (str(WITHOUT_TORCH), os.environ.get("PYTHONPATH")) if p)
 # XLA's CPU programs are compiled without LLVM's optimizations and with XLA's older loop-fusion emitters (here and in
 # every process the tests start, which inherit XLA_FLAGS and add to it): the tiny models compile far longer than they
 # run (a module of parity tests: 60 s -> 43 s without LLVM's optimizations -> 34 s with the older emitters as well;

@@ -24,8 +24,8 @@ import pytest
 
 from omnijax.demo.batch_file import BatchOptions, batch_paths, default_errors_path, run_batch
 from omnijax.demo.batch_rows import (BatchFileError, BatchLineError, Finished, parse_line, read_lines, read_rows)
+from fixtures.child_path import child_python_path
 
-ROOT = pathlib.Path(__file__).resolve().parents[1]
 MAX_NEW = 4
 OPTIONS = BatchOptions(workers=2, progress=False)
 DEADLINE_S = 300
@@ -292,7 +292,7 @@ def test_sigkill_mid_run_then_resume_answers_every_custom_id_once(tmp_path, tiny
     stderr = tmp_path / "stderr.txt"
     # The child compiles into a cache folder of its own (it may be killed while writing an entry), with two slots:
     # fewer programs to compile than the eight this process's pipeline answers the rest with.
-    env = dict(os.environ, PYTHONPATH=str(ROOT), OMNIJAX_HOME=str(tmp_path / "home"), PYTHONFAULTHANDLER="1",
+    env = dict(os.environ, PYTHONPATH=child_python_path(), OMNIJAX_HOME=str(tmp_path / "home"), PYTHONFAULTHANDLER="1",
                JAX_COMPILATION_CACHE_DIR=str(tmp_path / "jax-cache"))
     with open(stderr, "w") as err:
         proc = subprocess.Popen([sys.executable, "-c", PAUSED_BATCH, str(stop_at), str(inp), str(out), "--model",

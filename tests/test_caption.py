@@ -21,8 +21,8 @@ from omnijax.demo.caption import CaptionOptions, merge_parts, messages_for, read
 from omnijax.demo.caption_items import (CaptionInputError, CaptionItem, check_parts, dedup_rows, discover,
                                 finished_paths, parse_jsonl_manifest, parse_rows, part_path, shard_items)
 from fixtures.four_devices import with_devices
+from fixtures.child_path import child_python_path
 
-ROOT = pathlib.Path(__file__).resolve().parents[1]
 MAX_NEW = 8
 BATCH = 2  # every run here uses one batch size and one token budget, so the compiled programs are shared
 OPTIONS = CaptionOptions(max_new_tokens=MAX_NEW, batch_size=BATCH, workers=2, progress=False)
@@ -270,7 +270,7 @@ def jax_cache(tmp_path_factory):
 
 
 def start_cli(args, tmp_path, jax_cache, *, paused: bool = False, env_extra: dict | None = None) -> subprocess.Popen:
-    env = dict(os.environ, **(env_extra or {}), OMNIJAX_HOME=str(tmp_path / "home"), PYTHONPATH=str(ROOT),
+    env = dict(os.environ, **(env_extra or {}), OMNIJAX_HOME=str(tmp_path / "home"), PYTHONPATH=child_python_path(),
                JAX_COMPILATION_CACHE_DIR=str(jax_cache), JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS="0",
                JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES="0", PYTHONFAULTHANDLER="1")
     command = ["-c", PAUSED_CAPTION] if paused else caption_command()

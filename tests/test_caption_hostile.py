@@ -24,8 +24,8 @@ from omnijax.demo.caption import CaptionOptions, run_captions
 from omnijax.demo.caption_items import CaptionInputError, discover, parse_rows
 from omnijax.demo.caption_output import lock_path
 from omnijax.demo.cli_caption import main as caption_main
+from fixtures.child_path import child_python_path
 
-ROOT = pathlib.Path(__file__).resolve().parents[1]
 OPTIONS = CaptionOptions(max_new_tokens=6, batch_size=1, workers=0, progress=False)
 
 
@@ -212,7 +212,7 @@ def test_a_full_disk_is_one_error_line_and_every_finished_row_is_kept(tmp_path, 
     items = discover(str(tmp_path / "in"))
     run_captions(gemma3_pipeline, items[:1], out, OPTIONS, log=None)  # one finished row
     kept = out.read_bytes()
-    env = dict(os.environ, OMNIJAX_HOME=str(tmp_path / "home"), PYTHONPATH=str(ROOT), JAX_PLATFORMS="cpu")
+    env = dict(os.environ, OMNIJAX_HOME=str(tmp_path / "home"), PYTHONPATH=child_python_path(), JAX_PLATFORMS="cpu")
     proc = subprocess.run([sys.executable, "-c", FULL_DISK, str(len(kept) + 20), "--model", str(tiny_gemma3_dir),
                            "--input", str(tmp_path / "in"), "--out", str(out), "--batch-size", "1",
                            "--max-new-tokens", "6", "--no-progress", "--no-compilation-cache"],

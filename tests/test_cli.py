@@ -11,6 +11,7 @@ import pytest
 from omnijax.app.cli import main
 from training.dialogues import describe
 from training.scenes import scene_from_dict
+from fixtures.child_path import child_python_path
 
 pytestmark = pytest.mark.slow
 
@@ -19,7 +20,7 @@ IMAGE = ROOT / "examples" / "shapes.png"
 
 
 def run(args, tmp_path):
-    env = dict(os.environ, OMNIJAX_HOME=str(tmp_path / "home"), PYTHONPATH=str(ROOT))
+    env = dict(os.environ, OMNIJAX_HOME=str(tmp_path / "home"), PYTHONPATH=child_python_path())
     return subprocess.run([sys.executable, "-m", "omnijax", *args], env=env, capture_output=True, text=True,
                           timeout=600, cwd=tmp_path)
 

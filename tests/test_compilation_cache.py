@@ -12,8 +12,8 @@ import subprocess
 import sys
 
 import pytest
+from fixtures.child_path import child_python_path
 
-ROOT = pathlib.Path(__file__).resolve().parents[1]
 
 COUNTING = r"""
 import collections, json, sys
@@ -53,7 +53,7 @@ print("EVENTS" + json.dumps(out), flush=True)
 
 
 def _child(home: pathlib.Path, script: str, *args) -> dict:
-    env = dict(os.environ, OMNIJAX_HOME=str(home), PYTHONPATH=str(ROOT), JAX_PLATFORMS="cpu")
+    env = dict(os.environ, OMNIJAX_HOME=str(home), PYTHONPATH=child_python_path(), JAX_PLATFORMS="cpu")
     for name in ("OMNIJAX_COMPILATION_CACHE", "JAX_COMPILATION_CACHE_DIR", "JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS",
                  "JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES"):
         env.pop(name, None)  # the user's defaults, not the suite's own cache

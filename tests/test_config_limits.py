@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import json
 import os
-import pathlib
 import shutil
 import subprocess
 import sys
@@ -18,8 +17,8 @@ from omnijax.app.config_limits import check_config_limits
 from fixtures.tiny_gemma3 import build_tiny_gemma3
 from omnijax.app.pipeline import Pipeline
 from omnijax.common.errors import CheckpointError
+from fixtures.child_path import child_python_path
 
-ROOT = pathlib.Path(__file__).resolve().parents[1]
 
 
 @pytest.fixture(scope="module")
@@ -138,7 +137,8 @@ def test_a_fifo_in_the_folder_is_refused_without_blocking(checkpoint, tmp_path):
             "for folder in json.loads(sys.argv[1]):\n"
             "    try:\n        Pipeline.from_pretrained(folder)\n    except CheckpointError as e:\n        print(e)\n")
     proc = subprocess.run([sys.executable, "-c", code, json.dumps(list(folders.values()))], capture_output=True,
-                          text=True, timeout=120, env=dict(os.environ, PYTHONPATH=str(ROOT)))  # a blocked open
+                          text=True, timeout=120,  # a blocked open
+                          env=dict(os.environ, PYTHONPATH=child_python_path()))
     lines = proc.stdout.strip().splitlines()  # would end in the timeout here
     assert len(lines) == 3, proc.stderr[-2000:]
     for line, name in zip(lines, folders):

@@ -21,6 +21,7 @@ from training.scenes import render, sample_scene, scene_from_dict
 from training.gemma3_weights import gemma3_weight_shapes
 from bench.default_model_eval import eval_items, evaluate
 from fixtures.step_shapes import few_step_shapes
+from fixtures.child_path import child_python_path
 
 pytestmark = pytest.mark.slow
 
@@ -47,7 +48,7 @@ def test_default_model_dir_is_the_shipped_folder_and_builds_nothing(tmp_path):
     code = ("import os, sys; from omnijax.app.default_model import default_model_dir; d = default_model_dir(); "
             "print(d); assert 'torch' not in sys.modules, 'torch imported'")
     env = dict(os.environ, HOME=str(tmp_path / "home"), OMNIJAX_HOME=str(tmp_path / "omnijax"),
-               PYTHONPATH=str(ROOT))
+               PYTHONPATH=child_python_path(), OMNIJAX_TEST_TORCH="1")  # torch importable: the check means something
     out = subprocess.run([sys.executable, "-c", code], check=True, cwd=tmp_path, env=env, capture_output=True,
                          text=True).stdout.strip()
     assert pathlib.Path(out) == ROOT / "app" / "checkpoints" / DEFAULT_MODEL_NAME == default_model_dir()

@@ -90,6 +90,60 @@ def test_long_string_arrays_are_kept_as_their_length(tmp_path):
     assert f.metadata["tokenizer.ggml.tokens"] == StringArray(5000) and len(f.metadata["tokenizer.ggml.tokens"]) == 5000
     assert f.metadata["test.names"] == ["a", "bc"]
     np.testing.assert_array_equal(f.read(f.tensors["x.weight"]).view(np.float32), [[0, 1, 2], [3, 4, 5]])
+    whole = GGUFFile(path, string_arrays=("tokenizer.ggml.tokens",)).metadata  # asked for by key: read whole
+    assert whole["tokenizer.ggml.tokens"] == [f"t{i}" for i in range(5000)]
+
+
+GGUF_TOKENIZER_TEXTS = ["The capital of France is", "  two  spaces\tand\nlines ", "<bos>special<eos> text", "日本 🙂",
+                        "", "<start_of_turn>user\nhi<end_of_turn>"]
+BUILD_WITHOUT_TORCH = """
+import json, sys
+sys.modules["torch"] = None  # as on a machine without PyTorch
+from omnijax.app.gguf.file import GGUFFile
+from omnijax.preprocess.tokenizer import GGUF_TOKENIZER_STRING_ARRAYS, cached_gguf_tokenizer
+path, cache, texts = sys.argv[1], sys.argv[2], json.loads(sys.argv[3])
+tok = cached_gguf_tokenizer(path, "gemma3_text", GGUFFile(path).data_start, cache,
+                            lambda: GGUFFile(path, string_arrays=GGUF_TOKENIZER_STRING_ARRAYS).metadata)
+print(json.dumps({"class": type(tok).__name__, "backend": tok.backend_tokenizer.to_str(),
+                  "special": tok.all_special_tokens, "template": tok.chat_template,
+                  "ids": [tok(t, add_special_tokens=s)["input_ids"] for t in texts for s in (True, False)]}))
+"""
+
+
+def test_the_gguf_tokenizer_is_the_one_transformers_builds_and_needs_no_torch(tmp_path):
+    """omnijax reads the vocabulary with its own GGUF reader (transformers' imports torch, which a user's install
+    lacks) and builds the tokenizer with transformers' converter and class: the same as
+    ``from_pretrained(folder, gguf_file=name)``, in a process where torch cannot be imported too."""
+    import json
+    import os
+    import subprocess
+    import sys
+
+    from transformers import AutoTokenizer
+
+    from fixtures.child_path import child_python_path
+    from omnijax.preprocess.tokenizer import GGUF_TOKENIZER_STRING_ARRAYS, load_gguf_tokenizer
+
+    template = "{{ bos_token }}{% for m in messages %}{{ m['content'] }}{% endfor %}"
+    path = write_tiny_gemma3_gguf(tmp_path / "chat.gguf", chat_template=template)
+    ref = AutoTokenizer.from_pretrained(str(tmp_path), gguf_file=path.name)
+    ours = load_gguf_tokenizer(GGUFFile(path, string_arrays=GGUF_TOKENIZER_STRING_ARRAYS).metadata, "gemma3_text",
+                               str(path))
+    assert type(ours) is type(ref) and ours.backend_tokenizer.to_str() == ref.backend_tokenizer.to_str()
+    assert ours.get_vocab() == ref.get_vocab()
+    for attr in ("bos_token_id", "eos_token_id", "pad_token_id", "unk_token_id", "all_special_tokens", "chat_template",
+                 "add_bos_token", "add_eos_token", "padding_side", "model_max_length"):
+        assert getattr(ours, attr) == getattr(ref, attr), attr
+    child = subprocess.run([sys.executable, "-c", BUILD_WITHOUT_TORCH, str(path), str(tmp_path / "cache"),
+                            json.dumps(GGUF_TOKENIZER_TEXTS)], capture_output=True, text=True, timeout=300,
+                           env=dict(os.environ, PYTHONPATH=child_python_path()))
+    assert child.returncode == 0, child.stderr[-3000:]
+    assert "PyTorch was not found" not in child.stderr  # the notice does not apply to omnijax
+    built = json.loads(child.stdout.strip().splitlines()[-1])
+    assert built["class"] == type(ref).__name__ and built["backend"] == ref.backend_tokenizer.to_str()
+    assert built["special"] == ref.all_special_tokens and built["template"] == template == ref.chat_template
+    assert built["ids"] == [ref(t, add_special_tokens=s)["input_ids"] for t in GGUF_TOKENIZER_TEXTS
+                            for s in (True, False)]
 
 
 @pytest.mark.parametrize("dtype", ["float32", "bfloat16"])

@@ -24,8 +24,8 @@ from omnijax.preprocess.images import load_image
 from omnijax.preprocess.media_limits import MAX_IMAGE_PIXELS, WORKING_IMAGE_PIXELS
 from omnijax.preprocess.qwen3_omni.image import QwenImageConfig
 from omnijax.preprocess.qwen3_omni.audio_features import WhisperFeatureConfig
+from fixtures.child_path import child_python_path
 
-ROOT = pathlib.Path(__file__).resolve().parents[1]
 MB = 2**20
 
 PROBE = r"""
@@ -58,7 +58,7 @@ def measure(call: str, setup: str = "None") -> dict:
     the growth of the peak resident memory in bytes, and the seconds it took."""
     code = PROBE.replace("SETUP", setup).replace("CALL", call)
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300,
-                          env=dict(os.environ, PYTHONPATH=str(ROOT)))
+                          env=dict(os.environ, PYTHONPATH=child_python_path()))
     assert proc.returncode == 0, proc.stderr[-3000:]
     return json.loads(proc.stdout.strip().splitlines()[-1])
 

@@ -12,7 +12,6 @@ from __future__ import annotations
 import base64
 import io
 import os
-import pathlib
 import re
 import signal
 import socket
@@ -28,8 +27,8 @@ import pytest
 from PIL import Image
 
 from test_gemma3_parity import LONG_TEXT, image
+from fixtures.child_path import child_python_path
 
-ROOT = pathlib.Path(__file__).resolve().parents[1]
 DEADLINE_S = 900
 MAX_BODY_MB = 1
 
@@ -50,7 +49,7 @@ def start_server(model_dir, tmp, flags: list[str], stdout=subprocess.DEVNULL) ->
     """``omnijax serve`` on ``model_dir`` (served as "tiny", with ``flags``, temporary files under ``tmp``) on a
     free loopback port -> (base URL, process), once its /health answers (a state, not a time)."""
     port = free_port()
-    env = dict(os.environ, PYTHONPATH=str(ROOT), TMPDIR=str(tmp), JAX_PLATFORMS="cpu")
+    env = dict(os.environ, PYTHONPATH=child_python_path(), TMPDIR=str(tmp), JAX_PLATFORMS="cpu")
     proc = subprocess.Popen([sys.executable, "-m", "omnijax", "serve", "--model", str(model_dir), "--port", str(port),
                              "--served-model-name", "tiny", *flags],
                             env=env, stdout=stdout, stderr=subprocess.PIPE, text=True)

@@ -386,7 +386,7 @@ print("RESULT" + json.dumps({"tokens": [r.token_ids for r in results], "mesh": d
 def test_four_devices_split_slots_and_weights(tiny_gemma3_dir, sched, gemma3_pipeline):
     """On a (data 2, model 2) mesh of 4 simulated devices the slots are split over the data axis and the weights
     over the model axis; the answers equal one device's."""
-    out = run_on_four_devices(MESH_SCRIPT, tiny_gemma3_dir, ROOT / "tests", timeout=1200)
+    out = run_on_four_devices(MESH_SCRIPT, tiny_gemma3_dir, ROOT / "tests", timeout=1200, torch=True)
     assert out["mesh"] == {"data": 2, "model": 2}
     assert out["cache_spec"] == "P('data', 'model', None, None)"  # slots over data, kv heads over model
     one = [sched.submit(request(gemma3_pipeline, p, 12)).result(WAIT_S).token_ids for p in PROMPTS[:4]]

@@ -10,6 +10,7 @@ import sys
 import pytest
 from jax.sharding import PartitionSpec
 from fixtures.four_devices import run_on_four_devices, with_devices
+from fixtures.child_path import child_python_path
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 
@@ -197,7 +198,7 @@ def test_two_processes_share_one_mesh_and_equal_one_process(tiny_gemma3_dir, gem
     """Two JAX processes on this machine (jax.distributed over localhost, CPU collectives), 2 devices each, one
     (data 2 x model 2) mesh across both: both get the single-process, one-device answer (the session pipeline's)."""
     env = dict(os.environ, XLA_FLAGS=with_devices(2), JAX_PLATFORMS="cpu",
-               PYTHONPATH=os.pathsep.join([str(ROOT), str(ROOT / "tests")]))
+               PYTHONPATH=child_python_path(ROOT, ROOT / "tests"))
     port = str(_free_port())
     procs = [subprocess.Popen([sys.executable, "-c", MULTIHOST_SCRIPT, str(i), "2", port, str(tiny_gemma3_dir)],
                               env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) for i in range(2)]

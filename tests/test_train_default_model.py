@@ -16,6 +16,7 @@ from safetensors.numpy import load_file
 
 from training.model import CONFIG, write_folder_files
 from training.gemma3_weights import gemma3_weight_shapes
+from fixtures.child_path import child_python_path
 
 pytestmark = pytest.mark.slow
 ROOT = pathlib.Path(__file__).resolve().parents[1]
@@ -26,7 +27,7 @@ def test_a_short_run_is_reproducible_and_writes_a_loadable_checkpoint(tmp_path):
     """Two runs one after the other (2 vision steps, then 4 conversation steps: three short ones and a long one)
     give byte-identical weights; every other file is the shipped folder's; the pipeline answers with them. (The
     second run reads the first's compiled programs from the run's compilation cache, as a user's second run does.)"""
-    env = dict(os.environ, PYTHONPATH=str(ROOT), JAX_PLATFORMS="cpu")
+    env = dict(os.environ, PYTHONPATH=child_python_path(), JAX_PLATFORMS="cpu")
     cmd = [sys.executable, SCRIPT, "--vision-steps", "2", "--steps", "4", "--log-every", "1"]
     runs = [subprocess.run(cmd + ["--out", str(tmp_path / name)], cwd=tmp_path, env=env, text=True, timeout=900,
                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT) for name in ("a", "b")]

@@ -5,7 +5,6 @@ the frame samplers and torchvision's uint8 resize against torch."""
 from __future__ import annotations
 
 import os
-import pathlib
 import subprocess
 import sys
 
@@ -21,9 +20,9 @@ from omnijax.preprocess.prompts import normalize_messages
 from omnijax.preprocess.resize_uint8 import resize_uint8
 from omnijax.preprocess.video_decode import decode_audio_track, decode_frames, probe
 from omnijax.preprocess.video_sampling import qwen_frame_indices, uniform_frame_indices
+from fixtures.child_path import child_python_path
 
 pytestmark = pytest.mark.reference
-ROOT = pathlib.Path(__file__).resolve().parents[1]
 
 FRAMES = sample_frames(100, 32, 48, seed=21)
 
@@ -142,7 +141,7 @@ def test_a_7_1_sound_track_is_averaged_and_resampled(tmp_path):
     code = ("import sys, pathlib, numpy as np; from omnijax.preprocess.video_decode import probe, decode_audio_track; "
             "np.save(sys.argv[2], decode_audio_track(probe(pathlib.Path(sys.argv[1])), 10, 16000))")
     child = subprocess.run([sys.executable, "-c", code, str(path), str(out)], capture_output=True, text=True,
-                           timeout=120, env=dict(os.environ, PYTHONPATH=str(ROOT)))
+                           timeout=120, env=dict(os.environ, PYTHONPATH=child_python_path()))
     assert child.returncode == 0, (child.returncode, child.stderr[-2000:])
     samples = np.load(out)
     assert samples.shape == expected.shape and np.abs(expected).max() > 0.1

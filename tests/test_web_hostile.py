@@ -22,8 +22,8 @@ import pytest
 from fixtures.web_demo_parts import _free_port
 from omnijax.demo.body_limit import BodyLimit
 from omnijax.demo.host_check import HostCheck, allowed_names, host_allowed, host_name
+from fixtures.child_path import child_python_path
 
-ROOT = pathlib.Path(__file__).resolve().parents[1]
 
 
 def test_host_names_and_the_allow_list():
@@ -137,7 +137,7 @@ def test_sigterm_removes_the_uploads_as_ctrl_c_does(tiny_gemma3_dir, tmp_path):
     temp = tmp_path / "tmp"
     temp.mkdir()
     port = _free_port()
-    env = dict(os.environ, TMPDIR=str(temp), PYTHONPATH=str(ROOT), JAX_PLATFORMS="cpu",
+    env = dict(os.environ, TMPDIR=str(temp), PYTHONPATH=child_python_path(), JAX_PLATFORMS="cpu",
                OMNIJAX_HOME=str(tmp_path / "home"))
     proc = subprocess.Popen([sys.executable, "-m", "omnijax", "demo", "--model", str(tiny_gemma3_dir), "--port",
                              str(port), "--no-compilation-cache"], env=env, stderr=subprocess.PIPE, text=True,

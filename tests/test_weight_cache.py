@@ -227,13 +227,21 @@ def test_the_content_hash_is_remembered_until_the_file_changes(tmp_path, monkeyp
 
 def test_the_cached_gguf_tokenizer_reads_back_as_built(tmp_path):
     from omnijax.app.gguf.file import GGUFFile
-    from omnijax.preprocess.tokenizer import byte_fallback_ids, cached_gguf_tokenizer, special_tokens
+    from omnijax.preprocess.tokenizer import (GGUF_TOKENIZER_STRING_ARRAYS, byte_fallback_ids, cached_gguf_tokenizer,
+                                              special_tokens)
 
     template = "{{ bos_token }}{% for m in messages %}{{ m['content'] }}{% endfor %}"
     path = write_tiny_gemma3_gguf(tmp_path / "chat.gguf", chat_template=template)
     start = GGUFFile(path).data_start
-    built = cached_gguf_tokenizer(path, "gemma3_text", start, tmp_path / "tok")
-    read = cached_gguf_tokenizer(path, "gemma3_text", start, tmp_path / "tok")
+    reads = []
+
+    def metadata():
+        reads.append(1)
+        return GGUFFile(path, string_arrays=GGUF_TOKENIZER_STRING_ARRAYS).metadata
+
+    built = cached_gguf_tokenizer(path, "gemma3_text", start, tmp_path / "tok", metadata)
+    read = cached_gguf_tokenizer(path, "gemma3_text", start, tmp_path / "tok", metadata)
+    assert len(reads) == 1  # the vocabulary is read only to build
     assert type(read) is not type(built)  # the second is read back from the cache folder
     for text in [PROMPT, "  two  spaces\tand\nlines ", "<bos>special<eos> text", "日本 🙂", ""]:
         for specials in (True, False):

@@ -2,8 +2,9 @@
 
 The header is parsed with ``struct`` over a memory map of the file's first bytes only: ``gguf.GGUFReader`` builds
 a Python object per element of every metadata array (a 262k-token vocabulary: ~12 s and ~700 MB), and the
-loader needs none of the vocabulary (the tokenizer is built from the file by transformers). Long string arrays
-are therefore skipped and kept as their length (``StringArray``). Tensor bytes are read with ``os.pread`` into
+loader needs none of the vocabulary. Long string arrays are therefore skipped and kept as their length
+(``StringArray``), unless asked for by key (``string_arrays``: the vocabulary and merges, when the tokenizer is
+built from them). Tensor bytes are read with ``os.pread`` into
 a fresh buffer, so reading tensor after tensor never keeps the file's pages mapped in this process.
 
 Layout (little-endian, GGUF v2 and v3): magic ``GGUF``, version u32, tensor count u64, metadata count u64;
@@ -108,7 +109,7 @@ class _Cursor:
         if self.pos > len(self.buf):
             raise CheckpointError(f"{self.path} is truncated: its GGUF header ends early")
 
-    def value(self, value_type: int):
+    def value(self, value_type: int, keep_strings: bool = False):
         if value_type in _SCALAR_FORMATS:
             return self.unpack(_SCALAR_FORMATS[value_type])
         if value_type == _STRING:
@@ -127,7 +128,7 @@ class _Cursor:
                 self.pos = end
                 return values
             if element_type == _STRING:
-                if count > KEEP_STRINGS_UP_TO:
+                if count > KEEP_STRINGS_UP_TO and not keep_strings:
                     self.skip_strings(count)
                     return StringArray(count)
                 return [self.string(MAX_ARRAY_STRING_BYTES) for _ in range(count)]
@@ -140,11 +141,12 @@ class GGUFFile:
     """The header of one GGUF file, and its tensors' bytes on request (``read``).
 
     metadata: key -> value (numbers, strings, numpy arrays for numeric arrays, lists of strings, ``StringArray``
-    for long string arrays). tensors: name -> TensorInfo, in file order.
+    for long string arrays but those of the keys in ``string_arrays``). tensors: name -> TensorInfo, in file order.
     """
 
-    def __init__(self, path, *, header_bytes: int | None = None):
+    def __init__(self, path, *, header_bytes: int | None = None, string_arrays: tuple[str, ...] = ()):
         self.path = pathlib.Path(path)
+        self._string_arrays = frozenset(string_arrays)
         try:
             self._fd = os.open(self.path, os.O_RDONLY)
         except OSError as e:
@@ -175,7 +177,7 @@ class GGUFFile:
         metadata = {}
         for _ in range(kv_count):
             key = cur.string()
-            metadata[key] = cur.value(cur.unpack("<I"))
+            metadata[key] = cur.value(cur.unpack("<I"), key in self._string_arrays)
         entries = []
         for _ in range(tensor_count):
             name = cur.string()
