@@ -17,6 +17,8 @@ import zipfile
 
 import pytest
 
+from fixtures.child_path import WITHOUT_TORCH
+
 pytestmark = pytest.mark.slow
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
@@ -96,9 +98,10 @@ def _run(cmd, **kwargs) -> subprocess.CompletedProcess:
 
 
 def _env(home: pathlib.Path) -> dict:
-    """A user's environment: CPU, its own OMNIJAX_HOME, nothing on PYTHONPATH."""
-    env = dict(os.environ, JAX_PLATFORMS="cpu", OMNIJAX_HOME=str(home))
-    for name in ("PYTHONPATH", "PYTHONHOME", "OMNIJAX_COMPILATION_CACHE", "JAX_COMPILATION_CACHE_DIR"):
+    """A user's environment: CPU, its own OMNIJAX_HOME, no torch (tests/conftest.py), nothing else on
+    PYTHONPATH."""
+    env = dict(os.environ, JAX_PLATFORMS="cpu", OMNIJAX_HOME=str(home), PYTHONPATH=str(WITHOUT_TORCH))
+    for name in ("PYTHONHOME", "OMNIJAX_COMPILATION_CACHE", "JAX_COMPILATION_CACHE_DIR", "OMNIJAX_TEST_TORCH"):
         env.pop(name, None)
     return env
 
