@@ -319,8 +319,8 @@ def load_gguf_tokenizer(metadata: dict, model_type: str, where: str):
     if cls is None:
         raise CheckpointError(f"transformers has no tokenizer class {name!r} for model type {model_type!r}")
     plain = {k: v.tolist() if isinstance(v, np.ndarray) else v for k, v in metadata.items()}
-    grouped = {group: {name: plain[f"tokenizer.{key}"] for key, name in renames.items() if f"tokenizer.{key}" in plain}
-               for group, renames in GGUF_TOKENIZER_MAPPING.items()}
+    grouped = {group: {field: plain[f"tokenizer.{key}"] for key, field in renames.items()
+                       if f"tokenizer.{key}" in plain} for group, renames in GGUF_TOKENIZER_MAPPING.items()}
     vocabulary, settings = grouped["tokenizer"], grouped["tokenizer_config"]
     try:
         kind = vocabulary.get("tokenizer_type")
