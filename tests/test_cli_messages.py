@@ -3,16 +3,13 @@
 from __future__ import annotations
 
 import os
-import pathlib
 import socket
-import subprocess
-import sys
 
 import pytest
 
 from omnijax.demo.cli import main
+from fixtures.child_path import run_without_torch
 
-ROOT = pathlib.Path(__file__).resolve().parents[1]
 
 
 def one_error_line(capsys) -> str:
@@ -79,12 +76,6 @@ def test_bad_sampling_flags_in_caption(capsys, tmp_path):
     assert main(["caption", "--input", str(folder), "--out", str(tmp_path / "o.jsonl"), "--temperature", "nan"]) == 2
     assert "temperature" in one_error_line(capsys)
     assert not (tmp_path / "o.jsonl").exists()
-
-
-def run_without_torch(code: str) -> subprocess.CompletedProcess:
-    """``code`` in a fresh interpreter where ``import torch`` fails, as on a machine without PyTorch."""
-    return subprocess.run([sys.executable, "-c", "import sys\nsys.modules['torch'] = None\n" + code],
-                          capture_output=True, text=True, timeout=300, env=dict(os.environ, PYTHONPATH=str(ROOT)))
 
 
 def test_no_pytorch_notice_when_loading_a_tokenizer(tiny_gemma3_dir):

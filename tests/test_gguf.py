@@ -97,8 +97,7 @@ def test_long_string_arrays_are_kept_as_their_length(tmp_path):
 GGUF_TOKENIZER_TEXTS = ["The capital of France is", "  two  spaces\tand\nlines ", "<bos>special<eos> text", "日本 🙂",
                         "", "<start_of_turn>user\nhi<end_of_turn>"]
 BUILD_WITHOUT_TORCH = """
-import json, sys
-sys.modules["torch"] = None  # as on a machine without PyTorch
+import json
 from omnijax.app.gguf.file import GGUFFile
 from omnijax.preprocess.tokenizer import GGUF_TOKENIZER_STRING_ARRAYS, cached_gguf_tokenizer
 path, cache, texts = sys.argv[1], sys.argv[2], json.loads(sys.argv[3])
@@ -115,13 +114,10 @@ def test_the_gguf_tokenizer_is_the_one_transformers_builds_and_needs_no_torch(tm
     lacks) and builds the tokenizer with transformers' converter and class: the same as
     ``from_pretrained(folder, gguf_file=name)``, in a process where torch cannot be imported too."""
     import json
-    import os
-    import subprocess
-    import sys
 
     from transformers import AutoTokenizer
 
-    from fixtures.child_path import child_python_path
+    from fixtures.child_path import run_without_torch
     from omnijax.preprocess.tokenizer import GGUF_TOKENIZER_STRING_ARRAYS, load_gguf_tokenizer
 
     template = "{{ bos_token }}{% for m in messages %}{{ m['content'] }}{% endfor %}"
@@ -134,9 +130,7 @@ def test_the_gguf_tokenizer_is_the_one_transformers_builds_and_needs_no_torch(tm
     for attr in ("bos_token_id", "eos_token_id", "pad_token_id", "unk_token_id", "all_special_tokens", "chat_template",
                  "add_bos_token", "add_eos_token", "padding_side", "model_max_length"):
         assert getattr(ours, attr) == getattr(ref, attr), attr
-    child = subprocess.run([sys.executable, "-c", BUILD_WITHOUT_TORCH, str(path), str(tmp_path / "cache"),
-                            json.dumps(GGUF_TOKENIZER_TEXTS)], capture_output=True, text=True, timeout=300,
-                           env=dict(os.environ, PYTHONPATH=child_python_path()))
+    child = run_without_torch(BUILD_WITHOUT_TORCH, path, tmp_path / "cache", json.dumps(GGUF_TOKENIZER_TEXTS))
     assert child.returncode == 0, child.stderr[-3000:]
     assert "PyTorch was not found" not in child.stderr  # the notice does not apply to omnijax
     built = json.loads(child.stdout.strip().splitlines()[-1])
