@@ -10,6 +10,7 @@ the same weights. Building it needs torch, transformers' GGUF support (``gguf``,
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import pathlib
@@ -49,6 +50,28 @@ def gemma3_270m_gguf() -> pathlib.Path:
     return target
 
 
+@contextlib.contextmanager
+def _one_reader_per_file():
+    """While open, ``gguf.GGUFReader(path)`` (which transformers' GGUF loading calls for the config, again for the
+    weights and again for the tokenizer, each parsing every field of the file: ~25 s for the 262k-token vocabulary)
+    gives the reader it made for that file before. A reader only maps the file and reads it."""
+    import gguf
+
+    made, original = {}, gguf.GGUFReader
+
+    def reader(path, mode="r"):
+        key = (str(pathlib.Path(path).resolve()), mode)
+        if key not in made:
+            made[key] = original(path, mode)
+        return made[key]
+
+    gguf.GGUFReader = reader
+    try:
+        yield
+    finally:
+        gguf.GGUFReader = original
+
+
 def reference_folder(gguf: pathlib.Path) -> pathlib.Path:
     """transformers' float32 dequantization of ``gguf`` saved as a Gemma3ForCausalLM safetensors folder (with
     config, generation config and tokenizer); built on first use next to the file."""
@@ -65,14 +88,15 @@ def reference_folder(gguf: pathlib.Path) -> pathlib.Path:
     tmp = pathlib.Path(tempfile.mkdtemp(prefix=".reference-", dir=gguf.parent))
     os.chmod(tmp, 0o755)
     try:
-        model = AutoModelForCausalLM.from_pretrained(str(gguf.parent), gguf_file=gguf.name, dtype=torch.float32)
-        # the weights are plain float32 tensors now: save them as an ordinary (unquantized) checkpoint
-        model.hf_quantizer = None
-        if hasattr(model.config, "quantization_config"):
-            del model.config.quantization_config
-        model.save_pretrained(tmp)
-        del model
-        AutoTokenizer.from_pretrained(str(gguf.parent), gguf_file=gguf.name).save_pretrained(tmp)
+        with _one_reader_per_file():  # the config, the weights and the tokenizer each parse the whole file
+            model = AutoModelForCausalLM.from_pretrained(str(gguf.parent), gguf_file=gguf.name, dtype=torch.float32)
+            # the weights are plain float32 tensors now: save them as an ordinary (unquantized) checkpoint
+            model.hf_quantizer = None
+            if hasattr(model.config, "quantization_config"):
+                del model.config.quantization_config
+            model.save_pretrained(tmp)
+            del model
+            AutoTokenizer.from_pretrained(str(gguf.parent), gguf_file=gguf.name).save_pretrained(tmp)
         (tmp / marker.name).write_text(json.dumps(stamp))
         if folder.exists():
             shutil.rmtree(folder)
