@@ -374,7 +374,7 @@ class Pipeline:
     def submit(self, prompt, *, max_new_tokens: int = 64, temperature: float = 0.0, top_k: int = 0,
                top_p: float = 1.0, seed: int = 0, stop: Sequence[str] | None = None,
                ignore_eos: bool = False, logprobs: int | bool | None = None, logprobs_mode: str = "raw",
-               prompt_logprobs: bool = False, response_format: dict | Constraint | None = None, listener=None,
+               prompt_logprobs: int | bool | None = False, response_format: dict | Constraint | None = None, listener=None,
                group=None, tools=None, tool_choice=None, parallel_tool_calls: bool = True) -> RequestHandle:
         """Queue one conversation, raw prompt string or PreparedPrompt on the engine without waiting: the handle's
         ``events()`` stream its tokens, ``result()`` waits for the GenerationResult, ``cancel()`` stops it.
@@ -383,7 +383,8 @@ class Pipeline:
         ``TokenLogprob`` carries, in every event and in ``GenerationResult.logprobs``, under the model's own
         distribution (``logprobs_mode="raw"``) or the one each token is drawn from, after temperature, top-k and
         top-p (``"processed"``; the tokens they drop at -inf); ``prompt_logprobs``: also
-        each prompt token's log probability (``GenerationResult.prompt_logprobs``); ``response_format``: a structured
+        each prompt token's log probability (``GenerationResult.prompt_logprobs``), as ``logprobs`` with the
+        alternatives of each under the model's distribution (``GenerationResult.prompt_top``); ``response_format``: a structured
         output, what the answer must be (see ``check_response_format``; ConstraintError when it is malformed or does
         not compile); ``listener``: called from the
         engine's thread at each new event (it must not block; e.g. to wake an event loop); ``group``: see
@@ -392,6 +393,7 @@ class Pipeline:
         the handle's result)."""
         sampling, max_new_tokens, stop = check_settings(max_new_tokens, temperature, top_k, top_p, seed, stop)
         logprobs = check_logprobs(logprobs)
+        prompt_top = check_logprobs(prompt_logprobs, "prompt_logprobs")
         check_logprobs_mode(logprobs_mode)
         with_tools = {"tools": tools, "tool_choice": tool_choice, "parallel_tool_calls": parallel_tool_calls,
                       "response_format": response_format}
@@ -399,7 +401,8 @@ class Pipeline:
         constraint = self.check_response_format(with_tools["response_format"])
         prepared = prompt if isinstance(prompt, PreparedPrompt) else self.prepare(prompt, tools=request)
         return self.scheduler.submit(Request(prepared, max_new_tokens, sampling, stop, bool(ignore_eos),
-                                             prompt_logprobs=bool(prompt_logprobs), logprobs=logprobs,
+                                             prompt_logprobs=prompt_top is not None, prompt_top=prompt_top or 0,
+                                             logprobs=logprobs,
                                              logprobs_mode=logprobs_mode, group=group, constraint=constraint),
                                      listener)
 
@@ -413,8 +416,8 @@ class Pipeline:
         constraint = from_response_format(response_format)
         return None if constraint is None else self.scheduler.grammars.check(constraint)
 
-    def submit_choices(self, prompt, n: int, *, seed: int = 0, prompt_logprobs: bool = False, **settings
-                       ) -> list[RequestHandle]:
+    def submit_choices(self, prompt, n: int, *, seed: int = 0, prompt_logprobs: int | bool | None = False,
+                       **settings) -> list[RequestHandle]:
         """``n`` answers (1..8) to one prompt, queued together: a handle per answer (``submit``'s settings apply to
         each). Answer i draws with seed ``seed + i`` (``choice_seed``), so it is what a lone request with that seed
         gives. The prompt is prepared once and prefilled once: the other answers wait for the first one's prefill
@@ -431,7 +434,8 @@ class Pipeline:
         try:
             for i in range(n):
                 handles.append(self.submit(prepared, seed=choice_seed(seed, i), group=group,
-                                           prompt_logprobs=prompt_logprobs and i == n - 1, **settings))
+                                           prompt_logprobs=prompt_logprobs if i == n - 1 else None,
+                                           **settings))
         except BaseException:
             for h in handles:
                 h.cancel()

@@ -38,7 +38,9 @@ class GenerationResult:
     audio_codes (int32 [frames, code groups], the codec codes the audio was made from); None otherwise.
     prompt_logits: float32 [prompt tokens, vocab], the logits at every prompt position, for a request that asked for
     them (``Request.prompt_logits``); prompt_logprobs: float32 [prompt tokens - 1], the natural-log probability of
-    each prompt token after the first given those before it (``Request.prompt_logprobs``). logprobs: one
+    each prompt token after the first given those before it (``Request.prompt_logprobs``), and prompt_top: per such
+    token, its ``Request.prompt_top`` most likely alternatives ((token id, log probability) pairs, most likely first;
+    None when none were asked for). logprobs: one
     ``TokenLogprob`` per generated token (the token's natural-log probability under the model's distribution, before
     any sampling setting, and its most likely alternatives) for a request that asked for them
     (``Request.logprobs``); None otherwise. tool_calls: the calls the answer holds (app/tools.py's
@@ -57,6 +59,7 @@ class GenerationResult:
     audio_codes: np.ndarray | None = None
     prompt_logits: np.ndarray | None = None
     prompt_logprobs: np.ndarray | None = None
+    prompt_top: list[tuple[tuple[int, float], ...]] | None = None
     logprobs: list[TokenLogprob] | None = None
     tool_calls: list | None = None
     content: str | None = None
@@ -67,7 +70,8 @@ class Request:
     """One prompt to answer. ``ignore_eos``: generate exactly ``max_new_tokens`` (end ids do not end it);
     ``stop``: stop strings (checked by ``check_stops``); ``prompt_logits``: also return the logits at every prompt
     position; ``prompt_logprobs``: also return each prompt token's log-probability given the ones before it
-    (computed on the device: one float per token comes back). With either, the whole prompt is prefilled (none of
+    (computed on the device: one float per token comes back), with ``prompt_top`` (0..20) most likely alternatives
+    each (``GenerationResult.prompt_top``). With either, the whole prompt is prefilled (none of
     it taken from the prefix cache) and kept out of the prefix cache. ``logprobs``: None, or how many of the most
     likely alternatives (0..20) each generated token's ``TokenLogprob`` carries (checked by
     ``app.token_logprobs.check_logprobs``), under the distribution ``logprobs_mode`` names ("raw": the model's own,
@@ -85,6 +89,7 @@ class Request:
     ignore_eos: bool = False
     prompt_logits: bool = False
     prompt_logprobs: bool = False
+    prompt_top: int = 0
     logprobs: int | None = None
     logprobs_mode: str = "raw"
     group: object = None

@@ -84,7 +84,7 @@ class Live:
     keep_at: set = dataclasses.field(default_factory=set)  # chunk ends whose keys / values become prefix entries
     media: dict = dataclasses.field(default_factory=dict)  # placeholder id -> (features [R, D], extras [E, R, D])
     logit_rows: list = dataclasses.field(default_factory=list)  # host logits of each chunk (prompt_logits)
-    logprob_rows: list = dataclasses.field(default_factory=list)  # device log-probabilities of each chunk
+    logprob_rows: list = dataclasses.field(default_factory=list)  # per chunk: its device log probabilities (+ top)
     token_logprobs: list = dataclasses.field(default_factory=list)  # TokenLogprob per generated token (logprobs)
     matcher: object = None  # the llguidance matcher of a constrained request (app/grammar.py)
     generated: int = 0
@@ -511,7 +511,9 @@ class Scheduler:
             following = ids[a + 1:b + 1]
             targets = np.full(hidden.shape[1], self.engine.cfg.pad_id, np.int32)
             targets[:len(following)] = following
-            live.logprob_rows.append(self.slots.logprobs(hidden, targets)[0, :b - a])
+            scored = self.slots.logprobs(hidden, targets, top=live.request.prompt_top > 0)
+            live.logprob_rows.append(tuple(x[0, :b - a] for x in scored) if live.request.prompt_top else
+                                     (scored[0, :b - a],))
         n = len(ids)
         if b < n:
             if b in live.keep_at:
@@ -617,9 +619,23 @@ class Scheduler:
             first_token_seconds=None if live.first_token is None else live.first_token - live.handle.submitted,
             prompt_logits=self._prompt_rows(live.logit_rows, (self.engine.cfg.decoder.vocab_size,))
             if live.request.prompt_logits else None,
-            prompt_logprobs=self._prompt_rows([host_array(r) for r in live.logprob_rows], ())[:prompt_tokens - 1]
-            if live.request.prompt_logprobs else None,
+            **self._prompt_logprobs(live, prompt_tokens),
             logprobs=live.token_logprobs if live.request.logprobs is not None else None))
+
+    def _prompt_logprobs(self, live: Live, prompt_tokens: int) -> dict:
+        """The result's ``prompt_logprobs`` and ``prompt_top`` of a request that asked for them (from its chunks'
+        device rows), else {}."""
+        req = live.request
+        if not req.prompt_logprobs:
+            return {}
+        parts = [[host_array(x) for x in chunk] for chunk in live.logprob_rows]
+        values = self._prompt_rows([p[0] for p in parts], ())[:prompt_tokens - 1]
+        if not req.prompt_top:
+            return {"prompt_logprobs": values}
+        k = req.prompt_top
+        ids = self._prompt_rows([p[1][:, :k] for p in parts], (k,))[:prompt_tokens - 1].tolist()
+        top = self._prompt_rows([p[2][:, :k] for p in parts], (k,))[:prompt_tokens - 1].tolist()
+        return {"prompt_logprobs": values, "prompt_top": [tuple(zip(i, v)) for i, v in zip(ids, top)]}
 
     @staticmethod
     def _prompt_rows(chunks: list[np.ndarray], row_shape: tuple) -> np.ndarray:

@@ -40,7 +40,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from omnijax.app.sampling import SamplingParams, apply_bitmask, choose_rows, row_settings
-from omnijax.app.token_logprobs import token_logprobs
+from omnijax.app.token_logprobs import TOP, token_logprobs
 from omnijax.common.matmul_policy import narrow_products, products_setting
 from omnijax.common.sharding import named_sharding, use_mesh
 from omnijax.decoder.kv_cache import KEY_AXES, VALUE_AXES, init_cache, restore_row, snapshot_row
@@ -173,7 +173,7 @@ class Slots:
         self._sample = jax.jit(self._sample_impl, static_argnames=("rows", "logprobs"), donate_argnames=("state",),
                                out_shardings=out(one, state_sharding, one))
         self._head = jax.jit(self._head_impl, static_argnames=("products",))
-        self._logprobs = jax.jit(self._logprobs_impl, static_argnames=("products",))
+        self._logprobs = jax.jit(self._logprobs_impl, static_argnames=("products", "top"))
         self._insert = jax.jit(self._insert_impl, static_argnames=("logprobs",), donate_argnames=("state",),
                                out_shardings=out(state_sharding, one, one))
         self._release = jax.jit(lambda state, slot: state._replace(active=state.active.at[slot].set(False)),
@@ -233,9 +233,9 @@ class Slots:
         with narrow_products(products):
             return self.engine.model(params).decoder.logits(hidden)
 
-    def _logprobs_impl(self, params, hidden, targets, *, products):
+    def _logprobs_impl(self, params, hidden, targets, *, products, top):
         with narrow_products(products):
-            return self.engine.model(params).decoder.next_token_logprobs(hidden, targets)
+            return self.engine.model(params).decoder.next_token_logprobs(hidden, targets, top=top)
 
     def _insert_impl(self, state: SlotState, slot, logits_1V, settings, max_new, delta, eos_on, eos_ids,
                      mask=None, *, logprobs=False):
@@ -372,12 +372,15 @@ class Slots:
         with use_mesh(self.engine.mesh):
             return self._head(self.engine.params, hidden, products=products_setting())
 
-    def logprobs(self, hidden: jax.Array, targets: np.ndarray) -> jax.Array:
+    def logprobs(self, hidden: jax.Array, targets: np.ndarray, top: bool = False):
         """float32 [1, T] (device): at each position of one chunk's last-layer output [1, T, D], the natural-log
-        probability of ``targets`` [T] (the prompt's next token there; its value past the prompt means nothing)."""
+        probability of ``targets`` [T] (the prompt's next token there; its value past the prompt means nothing).
+        With ``top``: (those, the ``TOP`` most likely tokens' ids int32 [1, T, TOP], their log probabilities
+        [1, T, TOP]), one program whatever number of alternatives a request keeps."""
         with use_mesh(self.engine.mesh):
             return self._logprobs(self.engine.params, hidden, np.asarray(targets, np.int32)[None],
-                                  products=products_setting())
+                                  products=products_setting(),
+                                  top=min(TOP, self.cfg.decoder.vocab_size) if top else 0)
 
     def insert(self, slot: int, logits_1V: jax.Array, sampling: SamplingParams, max_new: int, delta: int,
                eos_on: bool, logprobs: bool = False, mask: np.ndarray | None = None):

@@ -89,15 +89,15 @@ def host_rows(step: StepLogprobs, tokens, keep: list[int | None],
     return out
 
 
-def check_logprobs(value) -> int | None:
-    """``value`` as the number of alternatives a request keeps per token (0..TOP), or None (no log probabilities);
-    True means 0 (the chosen token's only). SamplingError otherwise."""
+def check_logprobs(value, name: str = "logprobs") -> int | None:
+    """``value`` (the setting ``name``) as the number of alternatives a request keeps per token (0..TOP), or None
+    (no log probabilities); True means 0 (the chosen token's only). SamplingError otherwise."""
     if value is None or value is False:
         return None
     if value is True:
         return 0
     if not isinstance(value, numbers.Integral) or not 0 <= value <= TOP:
-        raise SamplingError(f"logprobs must be None, a boolean or an integer in [0, {TOP}] (the alternatives per "
+        raise SamplingError(f"{name} must be None, a boolean or an integer in [0, {TOP}] (the alternatives per "
                             f"token), got {value!r}"[:300])
     return int(value)
 

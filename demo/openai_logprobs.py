@@ -4,8 +4,8 @@ Chat (``logprobs: true``, ``top_logprobs: 0..20``): ``choices[].logprobs = {"con
 "top_logprobs": [{"token", "logprob", "bytes"}, ...]}, ...], "refusal": null}``. Completions (``logprobs: 0..5``):
 ``choices[].logprobs = {"tokens", "token_logprobs", "top_logprobs", "text_offset"}``, each top entry a dict token ->
 log probability holding the most likely ``logprobs`` tokens and the chosen one (so up to ``logprobs`` + 1), with
-``echo``: the prompt's tokens first (the first one's log probability null; the prompt's top entries null: the
-engine computes each prompt token's own log probability only).
+``echo``: the prompt's tokens first, each with its log probability and top entry given the tokens before it (the
+first one's null).
 
 Which tokens: every generated token except an end id that ended the answer (its text is not in the answer); the
 tokens of a stop string are kept (the engine drew them). A stream sends each token's entry in the chunk that shows
@@ -71,13 +71,17 @@ def empty() -> dict:
     return {"tokens": [], "token_logprobs": [], "top_logprobs": [], "text_offset": []}
 
 
-def prompt_part(token_ids, prompt_logprobs, text: TokenText) -> dict:
-    """``echo``'s part: each prompt token, its log probability given the ones before it (None for the first), no
-    top entries, and its offset in the prompt's text."""
-    offsets = TextOffsets(text)
-    values = [None] + [_value(float(v)) for v in prompt_logprobs]
-    return {"tokens": [text.text_of(t) for t in token_ids], "token_logprobs": values[:len(token_ids)],
-            "top_logprobs": [None] * len(token_ids), "text_offset": [offsets.push(t) for t in token_ids]}
+def prompt_part(token_ids, prompt_logprobs, prompt_top, top: int, text: TokenText) -> dict:
+    """``echo``'s part: each prompt token, its log probability given the ones before it and its top entry (the
+    ``top`` most likely tokens there, from ``prompt_top``, and itself: as an answer token's), and its offset in the
+    prompt's text; the first token's log probability and top entry are null."""
+    writer = CompletionLogprobs(text, top)
+    first = int(token_ids[0])
+    out = {"tokens": [text.text_of(first)], "token_logprobs": [None], "top_logprobs": [None],
+           "text_offset": [writer.offsets.push(first)]}
+    records = [TokenLogprob(int(t), float(v), prompt_top[i] if prompt_top else ())
+               for i, (t, v) in enumerate(zip(token_ids[1:], prompt_logprobs))]
+    return join(out, writer.part(records))
 
 
 def join(a: dict, b: dict) -> dict:

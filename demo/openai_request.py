@@ -142,7 +142,7 @@ def submit(pipe, prompt, request: ApiRequest, listener=None) -> list:
                                seed=request.seed,
                                stop=settings.stop or None, ignore_eos=settings.ignore_eos, logprobs=settings.logprobs,
                                logprobs_mode=settings.logprobs_mode, response_format=settings.constraint,
-                               prompt_logprobs=settings.echo and settings.logprobs is not None, listener=listener)
+                               prompt_logprobs=settings.logprobs if settings.echo else None, listener=listener)
 
 
 def usage(results, settings: api.Settings) -> dict:
@@ -155,10 +155,11 @@ def prompt_logprobs(results, settings: api.Settings, prompt, echo: str | None, t
     """``echo``'s prompt part of the completions logprobs (from the choice that computed them), or None."""
     if echo is None or settings.logprobs is None:
         return None
-    scored = next((r.prompt_logprobs for r in results if r.prompt_logprobs is not None), None)
-    if scored is None or len(scored) < len(prompt.token_ids) - 1:  # cancelled before the prompt was run
+    scored = next((r for r in results if r.prompt_logprobs is not None), None)
+    if scored is None or len(scored.prompt_logprobs) < len(prompt.token_ids) - 1:  # cancelled before the prompt ran
         return None
-    return lp.prompt_part(prompt.token_ids.tolist(), scored, token_text)
+    return lp.prompt_part(prompt.token_ids.tolist(), scored.prompt_logprobs, scored.prompt_top, settings.logprobs,
+                          token_text)
 
 
 def answer_body(request_id: str, model: str, results: list, request: ApiRequest, prompt, token_text) -> dict:

@@ -5,7 +5,8 @@ log-softmax of its logits over the prompt plus the generated tokens, for greedy 
 distribution before temperature / top-k / top-p); another top count compiles nothing, and a step with no request
 asking for them runs the program without them. ``n`` choices share one prefill and sample with seed + i. Through
 ``omnijax serve`` with the official ``openai`` client: chat log probabilities streamed and not, completions'
-``echo`` with the prompt's log probabilities, ``n`` = 3 choices (streamed with their index), and the 400s.
+``echo`` with the prompt's log probabilities and alternatives, ``n`` = 3 choices (streamed with their index), and
+the 400s.
 """
 
 from __future__ import annotations
@@ -48,15 +49,21 @@ def check_against_reference(result, prompt_ids: list[int], hf_model) -> None:
         row = ref[len(prompt_ids) - 1 + step]  # the position predicting token ``step`` of the answer
         assert record.token_id == answer[step]
         assert abs(record.logprob - row[answer[step]]) < TOL, (step, record.logprob, row[answer[step]])
-        ids = np.array([i for i, _ in record.top])
-        values = np.array([v for _, v in record.top])
-        assert len(ids) == TOP
-        np.testing.assert_allclose(values, row[ids], rtol=0, atol=TOL)  # each id's own value
-        order = np.argsort(-row, kind="stable")[:TOP]
-        np.testing.assert_allclose(values, row[order], rtol=0, atol=TOL)  # the 20 largest, largest first
-        untied = np.abs(np.diff(row[order])) > 10 * TOL
-        separated = np.concatenate([[True], untied]) & np.concatenate([untied, [True]])
-        assert np.array_equal(ids[separated], order[separated]), step
+        assert len(record.top) == TOP
+        check_top(record.top, row, step)
+
+
+def check_top(top, row: np.ndarray, where) -> None:
+    """``top``'s (id, log probability) pairs are the ``len(top)`` largest of the reference log-softmax ``row``,
+    largest first (ids in the same order wherever the values are not tied)."""
+    ids = np.array([i for i, _ in top])
+    values = np.array([v for _, v in top])
+    np.testing.assert_allclose(values, row[ids], rtol=0, atol=TOL)  # each id's own value
+    order = np.argsort(-row, kind="stable")[:len(top)]
+    np.testing.assert_allclose(values, row[order], rtol=0, atol=TOL)  # the largest, largest first
+    untied = np.abs(np.diff(row[order])) > 10 * TOL
+    separated = np.concatenate([[True], untied]) & np.concatenate([untied, [True]])
+    assert np.array_equal(ids[separated], order[separated]), where
 
 
 def check_processed(pipe, raw, sampled, greedy) -> None:
@@ -104,6 +111,28 @@ def test_greedy_and_sampled_logprobs_equal_transformers(gemma3_pipeline, hf_gemm
     assert asking.token_ids == greedy[1].token_ids
     assert [(r.token_id, r.logprob, r.top) for r in asking.logprobs] == \
         [(r.token_id, r.logprob, r.top[:3]) for r in greedy[1].logprobs]
+
+
+def test_prompt_logprobs_and_their_alternatives_equal_transformers(gemma3_pipeline, hf_gemma3_model):
+    """Each prompt token's log probability given the ones before it and the 20 most likely tokens there (what
+    ``echo`` shows), from the same prefill; asking for 2 alternatives keeps the first 2 of the same values."""
+    pipe = gemma3_pipeline
+    raw = pipe.prepare_raw(RAW)
+    ids = raw.token_ids.tolist()
+    ref = reference_logprobs(hf_gemma3_model, ids)
+    result = pipe.submit(raw, max_new_tokens=1, prompt_logprobs=20).result(DEADLINE_S)
+    assert len(result.prompt_logprobs) == len(result.prompt_top) == len(ids) - 1
+    for t, (value, top) in enumerate(zip(result.prompt_logprobs, result.prompt_top)):
+        assert abs(value - ref[t, ids[t + 1]]) < TOL, t
+        assert len(top) == TOP
+        check_top(top, ref[t], t)
+    two = pipe.submit(raw, max_new_tokens=1, prompt_logprobs=2).result(DEADLINE_S)
+    assert np.array_equal(two.prompt_logprobs, result.prompt_logprobs)
+    assert two.prompt_top == [top[:2] for top in result.prompt_top]
+    alone = pipe.submit(raw, max_new_tokens=1, prompt_logprobs=True).result(DEADLINE_S)
+    assert alone.prompt_top is None and np.array_equal(alone.prompt_logprobs, result.prompt_logprobs)
+    with pytest.raises(SamplingError, match="prompt_logprobs"):
+        pipe.submit(raw, prompt_logprobs=21)
 
 
 def test_another_top_count_compiles_nothing_and_plain_steps_run_without(gemma3_pipeline):
@@ -253,17 +282,23 @@ def test_chat_logprobs_streamed_and_not(client, gemma3_pipeline):
         assert abs(np.logaddexp(e.top_logprobs[0].logprob, e.top_logprobs[1].logprob)) < TOL  # they hold all of it
 
 
-def test_completions_echo_gives_the_prompt_logprobs(client, gemma3_pipeline):
-    prompt = gemma3_pipeline.prepare_raw(RAW).token_ids
-    scored = gemma3_pipeline.score(RAW)  # each prompt token's log probability (checked against transformers)
+def test_completions_echo_gives_the_prompt_logprobs(client, gemma3_pipeline, hf_gemma3_model):
+    prompt = gemma3_pipeline.prepare_raw(RAW).token_ids.tolist()
+    ref = reference_logprobs(hf_gemma3_model, prompt)
     reply = client.completions.create(model="tiny", prompt=RAW, max_tokens=4, temperature=0, echo=True, logprobs=3)
     choice = reply.choices[0]
     assert choice.text.startswith(RAW)
     logprobs = choice.logprobs
     n = len(prompt)
     assert len(logprobs.tokens) == len(logprobs.token_logprobs) == len(logprobs.text_offset) >= n + 1
-    assert logprobs.token_logprobs[0] is None and logprobs.top_logprobs[:n] == [None] * n
-    np.testing.assert_allclose(logprobs.token_logprobs[1:n], scored, rtol=0, atol=TOL)
+    assert logprobs.token_logprobs[0] is None and logprobs.top_logprobs[0] is None
+    np.testing.assert_allclose(logprobs.token_logprobs[1:n], [ref[t, prompt[t + 1]] for t in range(n - 1)], rtol=0,
+                               atol=TOL)
+    for t in range(1, n):  # the 3 most likely tokens there and the prompt's own (4 entries, or 3 when it is one)
+        top = logprobs.top_logprobs[t]
+        assert len(top) in (3, 4) and top[logprobs.tokens[t]] == logprobs.token_logprobs[t]
+        largest = np.sort(ref[t - 1])[::-1][:3]
+        np.testing.assert_allclose(sorted(top.values(), reverse=True)[:3], largest, rtol=0, atol=TOL)
     assert "".join(logprobs.tokens[1:n]) == RAW  # the prompt's own tokens after <bos>
     assert logprobs.text_offset[n] == len(RAW)  # the answer starts after the echoed prompt
     assert all(len(top) in (3, 4) for top in logprobs.top_logprobs[n:])
