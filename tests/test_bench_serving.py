@@ -1,5 +1,5 @@
-"""The serving, speech and real-decode benchmarks' smoke runs: each module at a tiny size, one round. They check the
-code path and the report, never the speed."""
+"""The serving, speech, real-decode and structured-output benchmarks' smoke runs: each module at a tiny size, one
+round. They check the code path and the report, never the speed."""
 
 import json
 
@@ -32,6 +32,24 @@ def test_real_decode_smoke_on_a_tiny_gguf(tmp_path):
     assert all(f in report["cpu"] for f in ("avx2", "avx512f") if f in cpu_flags())
     assert report["kernels"] == native_library.best_isa() is not None
     assert real_decode(["--smoke", "--systems", "omnijax-int9"]) == 2
+
+
+def test_structured_smoke(tmp_path, tiny_gemma3_dir):
+    """bench.structured on the tiny Gemma 3: both answers timed, the constrained one following the schema, the large
+    schema compiled."""
+    from bench.structured import SCHEMA, main as structured
+
+    out = tmp_path / "results"
+    assert structured(["--smoke", "--model", str(tiny_gemma3_dir), "--out", str(out)]) == 0
+    report = json.loads((out / "latest-structured-smoke.json").read_text())
+    assert report["rounds"] == 1 and report["new_tokens"] == 8 and report["schema"] == SCHEMA
+    assert report["unconstrained_tok_s"]["median"] > 0 and report["constrained_tok_s"]["median"] > 0
+    assert report["tokens"] == [[8, 8]] and report["constrained_finish_reasons"] == ["length"]
+    assert report["constrained_answer"].startswith('{"park":')  # the schema's first property
+    assert report["constrained_per_token_ratio"] == report["round_ratios"][0] > 0
+    assert report["grammar_compile_s"]["median"] > 0 and report["large_schema_fields"] == 30
+    assert "JSON schema" in (out / "latest-structured-smoke.md").read_text()
+    assert structured(["--new-tokens", "2"]) == 2
 
 
 def test_serving_smoke(tmp_path):
