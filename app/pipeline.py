@@ -374,23 +374,23 @@ class Pipeline:
     def submit(self, prompt, *, max_new_tokens: int = 64, temperature: float = 0.0, top_k: int = 0,
                top_p: float = 1.0, seed: int = 0, stop: Sequence[str] | None = None,
                ignore_eos: bool = False, logprobs: int | bool | None = None, logprobs_mode: str = "raw",
-               prompt_logprobs: int | bool | None = False, response_format: dict | Constraint | None = None, listener=None,
-               group=None, tools=None, tool_choice=None, parallel_tool_calls: bool = True) -> RequestHandle:
+               prompt_logprobs: int | bool | None = False, response_format: dict | Constraint | None = None,
+               listener=None, group=None, tools=None, tool_choice=None, parallel_tool_calls: bool = True
+               ) -> RequestHandle:
         """Queue one conversation, raw prompt string or PreparedPrompt on the engine without waiting: the handle's
         ``events()`` stream its tokens, ``result()`` waits for the GenerationResult, ``cancel()`` stops it.
         Settings are checked first (SamplingError, PromptError); ``ignore_eos``: generate exactly
         ``max_new_tokens`` tokens; ``logprobs``: None (off), or the alternatives (0..20; True: 0) each token's
         ``TokenLogprob`` carries, in every event and in ``GenerationResult.logprobs``, under the model's own
         distribution (``logprobs_mode="raw"``) or the one each token is drawn from, after temperature, top-k and
-        top-p (``"processed"``; the tokens they drop at -inf); ``prompt_logprobs``: also
-        each prompt token's log probability (``GenerationResult.prompt_logprobs``), as ``logprobs`` with the
-        alternatives of each under the model's distribution (``GenerationResult.prompt_top``); ``response_format``: a structured
-        output, what the answer must be (see ``check_response_format``; ConstraintError when it is malformed or does
-        not compile); ``listener``: called from the
-        engine's thread at each new event (it must not block; e.g. to wake an event loop); ``group``: see
-        ``Request.group`` (``submit_choices`` sets it); ``tools``, ``tool_choice``, ``parallel_tool_calls``: see
-        ``check_tools`` (the prompt, when not prepared yet, offers the tools; ``read_tool_calls`` reads the calls of
-        the handle's result)."""
+        top-p (``"processed"``; the tokens they drop at -inf); ``prompt_logprobs``: also each prompt token's log
+        probability (``GenerationResult.prompt_logprobs``), and as ``logprobs`` the alternatives there under the
+        model's distribution (``GenerationResult.prompt_top``); ``response_format``: a structured output, what the
+        answer must be (see ``check_response_format``; ConstraintError when it is malformed or does not compile);
+        ``listener``: called from the engine's thread at each new event (it must not block; e.g. to wake an event
+        loop); ``group``: see ``Request.group`` (``submit_choices`` sets it); ``tools``, ``tool_choice``,
+        ``parallel_tool_calls``: see ``check_tools`` (the prompt, when not prepared yet, offers the tools;
+        ``read_tool_calls`` reads the calls of the handle's result)."""
         sampling, max_new_tokens, stop = check_settings(max_new_tokens, temperature, top_k, top_p, seed, stop)
         logprobs = check_logprobs(logprobs)
         prompt_top = check_logprobs(prompt_logprobs, "prompt_logprobs")

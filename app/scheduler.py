@@ -512,8 +512,7 @@ class Scheduler:
             targets = np.full(hidden.shape[1], self.engine.cfg.pad_id, np.int32)
             targets[:len(following)] = following
             scored = self.slots.logprobs(hidden, targets, top=live.request.prompt_top > 0)
-            live.logprob_rows.append(tuple(x[0, :b - a] for x in scored) if live.request.prompt_top else
-                                     (scored[0, :b - a],))
+            live.logprob_rows.append(tuple(x[0, :b - a] for x in scored))
         n = len(ids)
         if b < n:
             if b in live.keep_at:

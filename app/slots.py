@@ -372,15 +372,15 @@ class Slots:
         with use_mesh(self.engine.mesh):
             return self._head(self.engine.params, hidden, products=products_setting())
 
-    def logprobs(self, hidden: jax.Array, targets: np.ndarray, top: bool = False):
-        """float32 [1, T] (device): at each position of one chunk's last-layer output [1, T, D], the natural-log
+    def logprobs(self, hidden: jax.Array, targets: np.ndarray, top: bool = False) -> tuple:
+        """(float32 [1, T],) (device): at each position of one chunk's last-layer output [1, T, D], the natural-log
         probability of ``targets`` [T] (the prompt's next token there; its value past the prompt means nothing).
-        With ``top``: (those, the ``TOP`` most likely tokens' ids int32 [1, T, TOP], their log probabilities
-        [1, T, TOP]), one program whatever number of alternatives a request keeps."""
+        With ``top``, also the ``TOP`` most likely tokens' ids (int32 [1, T, TOP]) and log probabilities
+        ([1, T, TOP]): one program whatever number of alternatives a request keeps."""
         with use_mesh(self.engine.mesh):
-            return self._logprobs(self.engine.params, hidden, np.asarray(targets, np.int32)[None],
-                                  products=products_setting(),
-                                  top=min(TOP, self.cfg.decoder.vocab_size) if top else 0)
+            out = self._logprobs(self.engine.params, hidden, np.asarray(targets, np.int32)[None],
+                                 products=products_setting(), top=min(TOP, self.cfg.decoder.vocab_size) if top else 0)
+        return out if top else (out,)
 
     def insert(self, slot: int, logits_1V: jax.Array, sampling: SamplingParams, max_new: int, delta: int,
                eos_on: bool, logprobs: bool = False, mask: np.ndarray | None = None):
