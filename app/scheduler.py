@@ -41,12 +41,14 @@ import jax
 import numpy as np
 
 from omnijax.app.answer_text import AnswerText, answer_for
+from omnijax.app.engine_stats import Stats
 from omnijax.app.chunk_media import chunk_media, prompt_media
 from omnijax.app.chunks import plan_chunks, prefix_points
 from omnijax.app.generation import bucket_for
 from omnijax.app.grammar import Grammars
 from omnijax.app.media_cache import EncodedItem, MediaCache
 from omnijax.app.prefix_cache import PrefixCache, PrefixEntry, key_ids
+from omnijax.app.prompt_scores import PromptScores
 from omnijax.app.requests import GenerationResult, Request, RequestHandle, TokenEvent
 from omnijax.app.slots import DEFAULT_MAX_BATCHED_TOKENS, DEFAULT_SLOTS, Chunk, Slots
 from omnijax.app.token_logprobs import MODES, RAW, host_rows
@@ -83,8 +85,7 @@ class Live:
     done: int = 0  # prompt tokens in the slot's cache (cached prefix and prefilled chunks)
     keep_at: set = dataclasses.field(default_factory=set)  # chunk ends whose keys / values become prefix entries
     media: dict = dataclasses.field(default_factory=dict)  # placeholder id -> (features [R, D], extras [E, R, D])
-    logit_rows: list = dataclasses.field(default_factory=list)  # host logits of each chunk (prompt_logits)
-    logprob_rows: list = dataclasses.field(default_factory=list)  # per chunk: its device log probabilities (+ top)
+    scores: PromptScores = dataclasses.field(default_factory=PromptScores)  # what it asks of its prompt
     token_logprobs: list = dataclasses.field(default_factory=list)  # TokenLogprob per generated token (logprobs)
     matcher: object = None  # the llguidance matcher of a constrained request (app/grammar.py)
     generated: int = 0
@@ -102,32 +103,6 @@ class Live:
         """In a slot, with prompt tokens still to run."""
         return self.slot is not None and not self.decoding and not self.finished and \
             self.done < len(self.request.prompt.token_ids)
-
-
-TTFT_BUCKETS = (0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0)
-
-
-@dataclasses.dataclass
-class Stats:
-    """Counters since start: requests by how they ended, tokens, decode steps, and the time to first token of
-    every request as a histogram (cumulative counts per ``TTFT_BUCKETS`` bound, their sum and count)."""
-
-    finished: collections.Counter = dataclasses.field(default_factory=collections.Counter)
-    failed: int = 0
-    prompt_tokens: int = 0
-    cached_tokens: int = 0
-    generated_tokens: int = 0
-    steps: int = 0
-    ttft_counts: list = dataclasses.field(default_factory=lambda: [0] * len(TTFT_BUCKETS))
-    ttft_sum: float = 0.0
-    ttft_count: int = 0
-
-    def first_token(self, seconds: float) -> None:
-        for i, bound in enumerate(TTFT_BUCKETS):
-            if seconds <= bound:
-                self.ttft_counts[i] += 1
-        self.ttft_sum += seconds
-        self.ttft_count += 1
 
 
 class Scheduler:
@@ -505,14 +480,7 @@ class Scheduler:
         the rows a request asked for, prefix entries, and after the last chunk its first token."""
         ids = live.request.prompt.token_ids
         live.done = b
-        if live.request.prompt_logits:
-            live.logit_rows.append(host_array(self.slots.head(hidden))[0, :b - a])
-        if live.request.prompt_logprobs:  # position t scores token t + 1 (past the prompt: a pad, cut off at the end)
-            following = ids[a + 1:b + 1]
-            targets = np.full(hidden.shape[1], self.engine.cfg.pad_id, np.int32)
-            targets[:len(following)] = following
-            scored = self.slots.logprobs(hidden, targets, top=live.request.prompt_top > 0)
-            live.logprob_rows.append(tuple(x[0, :b - a] for x in scored))
+        live.scores.add(self.slots, live.request, self.engine.cfg.pad_id, a, b, hidden)
         n = len(ids)
         if b < n:
             if b in live.keep_at:
@@ -616,28 +584,6 @@ class Scheduler:
             text=live.answer.text, token_ids=live.answer.token_ids, prompt_tokens=prompt_tokens,
             finish_reason=reason, seconds=now - live.handle.submitted, cached_tokens=live.cached,
             first_token_seconds=None if live.first_token is None else live.first_token - live.handle.submitted,
-            prompt_logits=self._prompt_rows(live.logit_rows, (self.engine.cfg.decoder.vocab_size,))
-            if live.request.prompt_logits else None,
-            **self._prompt_logprobs(live, prompt_tokens),
+            **live.scores.result(live.request, self.engine.cfg.decoder.vocab_size),
             logprobs=live.token_logprobs if live.request.logprobs is not None else None))
-
-    def _prompt_logprobs(self, live: Live, prompt_tokens: int) -> dict:
-        """The result's ``prompt_logprobs`` and ``prompt_top`` of a request that asked for them (from its chunks'
-        device rows), else {}."""
-        req = live.request
-        if not req.prompt_logprobs:
-            return {}
-        parts = [[host_array(x) for x in chunk] for chunk in live.logprob_rows]
-        values = self._prompt_rows([p[0] for p in parts], ())[:prompt_tokens - 1]
-        if not req.prompt_top:
-            return {"prompt_logprobs": values}
-        k = req.prompt_top
-        ids = self._prompt_rows([p[1][:, :k] for p in parts], (k,))[:prompt_tokens - 1].tolist()
-        top = self._prompt_rows([p[2][:, :k] for p in parts], (k,))[:prompt_tokens - 1].tolist()
-        return {"prompt_logprobs": values, "prompt_top": [tuple(zip(i, v)) for i, v in zip(ids, top)]}
-
-    @staticmethod
-    def _prompt_rows(chunks: list[np.ndarray], row_shape: tuple) -> np.ndarray:
-        """The rows of a request's prefilled chunks in order (none for a request cancelled before its first)."""
-        return np.concatenate(chunks) if chunks else np.zeros((0, *row_shape), np.float32)
 
