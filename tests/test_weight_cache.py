@@ -12,7 +12,7 @@ import jax
 import numpy as np
 import pytest
 
-import omnijax.app.pipeline as pipeline_module
+import omnijax.app.pipeline_loading as pipeline_loading
 from omnijax.app import weight_cache
 from omnijax.app.pipeline import Pipeline
 from omnijax.common.quantized import QuantizedArray
@@ -39,8 +39,8 @@ def cache_dir(tmp_path, monkeypatch):
 def conversions(monkeypatch):
     """How many times ``load_params`` (the conversion a cache hit skips) ran."""
     calls = []
-    real = pipeline_module.load_params
-    monkeypatch.setattr(pipeline_module, "load_params", lambda *a, **k: calls.append(1) or real(*a, **k))
+    real = pipeline_loading.load_params
+    monkeypatch.setattr(pipeline_loading, "load_params", lambda *a, **k: calls.append(1) or real(*a, **k))
     return calls
 
 
