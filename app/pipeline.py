@@ -327,7 +327,7 @@ class Pipeline:
         ``read_tool_calls`` reads the calls of the handle's result)."""
         sampling, max_new_tokens, stop = check_settings(max_new_tokens, temperature, top_k, top_p, seed, stop)
         logprobs = check_logprobs(logprobs)
-        prompt_top = check_logprobs(prompt_logprobs, "prompt_logprobs")
+        prompt_logprobs = check_logprobs(prompt_logprobs, "prompt_logprobs")
         check_logprobs_mode(logprobs_mode)
         with_tools = {"tools": tools, "tool_choice": tool_choice, "parallel_tool_calls": parallel_tool_calls,
                       "response_format": response_format}
@@ -335,8 +335,7 @@ class Pipeline:
         constraint = self.check_response_format(with_tools["response_format"])
         prepared = prompt if isinstance(prompt, PreparedPrompt) else self.prepare(prompt, tools=request)
         return self.scheduler.submit(Request(prepared, max_new_tokens, sampling, stop, bool(ignore_eos),
-                                             prompt_logprobs=prompt_top is not None, prompt_top=prompt_top or 0,
-                                             logprobs=logprobs,
+                                             prompt_logprobs=prompt_logprobs, logprobs=logprobs,
                                              logprobs_mode=logprobs_mode, group=group, constraint=constraint),
                                      listener)
 

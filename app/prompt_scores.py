@@ -1,6 +1,6 @@
 """What a request asks of its own prompt, gathered chunk by chunk as the serving engine prefills it: the logits at
 every prompt position (``Request.prompt_logits``), and each prompt token's log probability given the ones before it
-with its most likely alternatives there (``Request.prompt_logprobs`` / ``prompt_top``, computed on the device:
+with its most likely alternatives there (``Request.prompt_logprobs``, computed on the device:
 app/slots.py ``Slots.logprobs``).
 
 ``PromptScores.add`` takes one prefilled chunk's last-layer output; ``result`` gives the ``GenerationResult`` fields
@@ -34,25 +34,25 @@ class PromptScores:
         last-layer output): the rows it asked for."""
         if request.prompt_logits:
             self.logits.append(host_array(slots.head(hidden))[0, :b - a])
-        if request.prompt_logprobs:  # position t scores token t + 1 (past the prompt: a pad, cut off at the end)
+        if request.prompt_logprobs is not None:  # position t scores token t + 1 (past the prompt: a pad, cut off)
             following = request.prompt.token_ids[a + 1:b + 1]
             targets = np.full(hidden.shape[1], pad_id, np.int32)
             targets[:len(following)] = following
-            scored = slots.logprobs(hidden, targets, top=request.prompt_top > 0)
+            scored = slots.logprobs(hidden, targets, top=request.prompt_logprobs > 0)
             self.logprobs.append(tuple(x[0, :b - a] for x in scored))
 
     def result(self, request, vocab_size: int) -> dict:
         """The ``GenerationResult`` fields ``request`` asked for: ``prompt_logits`` [prompt tokens, vocab],
-        ``prompt_logprobs`` [prompt tokens - 1] and ``prompt_top`` (per such token its ``request.prompt_top`` most
+        ``prompt_logprobs`` [prompt tokens - 1] and ``prompt_top`` (per such token its ``request.prompt_logprobs`` most
         likely (id, log probability) pairs; absent when none are asked for)."""
         out = {}
         if request.prompt_logits:
             out["prompt_logits"] = _rows(self.logits, (vocab_size,))
-        if request.prompt_logprobs:
+        if request.prompt_logprobs is not None:
             n = len(request.prompt.token_ids) - 1
             parts = [[host_array(x) for x in chunk] for chunk in self.logprobs]
             out["prompt_logprobs"] = _rows([p[0] for p in parts], ())[:n]
-            if k := request.prompt_top:
+            if k := request.prompt_logprobs:
                 ids = _rows([p[1][:, :k] for p in parts], (k,))[:n].tolist()
                 top = _rows([p[2][:, :k] for p in parts], (k,))[:n].tolist()
                 out["prompt_top"] = [tuple(zip(i, v)) for i, v in zip(ids, top)]

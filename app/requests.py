@@ -39,8 +39,8 @@ class GenerationResult:
     prompt_logits: float32 [prompt tokens, vocab], the logits at every prompt position, for a request that asked for
     them (``Request.prompt_logits``); prompt_logprobs: float32 [prompt tokens - 1], the natural-log probability of
     each prompt token after the first given those before it (``Request.prompt_logprobs``), and prompt_top: per such
-    token, its ``Request.prompt_top`` most likely alternatives ((token id, log probability) pairs, most likely first;
-    None when none were asked for). logprobs: one
+    token, as many of its most likely alternatives as ``Request.prompt_logprobs`` asks ((token id, log probability)
+    pairs, most likely first; None when it asks for none). logprobs: one
     ``TokenLogprob`` per generated token (the token's natural-log probability under the model's distribution, before
     any sampling setting, and its most likely alternatives) for a request that asked for them
     (``Request.logprobs``); None otherwise. tool_calls: the calls the answer holds (app/tools.py's
@@ -69,9 +69,9 @@ class GenerationResult:
 class Request:
     """One prompt to answer. ``ignore_eos``: generate exactly ``max_new_tokens`` (end ids do not end it);
     ``stop``: stop strings (checked by ``check_stops``); ``prompt_logits``: also return the logits at every prompt
-    position; ``prompt_logprobs``: also return each prompt token's log-probability given the ones before it
-    (computed on the device: one float per token comes back), with ``prompt_top`` (0..20) most likely alternatives
-    each (``GenerationResult.prompt_top``). With either, the whole prompt is prefilled (none of
+    position; ``prompt_logprobs``: None, or also return each prompt token's log-probability given the ones before
+    it (computed on the device: one float per token comes back) with that many (0..20) most likely alternatives
+    there (``GenerationResult.prompt_top``). With either, the whole prompt is prefilled (none of
     it taken from the prefix cache) and kept out of the prefix cache. ``logprobs``: None, or how many of the most
     likely alternatives (0..20) each generated token's ``TokenLogprob`` carries (checked by
     ``app.token_logprobs.check_logprobs``), under the distribution ``logprobs_mode`` names ("raw": the model's own,
@@ -88,8 +88,7 @@ class Request:
     stop: tuple[str, ...] = ()
     ignore_eos: bool = False
     prompt_logits: bool = False
-    prompt_logprobs: bool = False
-    prompt_top: int = 0
+    prompt_logprobs: int | None = None
     logprobs: int | None = None
     logprobs_mode: str = "raw"
     group: object = None
@@ -98,7 +97,7 @@ class Request:
     @property
     def whole_prompt(self) -> bool:
         """Whether every prompt position runs through the model (what the prompt's logits need)."""
-        return self.prompt_logits or self.prompt_logprobs
+        return self.prompt_logits or self.prompt_logprobs is not None
 
 
 @dataclasses.dataclass(frozen=True)

@@ -69,7 +69,7 @@ class Scorer:
         try:
             for start, end, first in windows(len(ids), self.window, self.stride):
                 prompt = PreparedPrompt(ids[start:end], {}, np.zeros(end - start, bool))
-                request = Request(prompt, 1, ignore_eos=True, prompt_logprobs=True)
+                request = Request(prompt, 1, ignore_eos=True, prompt_logprobs=0)
                 while True:
                     if len(flight) >= scheduler.slots.slots:  # a slot's worth of windows in flight at most
                         finish_oldest()

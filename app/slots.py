@@ -378,9 +378,8 @@ class Slots:
         With ``top``, also the ``TOP`` most likely tokens' ids (int32 [1, T, TOP]) and log probabilities
         ([1, T, TOP]): one program whatever number of alternatives a request keeps."""
         with use_mesh(self.engine.mesh):
-            out = self._logprobs(self.engine.params, hidden, np.asarray(targets, np.int32)[None],
-                                 products=products_setting(), top=min(TOP, self.cfg.decoder.vocab_size) if top else 0)
-        return out if top else (out,)
+            return self._logprobs(self.engine.params, hidden, np.asarray(targets, np.int32)[None],
+                                  products=products_setting(), top=min(TOP, self.cfg.decoder.vocab_size) if top else 0)
 
     def insert(self, slot: int, logits_1V: jax.Array, sampling: SamplingParams, max_new: int, delta: int,
                eos_on: bool, logprobs: bool = False, mask: np.ndarray | None = None):

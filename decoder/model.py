@@ -185,12 +185,12 @@ class DecoderModel(nnx.Module):
         return (out, cache, hidden) if hidden_at else (out, cache)
 
     def next_token_logprobs(self, h_BTD: jax.Array, targets_BT: jax.Array, rows_per_chunk: int = 32,
-                            top: int = 0):
-        """[B, T] float32: at each position, the natural-log probability of ``targets`` there (the log-softmax of the
-        logits of the last layer's output ``h``, gathered at the target). The logits are made ``rows_per_chunk``
-        positions at a time, so the memory stays [B, rows_per_chunk, V] however long T is. With ``top`` > 0, also
-        the ``top`` most likely tokens at each position: (log probabilities [B, T], their ids [B, T, top] int32,
-        theirs [B, T, top], most likely first)."""
+                            top: int = 0) -> tuple:
+        """(float32 [B, T],): at each position, the natural-log probability of ``targets`` there (the log-softmax of
+        the logits of the last layer's output ``h``, gathered at the target); with ``top`` > 0, also the ``top`` most
+        likely tokens there, most likely first: their ids (int32 [B, T, top]) and theirs ([B, T, top]). The logits
+        are made ``rows_per_chunk`` positions at a time, so the memory stays [B, rows_per_chunk, V] however long T
+        is."""
         b, t, d = h_BTD.shape
         pad = -t % rows_per_chunk
         h = jnp.pad(h_BTD, ((0, 0), (0, pad), (0, 0)))
@@ -202,7 +202,7 @@ class DecoderModel(nnx.Module):
             logp = jax.nn.log_softmax(self.logits(h_BCD).astype(jnp.float32), axis=-1)
             chosen = jnp.take_along_axis(logp, t_BC[..., None], axis=-1)[..., 0]
             if not top:
-                return chosen
+                return (chosen,)
             values, ids = jax.lax.top_k(logp, top)
             return chosen, ids.astype(jnp.int32), values
 
@@ -210,7 +210,7 @@ class DecoderModel(nnx.Module):
         targets = targets.reshape(b, chunks, rows_per_chunk).transpose(1, 0, 2)
         out = jax.lax.map(one_chunk, (h, targets))  # [chunks, B, rows(, top)]
         unchunk = lambda a: jnp.moveaxis(a, 0, 1).reshape(b, t + pad, *a.shape[3:])[:, :t]  # noqa: E731
-        return unchunk(out) if not top else tuple(unchunk(a) for a in out)
+        return tuple(unchunk(a) for a in out)
 
     def _prompt_layers(self, prompt: Prompt, *, cache_len: int, cache_dtype, all_rows: bool, rope: dict | None,
                        attention: str, embeds: jax.Array | None = None,

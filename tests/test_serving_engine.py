@@ -317,7 +317,7 @@ def test_a_prompt_request_cancelled_before_its_first_chunk_ends_cleanly(gemma3_p
     s = Scheduler(gemma3_pipeline.engine, gemma3_pipeline.processor, slots=1, context=512, max_batched_tokens=32,
                   prefix_cache_mb=0, media_cache_mb=0, threaded=False)
     prompt = gemma3_pipeline.prepare(PROMPTS[3])
-    scored = s.submit(Request(prompt, 1, prompt_logprobs=True))
+    scored = s.submit(Request(prompt, 1, prompt_logprobs=0))
     logits = s.submit(Request(prompt, 1, prompt_logits=True))
     other = s.submit(request(gemma3_pipeline, PROMPTS[2], MAX_NEW[2]))
     s.step()  # the first takes the slot and runs one chunk; the second waits
