@@ -49,12 +49,17 @@ def add_model_flags(p: argparse.ArgumentParser) -> None:
 def add_engine_flags(p: argparse.ArgumentParser, *, max_batch: bool = True) -> None:
     """The serving engine's budgets (demo, serve)."""
     if max_batch:
-        p.add_argument("--max-batch", type=int, default=8, help="requests decoded together (slots; default 8)")
+        p.add_argument("--max-batch", type=int, default=32,
+                       help="requests decoded together (slots; default 32; their keys and values share --kv-cache-mb)")
     p.add_argument("--max-batched-tokens", type=int, default=512,
                    help="prompt tokens one engine step runs beside the decoding requests, shared by up to four "
                         "prompts (default 512)")
     p.add_argument("--max-context", type=int, default=None,
                    help="prompt plus answer tokens one request may hold (default: the model's limit, at most 8192)")
+    p.add_argument("--kv-cache-mb", type=float, default=1024,
+                   help="memory for the keys / values of the requests in the engine (the layers that keep the whole "
+                        "context; each request holds what its prompt and max tokens need, and one that does not fit "
+                        "waits; default 1024)")
     p.add_argument("--prefix-cache-mb", type=float, default=256,
                    help="memory for keys / values of earlier prompts reused by later ones (0: off; default 256)")
     p.add_argument("--media-cache-mb", type=float, default=256,
@@ -228,7 +233,7 @@ def load_pipeline(args, **overrides):
         folder = default_model_dir()
         print(f"[omnijax] no --model given: using the embedded default model at {folder} (a small model "
               f"trained on pictures of simple shapes)", file=sys.stderr)
-    names = ("max_batch", "max_batched_tokens", "max_context", "prefix_cache_mb", "media_cache_mb")
+    names = ("max_batch", "max_batched_tokens", "max_context", "prefix_cache_mb", "media_cache_mb", "kv_cache_mb")
     engine = {name: getattr(args, name) for name in names if getattr(args, name, None) is not None}
     return Pipeline.from_pretrained(folder, **model_settings(args), model_axis=args.model_axis,
                                     **(engine | overrides))

@@ -34,7 +34,7 @@ from omnijax.app.requests import GenerationResult, Request, RequestHandle
 from omnijax.app.sampling import (SamplingParams, check_choices, check_max_speech_frames, check_settings,
                                   choice_seed)
 from omnijax.app.scheduler import (DEFAULT_MAX_QUEUE, DEFAULT_MEDIA_CACHE_MB, DEFAULT_PREFIX_CACHE_MB, Scheduler)
-from omnijax.app.slots import DEFAULT_MAX_BATCHED_TOKENS, DEFAULT_SLOTS
+from omnijax.app.slots import DEFAULT_KV_CACHE_MB, DEFAULT_MAX_BATCHED_TOKENS, DEFAULT_SLOTS
 from omnijax.app.speech_events import AudioChunk, TextPiece
 from omnijax.app.token_logprobs import check_logprobs, check_logprobs_mode
 from omnijax.app.vocabulary import check_vocabulary
@@ -102,7 +102,8 @@ class Pipeline:
                         max_audio_seconds: float | None = None, max_batch: int = DEFAULT_SLOTS,
                         max_batched_tokens: int = DEFAULT_MAX_BATCHED_TOKENS,
                         prefix_cache_mb: float = DEFAULT_PREFIX_CACHE_MB, media_cache_mb: float = DEFAULT_MEDIA_CACHE_MB,
-                        max_queue: int = DEFAULT_MAX_QUEUE, video_size: str = "processor") -> "Pipeline":
+                        max_queue: int = DEFAULT_MAX_QUEUE, video_size: str = "processor",
+                        kv_cache_mb: float = DEFAULT_KV_CACHE_MB) -> "Pipeline":
         """Load a local Hugging Face checkpoint folder, a GGUF file, or a folder holding one GGUF file (``path=None``:
         the embedded default model).
 
@@ -115,15 +116,17 @@ class Pipeline:
         mesh: a ("data", "model") jax Mesh; default: all devices with ``model_axis`` of them (default all)
         sharding the weights. max_context: context budget in tokens (prompt + new tokens) of each request, at most
         the model's own limit (default: that limit up to 8192). max_audio_seconds: longest audio clip accepted
-        (families with audio input). The serving engine: ``max_batch`` requests decode together (each holds a
-        cache of ``max_context`` tokens), each step runs up to ``max_batched_tokens`` prompt tokens (of up to four
-        requests) beside the decode rows, the prefix and media caches keep up to ``prefix_cache_mb`` / ``media_cache_mb`` (0: off), and at most
+        (families with audio input). The serving engine: ``max_batch`` requests decode together (slots), the keys
+        and values of the layers that keep the whole context share a pool of ``kv_cache_mb`` (each request holds
+        the pages of its prompt and max_new_tokens; one that does not fit waits), each step runs up to
+        ``max_batched_tokens`` prompt tokens (of up to four requests) beside the decode rows, the prefix and media
+        caches keep up to ``prefix_cache_mb`` / ``media_cache_mb`` (0: off), and at most
         ``max_queue`` requests wait for a slot. video_size: the frame size bounds of videos where the family's
         processor overrides its saved video processor's (Qwen3-Omni): "processor" (default: as transformers'
         processor resizes them when no size is passed) or "checkpoint" (the saved ``size``).
         """
         check_load_settings(dtype, model_axis, max_context, max_audio_seconds, max_batch, max_batched_tokens,
-                            max_queue, prefix_cache_mb, media_cache_mb, video_size)
+                            max_queue, prefix_cache_mb, media_cache_mb, video_size, kv_cache_mb)
         quantize = check_quantize(quantize)
         enable_compilation_cache()
         if path is None:
@@ -160,7 +163,7 @@ class Pipeline:
                               context=max_context or min(engine.max_context, DEFAULT_CONTEXT),
                               max_batched_tokens=max_batched_tokens,
                               prefix_cache_mb=prefix_cache_mb, media_cache_mb=media_cache_mb, max_queue=max_queue,
-                              threaded=jax.process_count() == 1)
+                              kv_cache_mb=kv_cache_mb, threaded=jax.process_count() == 1)
         processor.budget = RequestBudget.for_context(scheduler.context)
         return cls(ckpt.path, spec, cfg, engine, processor, ckpt.hf_config, scheduler, dtype=dtype,
                    quantize=quantize)

@@ -13,7 +13,7 @@ import jax.numpy as jnp
 
 from omnijax.app.checkpoint import load_params, quantizable_params
 from omnijax.app.scheduler import DEFAULT_MAX_QUEUE
-from omnijax.app.slots import DEFAULT_MAX_BATCHED_TOKENS, DEFAULT_SLOTS
+from omnijax.app.slots import DEFAULT_KV_CACHE_MB, DEFAULT_MAX_BATCHED_TOKENS, DEFAULT_SLOTS
 from omnijax.app.weight_cache import WeightCache, safetensors_dtype
 from omnijax.common.errors import SettingError
 from omnijax.preprocess.video_size import VIDEO_SIZES
@@ -27,7 +27,8 @@ MAX_BATCH = 1024  # prompts one call generates, and the engine's slots (each hol
 
 def check_load_settings(dtype, model_axis, max_context, max_audio_seconds, max_batch=DEFAULT_SLOTS,
                         max_batched_tokens=DEFAULT_MAX_BATCHED_TOKENS, max_queue=DEFAULT_MAX_QUEUE,
-                        prefix_cache_mb=0.0, media_cache_mb=0.0, video_size="processor") -> None:
+                        prefix_cache_mb=0.0, media_cache_mb=0.0, video_size="processor",
+                        kv_cache_mb=DEFAULT_KV_CACHE_MB) -> None:
     """SettingError naming the first ``from_pretrained`` argument of the wrong type or out of range."""
     if dtype not in JAX_DTYPES:
         raise SettingError(f"unsupported dtype {dtype!r}; use one of {', '.join(sorted(JAX_DTYPES))}")
@@ -42,6 +43,8 @@ def check_load_settings(dtype, model_axis, max_context, max_audio_seconds, max_b
     for name, value in (("prefix_cache_mb", prefix_cache_mb), ("media_cache_mb", media_cache_mb)):
         if isinstance(value, bool) or not isinstance(value, numbers.Real) or not 0 <= value <= 1 << 20:
             raise SettingError(f"{name} must be a number of MB in [0, {1 << 20}], got {value!r}")
+    if isinstance(kv_cache_mb, bool) or not isinstance(kv_cache_mb, numbers.Real) or not 0 < kv_cache_mb <= 1 << 20:
+        raise SettingError(f"kv_cache_mb must be a number of MB in (0, {1 << 20}], got {kv_cache_mb!r}")
     if max_audio_seconds is not None and (
             isinstance(max_audio_seconds, bool) or not isinstance(max_audio_seconds, numbers.Real)
             or not math.isfinite(max_audio_seconds) or not 0 < max_audio_seconds <= MAX_AUDIO_SECONDS_SETTING):

@@ -46,14 +46,16 @@ from omnijax.app.chunk_media import chunk_media, prompt_media
 from omnijax.app.chunks import plan_chunks, prefix_points
 from omnijax.app.generation import bucket_for
 from omnijax.app.grammar import Grammars
+from omnijax.app.kv_pages import pages_for
 from omnijax.app.media_cache import EncodedItem, MediaCache
 from omnijax.app.prefix_cache import PrefixCache, PrefixEntry, key_ids
 from omnijax.app.prompt_scores import PromptScores
 from omnijax.app.requests import GenerationResult, Request, RequestHandle, TokenEvent
-from omnijax.app.slots import DEFAULT_MAX_BATCHED_TOKENS, DEFAULT_SLOTS, Chunk, Slots
+from omnijax.app.slots import DEFAULT_KV_CACHE_MB, DEFAULT_MAX_BATCHED_TOKENS, DEFAULT_SLOTS, Chunk, Slots
 from omnijax.app.token_logprobs import MODES, RAW, host_rows
 from omnijax.common.errors import OmnijaxError, PromptError
 from omnijax.common.sharding import host_array
+from omnijax.decoder.kv_cache import PAGE
 from omnijax.preprocess.buckets import length_bucket
 
 log = logging.getLogger(__name__)
@@ -111,7 +113,8 @@ class Scheduler:
     engine: app/generation.py's Engine; processor: the family processor (decoding tokens to text).
     context: the longest prompt plus answer one slot holds (default: the engine's context budget).
     max_batched_tokens: the prompt tokens one step runs beside the decode rows (a media block longer than that runs
-    whole, alone). prefix_cache_mb / media_cache_mb: their budgets (0: off).
+    whole, alone). prefix_cache_mb / media_cache_mb: their budgets (0: off). kv_cache_mb: the paged KV cache's
+    (app/slots.py; a request takes a slot when the pages of its prompt and answer are free too).
     max_queue: requests waiting for a slot (beyond those a free slot takes at the next step) above which ``submit``
     raises QueueFullError. threaded: run the loop in a thread of its own (False: the caller drives it with
     ``run``; what several JAX processes need)."""
@@ -119,13 +122,13 @@ class Scheduler:
     def __init__(self, engine, processor, *, slots: int = DEFAULT_SLOTS, context: int | None = None,
                  max_batched_tokens: int = DEFAULT_MAX_BATCHED_TOKENS, prefix_cache_mb: float = DEFAULT_PREFIX_CACHE_MB,
                  media_cache_mb: float = DEFAULT_MEDIA_CACHE_MB, max_queue: int = DEFAULT_MAX_QUEUE,
-                 threaded: bool = True):
+                 kv_cache_mb: float = DEFAULT_KV_CACHE_MB, threaded: bool = True):
         if max_batched_tokens < 1 or max_queue < 1:
             raise ValueError(f"max_batched_tokens and max_queue must be >= 1, got {max_batched_tokens} and "
                              f"{max_queue}")
         self.engine = engine
         self.processor = processor
-        self.slots = Slots(engine, slots=slots, context=context)
+        self.slots = Slots(engine, slots=slots, context=context, kv_cache_mb=kv_cache_mb)
         self.max_batched_tokens = max_batched_tokens
         self.max_queue = max_queue
         self.media = MediaCache(self._encode_one, int(media_cache_mb * 2**20))
@@ -153,7 +156,7 @@ class Scheduler:
         return self.slots.context
 
     def check_fits(self, prompt_tokens: int, max_new_tokens: int) -> None:
-        """PromptError unless a prompt of this length and this many new tokens fits a slot."""
+        """PromptError unless a prompt of this length and this many new tokens fits a slot and the KV memory."""
         if prompt_tokens == 0:
             raise PromptError("the prompt is empty")
         if prompt_tokens >= self.context:
@@ -163,6 +166,11 @@ class Scheduler:
             raise PromptError(f"the prompt has {prompt_tokens} tokens and max_new_tokens is {max_new_tokens}: "
                               f"{prompt_tokens + max_new_tokens} exceeds the context budget of {self.context} "
                               f"tokens")
+        pages = self.slots.pages
+        if pages_for(prompt_tokens + max_new_tokens) > pages.pages:
+            raise PromptError(f"the prompt has {prompt_tokens} tokens and max_new_tokens is {max_new_tokens}: their "
+                              f"keys and values need {pages_for(prompt_tokens + max_new_tokens)} pages of "
+                              f"{PAGE} tokens; the KV cache holds {pages.pages} (kv_cache_mb)")
 
     def submit(self, request: Request, listener=None) -> RequestHandle:
         """Queue ``request``; its handle streams the tokens (``listener``: see RequestHandle). PromptError when it
@@ -326,12 +334,18 @@ class Scheduler:
     def _admit(self) -> None:
         held = []
         while self._waiting and None in self._slot_of:
-            live = self._waiting.popleft()
+            live = self._waiting[0]
+            tokens = len(live.request.prompt.token_ids) + live.request.max_new_tokens
+            if not self.slots.pages.fits(tokens):  # it waits (and those after it) until others give pages back
+                break
+            self._waiting.popleft()
             if self._after_prefill_of_its_group(live):
                 held.append(live)
                 continue
             live.slot = self._slot_of.index(None)
             self._slot_of[live.slot] = live
+            self.slots.pages.take(live.slot, tokens)
+            self.stats.peak_running = max(self.stats.peak_running, self.running)
             before = self.slots.dispatched
             try:
                 self._start(live)
@@ -566,6 +580,7 @@ class Scheduler:
             self._waiting.remove(live)
         if live.slot is not None and self._slot_of[live.slot] is live:
             self._slot_of[live.slot] = None
+            self.slots.pages.give_back(live.slot)
         if error is not None:
             self.stats.failed += 1
             live.handle._finish(None, error)

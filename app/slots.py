@@ -43,11 +43,13 @@ from omnijax.app.sampling import SamplingParams, apply_bitmask, choose_rows, row
 from omnijax.app.token_logprobs import TOP, token_logprobs
 from omnijax.common.matmul_policy import narrow_products, products_setting
 from omnijax.common.sharding import named_sharding, use_mesh
-from omnijax.decoder.kv_cache import KEY_AXES, VALUE_AXES, init_cache, restore_row, snapshot_row
+from omnijax.app.kv_pages import PageTable, pages_for
+from omnijax.decoder.kv_cache import PAGE, cache_axes, cache_slots, init_cache, paged_entries, restore_row, snapshot_row
 from omnijax.decoder.model import TokenBatch, one_token_batch
 
 DEFAULT_MAX_BATCHED_TOKENS = 512  # prompt tokens of one step, unless a media block needs more (it is never split)
-DEFAULT_SLOTS = 8
+DEFAULT_SLOTS = 32
+DEFAULT_KV_CACHE_MB = 1024  # the paged layers' pool (keys and values of the layers that keep the whole context)
 MAX_CHUNK_ROWS = 4  # prompt chunks of different requests in one step: 1, 2 or 4 rows
 
 
@@ -139,16 +141,28 @@ def row_buckets(slots: int) -> tuple[int, ...]:
 class Slots:
     """The slots of one loaded model (``engine``: app/generation.py's Engine, for its parameters, mesh and model).
 
-    slots: how many requests decode together. context: the longest prompt plus answer a slot holds (its cache
-    length). The cache is allocated on first use."""
+    slots: how many requests decode together. context: the longest prompt plus answer a slot holds. kv_cache_mb:
+    the memory of the paged layers' pool (decoder/kv_cache.py; at most what every slot holding a whole context
+    needs), shared by the requests in the slots, each holding the pages of its prompt and answer (``pages``,
+    app/kv_pages.py); local layers keep a ring of their window per slot. With the rows split over a data axis,
+    every layer keeps a row per slot instead (``paged`` False). The cache is allocated on first use."""
 
-    def __init__(self, engine, *, slots: int = DEFAULT_SLOTS, context: int | None = None):
+    def __init__(self, engine, *, slots: int = DEFAULT_SLOTS, context: int | None = None,
+                 kv_cache_mb: float = DEFAULT_KV_CACHE_MB):
         if slots < 1:
             raise ValueError(f"the engine needs at least one slot, got {slots}")
+        if not kv_cache_mb > 0:
+            raise ValueError(f"kv_cache_mb must be > 0, got {kv_cache_mb}")
         self.engine = engine
         self.cfg = engine.cfg
         self.slots = slots
         self.context = round_context(min(context or engine.max_context, engine.max_context))
+        self.cache_len = pages_for(self.context) * PAGE  # the paged layers' positions a row's table spans
+        # with the rows split over a data axis every layer keeps a row per slot: one pool of pages would be
+        # replicated, and each step would gather every row's new keys and values into it
+        self.paged = engine.mesh.shape["data"] == 1
+        self.pages = PageTable(slots, self.cache_len // PAGE, self._pool_pages(kv_cache_mb))
+        self._pages_version = None  # the table version the device cache holds
         # the shapes a step may take: its decode row counts, and the row counts of its chunk group (fewer of either:
         # fewer programs to compile, more padding or more steps)
         self.rows = row_buckets(slots) if engine.mesh.shape["data"] == 1 else (slots,)
@@ -179,8 +193,12 @@ class Slots:
         self._release = jax.jit(lambda state, slot: state._replace(active=state.active.at[slot].set(False)),
                                 donate_argnames=("state",), out_shardings=None if state_sharding is None
                                 else state_sharding)
-        self._snapshot = jax.jit(snapshot_row, static_argnames=("length",))
-        self._restore = jax.jit(restore_row, donate_argnames=("cache",),
+        paged = paged_entries(self.cfg.decoder, jax.eval_shape(
+            lambda: init_cache(self.cfg.decoder, 1, self.cache_len, self.engine.dtype, 2 if self.paged else None)))
+        self._snapshot = jax.jit(lambda cache, row, *, length: snapshot_row(cache, row, length, paged),
+                                 static_argnames=("length",))
+        self._restore = jax.jit(lambda cache, row, saved, length: restore_row(cache, row, saved, length, paged),
+                                donate_argnames=("cache",),
                                 out_shardings=None if cache_sharding is None else cache_sharding)
 
     # ---- jitted bodies -------------------------------------------------------------------------------------
@@ -250,18 +268,32 @@ class Slots:
         return state, token, token_logprobs(logits_1V, token[None], row, drawn) if logprobs else None
 
     # ---- host side -----------------------------------------------------------------------------------------
+    def page_bytes(self) -> int:
+        """Bytes of one page of every paged layer (keys and values; 0 when no layer keeps the whole context)."""
+        spec, itemsize = self.cfg.decoder, jnp.dtype(self.engine.dtype).itemsize
+        return sum(2 * layer.attention.kv_heads * layer.attention.head_dim * PAGE * itemsize
+                   for layer, n in zip(spec.layers, cache_slots(spec, self.cache_len)) if n == self.cache_len)
+
+    def _pool_pages(self, kv_cache_mb: float) -> int:
+        """Pages of the pool: what ``kv_cache_mb`` holds, at most a whole context per slot, at least one context."""
+        whole, per_page = self.slots * (self.cache_len // PAGE), self.page_bytes()
+        if not per_page or not self.paged:
+            return whole
+        return max(min(whole, int(kv_cache_mb * 2**20) // per_page), 1)
+
     def ensure_allocated(self) -> None:
         if self.cache is not None:
             return
         spec, dtype, mesh = self.cfg.decoder, self.engine.dtype, self.engine.mesh
-        shapes = jax.eval_shape(lambda: init_cache(spec, self.slots, self.context, dtype))
+        shapes = jax.eval_shape(lambda: init_cache(spec, self.slots, self.cache_len, dtype,
+                                                   self.pages.pages + 1 if self.paged else None))
 
         def zeros(a, axes):  # one buffer per array (a jitted init may hand several outputs one buffer)
             return jnp.zeros(a.shape, a.dtype, device=named_sharding(axes, a.shape, mesh))
 
-        self.cache = {"length": zeros(shapes["length"], ("batch",)),
-                      "k": tuple(zeros(a, KEY_AXES) for a in shapes["k"]),
-                      "v": tuple(zeros(a, VALUE_AXES) for a in shapes["v"])}
+        self.cache = jax.tree.map(zeros, shapes, cache_axes(spec, shapes))
+        self._pages_version = None
+        self.sync_pages()
         replicated = jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec())
         self.state = jax.tree.map(lambda a: jax.device_put(a, replicated), empty_state(self.slots))
         if not self._laid_out:  # an allocation after ``reset`` has the same layout: its programs stay
@@ -271,8 +303,18 @@ class Slots:
 
     def reset(self) -> None:
         """Drop the device state (every slot's cache row and decoding state: after a failed program it may be gone
-        or hold the failure); it is allocated again, zeroed, on first use."""
+        or hold the failure); it is allocated again, zeroed, on first use; every page is free."""
         self.cache = self.state = None
+        self.pages.reset()
+
+    def sync_pages(self) -> None:
+        """The device cache's page table made the host's (``pages``), when they differ: called before any program
+        that reads or writes the cache after pages were taken or given back."""
+        if self.cache is None or "pages" not in self.cache or self._pages_version == self.pages.version:
+            return
+        sharding = self.cache["pages"].sharding
+        self.cache = {**self.cache, "pages": jax.device_put(self.pages.table.copy(), sharding)}
+        self._pages_version = self.pages.version
 
     def cache_bytes(self) -> int:
         self.ensure_allocated()
@@ -329,6 +371,7 @@ class Slots:
         device runs it) that returns the decode rows' token masks (int32 [rows, words], app/grammar.py) or None;
         with masks the tokens are drawn by the sample program's masked variant."""
         token, step = np.zeros((0,), np.int32), None
+        self.sync_pages()
         self.dispatched += 1
         with use_mesh(self.engine.mesh):
             decode_logits, active, self.cache, logits, hidden = self._step(
@@ -397,10 +440,12 @@ class Slots:
 
     def snapshot(self, slot: int, length: int) -> dict:
         """Slot ``slot``'s keys and values for ``length`` tokens (device arrays; ``length`` a bucket)."""
+        self.sync_pages()
         return self._snapshot(self.cache, np.int32(slot), length=length)
 
     def restore(self, slot: int, saved: dict, length: int) -> None:
         """Slot ``slot`` holds ``saved`` (a snapshot) as its first ``length`` tokens."""
+        self.sync_pages()
         self.dispatched += 1
         self.cache = self._restore(self.cache, np.int32(slot), saved, np.int32(length))
 

@@ -228,6 +228,9 @@ def at_defaults(folder, sizes: Sizes, warm: bool = True) -> dict:
             behind_long_prefill(pipe, sizes=sizes, seed=7)
         out["behind_long_prefill"] = behind_long_prefill(pipe, sizes=sizes)
         out["slots"], out["context"] = pipe.scheduler.slots.slots, pipe.scheduler.context
+        slots = pipe.scheduler.slots
+        out["peak_running"] = pipe.scheduler.stats.peak_running
+        out["kv_pages"], out["kv_cache_mb"] = slots.pages.pages, slots.cache_bytes() / 2**20
         out["many_short"]["requests"] = sizes.many_short
         return out
     finally:
@@ -297,9 +300,11 @@ def markdown(report: dict) -> str:
              f"{c['first_turn_ttft_s']:.3f} s) | <= 0.3 |"]
     d = f["defaults"]
     m, b = d["many_short"], d["behind_long_prefill"]
-    rows += ["", f"At the server's defaults ({d['slots']} slots, a {d['context']}-token context):", "",
+    rows += ["", f"At the server's defaults ({d['slots']} slots, a {d['context']}-token context, a KV cache of "
+             f"{d['kv_cache_mb']:.0f} MB with {d['kv_pages']} pages in its pool):", "",
              f"- {m['requests']} short requests at once: time to first token p50 "
-             f"{m['ttft_p50_s']:.3f} s, p99 {m['ttft_p99_s']:.3f} s, all done in {m['seconds']:.1f} s;",
+             f"{m['ttft_p50_s']:.3f} s, p99 {m['ttft_p99_s']:.3f} s, all done in {m['seconds']:.1f} s, at most "
+             f"{d['peak_running']} of them in the slots at once;",
              f"- a short request just after one with a {b['long_prompt_tokens']}-token prompt: its time to first "
              f"token {b['short_ttft_s']:.3f} s against the long one's {b['long_ttft_s']:.3f} s ({b['ratio']:.2f}x)."]
     a, g = f["prompts_alone"], f["product_gflops"]

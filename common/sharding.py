@@ -29,6 +29,7 @@ DEFAULT_RULES: dict[str, str | None] = {
     "vision_embed": None,
     "length": None,
     "cache_len": None,
+    "kv_pages": None,
     "head_dim": None,
 }
 

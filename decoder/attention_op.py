@@ -219,11 +219,22 @@ def _history_block(c: int) -> int:
     return c if c <= 512 or c % K_BLOCK else K_BLOCK
 
 
-def cache_block(cache_RX: jax.Array, rows_S: jax.Array | None, s: int, axis: int, start, size: int) -> jax.Array:
+def cache_block(cache_RX: jax.Array, rows_S: jax.Array | None, s: int, axis: int, start, size: int,
+                pages_SM: jax.Array | None = None) -> jax.Array:
     """Slots start .. start + size - 1 (along ``axis``) of the cache rows S sequences continue: ``rows_S`` None ->
     the first S rows; else the rows ``rows_S`` names (an index past the last row, a padding sequence's, reads the
     last row: what it computes is never used). Only that block is read: the rows' whole caches are never copied
-    (a long cache is read block by block in place)."""
+    (a long cache is read block by block in place). ``pages_SM``: the cache is a pool of pages (decoder/kv_cache.py)
+    and these are the sequences' rows of the page table; ``start`` is then a multiple of the page size and ``size``
+    one page or the whole table's positions."""
+    if pages_SM is not None:
+        page = cache_RX.shape[axis]
+        if size == page:
+            return jnp.take(cache_RX, pages_SM[:, start // page], axis=0)
+        blocks = jnp.take(cache_RX, pages_SM, axis=0)  # [S, M, ...]: the pages in order along ``axis``
+        blocks = jnp.moveaxis(blocks, 1, axis)
+        shape = blocks.shape
+        return blocks.reshape(*shape[:axis], shape[axis] * shape[axis + 1], *shape[axis + 2:])
     r = cache_RX.shape[0]
     block = jax.lax.dynamic_slice_in_dim(cache_RX, start, size, axis=axis) if size < cache_RX.shape[axis] \
         else cache_RX
@@ -235,7 +246,8 @@ def cache_block(cache_RX: jax.Array, rows_S: jax.Array | None, s: int, axis: int
 def cache_attention(q_STNH: jax.Array, cache_k_RKHC: jax.Array, cache_v_RKCH: jax.Array, rows_S: jax.Array | None,
                     slot_pos_SC: jax.Array, k_STKH: jax.Array, v_STKH: jax.Array, q_pos_ST: jax.Array,
                     q_block_ST: jax.Array | None, mask: MaskSpec, *, scale: float, softcap: float | None = None,
-                    held: jax.Array | None = None, backend: str = "auto") -> jax.Array:
+                    held: jax.Array | None = None, backend: str = "auto",
+                    pages_SM: jax.Array | None = None) -> jax.Array:
     """S sequences of T new tokens, sequence s continuing cache row ``rows_S[s]`` (``rows_S`` None: row s), each token
     attending to its row's cache (the keys before the batch) and to the new tokens of its own sequence ->
     [S, T, N, H].
@@ -252,12 +264,18 @@ def cache_attention(q_STNH: jax.Array, cache_k_RKHC: jax.Array, cache_v_RKCH: ja
     context budget costs nothing until it is used. With ``backend`` "fused" (the default on GPU/TPU, see
     ``backend_for``) a prompt chunk (T > 1) hands the row's keys and the new ones, with the mask, to
     ``jax.nn.dot_product_attention`` instead (not on a soft-capped layer); decode steps keep reading the cache in
-    place, only as far as it is held."""
+    place, only as far as it is held.
+
+    ``pages_SM``: the cache is a pool of pages, keys [N, K, H, P] and values [N, K, P, H] (decoder/kv_cache.py),
+    and these are the sequences' rows of its page table (``rows_S`` is then not used): the rows' caches are
+    M * P slots long, page j holding positions j * P ..; read as above, a page per block."""
     s, t, n, h = q_STNH.shape
     r, kv, _, c = cache_k_RKHC.shape
+    if pages_SM is not None:
+        c = pages_SM.shape[1] * c
     g = n // kv
-    read_k = lambda start, size: cache_block(cache_k_RKHC, rows_S, s, 3, start, size)  # noqa: E731
-    read_v = lambda start, size: cache_block(cache_v_RKCH, rows_S, s, 2, start, size)  # noqa: E731
+    read_k = lambda start, size: cache_block(cache_k_RKHC, rows_S, s, 3, start, size, pages_SM)  # noqa: E731
+    read_v = lambda start, size: cache_block(cache_v_RKCH, rows_S, s, 2, start, size, pages_SM)  # noqa: E731
     k_new = k_STKH.transpose(0, 2, 1, 3)  # [S, K, T, H]
     v_new = v_STKH.transpose(0, 2, 1, 3)
     vis_new = visible(q_pos_ST, q_pos_ST, mask, q_block_ST, q_block_ST)

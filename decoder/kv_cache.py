@@ -15,6 +15,14 @@ was, the new tokens attend to each other directly, and once every layer has run 
 values (``write_tokens``). The write is ordered after the last layer's output, so every read of the cache comes
 first and the compiler updates the cache in place (with the write placed first and the reads after it, XLA on CPU
 fuses a copy of the write into each reader and copies every cache on every step).
+
+The serving engine's cache is paged (``init_cache(pages=N)``): every layer that would keep the whole context (a full
+layer, or a local one whose window is at least the context) keeps instead a pool of N pages of ``PAGE`` positions
+shared by all rows, keys [N, K, H, PAGE] and values [N, K, PAGE, H], and ``pages`` [batch, context / PAGE] says
+which page holds each row's positions j * PAGE .. (j + 1) * PAGE - 1. The host owns that table
+(app/kv_pages.py): a request holds the pages its prompt and answer need, so the memory follows what requests use,
+not rows x context. The pool's last page is scratch: every unused entry of the table names it, so a row without
+pages (an idle slot, whose decode step still writes its token) writes there and nothing reads it.
 """
 
 from __future__ import annotations
@@ -29,13 +37,18 @@ from omnijax.decoder.spec import DecoderSpec
 
 KEY_AXES = ("batch", "kv_heads", "head_dim", "cache_len")
 VALUE_AXES = ("batch", "kv_heads", "cache_len", "head_dim")
+PAGE_KEY_AXES = ("kv_pages", "kv_heads", "head_dim", "cache_len")
+PAGE_VALUE_AXES = ("kv_pages", "kv_heads", "cache_len", "head_dim")
+PAGE = 128  # positions per page of a paged cache (the attention reads a long cache in blocks of this size)
 
 
 class LayerCache(NamedTuple):
-    """One layer's cache: keys [B, K, H, slots] (transposed) and values [B, K, slots, H]."""
+    """One layer's cache: keys [B, K, H, slots] (transposed) and values [B, K, slots, H]; ``paged``: a pool of
+    pages instead, keys [N, K, H, PAGE] and values [N, K, PAGE, H] (see the module docstring)."""
 
     k: jax.Array
     v: jax.Array
+    paged: bool = False
 
 
 def cache_slots(spec: DecoderSpec, cache_len: int) -> tuple[int | None, ...]:
@@ -64,15 +77,47 @@ def cache_index(spec: DecoderSpec) -> tuple[int | None, ...]:
     return tuple(index)
 
 
-def init_cache(spec: DecoderSpec, batch: int, cache_len: int, dtype=jnp.float32) -> dict:
+def paged_entries(spec: DecoderSpec, cache: dict) -> tuple[bool, ...]:
+    """For each entry of the cache's ``k`` / ``v`` tuples: whether it is a pool of pages (a cache made with
+    ``init_cache(pages=...)``: the layers that keep the whole context)."""
+    if "pages" not in cache:
+        return (False,) * len(cache["k"])
+    cache_len = cache["pages"].shape[1] * PAGE
+    return tuple(s == cache_len for s in cache_slots(spec, cache_len) if s is not None)
+
+
+def init_cache(spec: DecoderSpec, batch: int, cache_len: int, dtype=jnp.float32, pages: int | None = None) -> dict:
+    """A zeroed cache of ``batch`` rows of ``cache_len`` positions; with ``pages``, paged (the module docstring):
+    ``cache_len`` a multiple of ``PAGE``, a pool of ``pages`` pages (the last one scratch) for each layer that
+    keeps the whole context, and a table naming the scratch page everywhere."""
+    if pages is not None and (cache_len % PAGE or pages < 1):
+        raise ValueError(f"a paged cache needs a context that is a multiple of {PAGE} and a page, got {cache_len} "
+                         f"and {pages}")
     keys, values = [], []
     for layer, slots in zip(spec.layers, cache_slots(spec, cache_len)):
         if slots is None:
             continue
         att = layer.attention
+        if pages is not None and slots == cache_len:
+            keys.append(constrain(jnp.zeros((pages, att.kv_heads, att.head_dim, PAGE), dtype), PAGE_KEY_AXES))
+            values.append(constrain(jnp.zeros((pages, att.kv_heads, PAGE, att.head_dim), dtype), PAGE_VALUE_AXES))
+            continue
         keys.append(constrain(jnp.zeros((batch, att.kv_heads, att.head_dim, slots), dtype), KEY_AXES))
         values.append(constrain(jnp.zeros((batch, att.kv_heads, slots, att.head_dim), dtype), VALUE_AXES))
-    return {"length": jnp.zeros((batch,), jnp.int32), "k": tuple(keys), "v": tuple(values)}
+    cache = {"length": jnp.zeros((batch,), jnp.int32), "k": tuple(keys), "v": tuple(values)}
+    if pages is not None:
+        cache["pages"] = jnp.full((batch, cache_len // PAGE), pages - 1, jnp.int32)
+    return cache
+
+
+def cache_axes(spec: DecoderSpec, cache: dict) -> dict:
+    """The logical axes of each array of ``cache`` (a pytree like it)."""
+    paged = paged_entries(spec, cache)
+    out = {"length": ("batch",), "k": tuple(PAGE_KEY_AXES if p else KEY_AXES for p in paged),
+           "v": tuple(PAGE_VALUE_AXES if p else VALUE_AXES for p in paged)}
+    if "pages" in cache:
+        out["pages"] = ("batch", None)
+    return out
 
 
 def slot_positions(length_B: jax.Array, slots: int) -> jax.Array:
@@ -147,6 +192,29 @@ def write_tokens(cache_k_RKHC: jax.Array, cache_v_RKCH: jax.Array, rows_S: jax.A
     return constrain(k, KEY_AXES), constrain(v, VALUE_AXES)
 
 
+def write_paged(pool_k_NKHP: jax.Array, pool_v_NKPH: jax.Array, pages_SM: jax.Array, k_STKH: jax.Array,
+                v_STKH: jax.Array, start_S: jax.Array, count_S: jax.Array,
+                after_x: jax.Array | None = None) -> tuple[jax.Array, jax.Array]:
+    """A paged layer's pools with S sequences' new keys/values written: token i of sequence s (position
+    start[s] + i) at its offset in page ``pages_SM[s, position // PAGE]`` (``pages_SM``: each sequence's row of the
+    page table). One scatter, in place: tokens past a sequence's count (padding, and the token of a decode row that
+    takes none) are dropped. ``after_x``: as ``write_tokens``."""
+    s, t = k_STKH.shape[:2]
+    n = pool_k_NKHP.shape[0]
+    k_new = k_STKH.astype(pool_k_NKHP.dtype)
+    v_new = v_STKH.astype(pool_v_NKPH.dtype)
+    if after_x is not None:
+        dep = after_x[:, :1, :1, None]
+        k_new, v_new = after(k_new, dep), after(v_new, dep)
+    pos_ST = start_S[:, None] + jnp.arange(t, dtype=jnp.int32)[None]
+    page_ST = jnp.take_along_axis(pages_SM, jnp.clip(pos_ST // PAGE, 0, pages_SM.shape[1] - 1), axis=1)
+    page_ST = jnp.where(jnp.arange(t)[None] < count_S[:, None], page_ST, n)  # n: out of range, dropped
+    page, offset = page_ST.reshape(-1), (pos_ST % PAGE).reshape(-1)
+    k = pool_k_NKHP.at[page, :, :, offset].set(k_new.reshape(s * t, *k_new.shape[2:]), mode="drop")
+    v = pool_v_NKPH.at[page, :, offset, :].set(v_new.reshape(s * t, *v_new.shape[2:]), mode="drop")
+    return constrain(k, PAGE_KEY_AXES), constrain(v, PAGE_VALUE_AXES)
+
+
 def after(x: jax.Array, dep: jax.Array) -> jax.Array:
     """``x`` unchanged, but computed from ``dep`` (broadcastable to ``x``) as far as the compiler can tell.
 
@@ -171,21 +239,38 @@ def extend_cache(spec: DecoderSpec, cache: dict, cache_len: int) -> dict:
     return {"length": cache["length"], "k": tuple(keys), "v": tuple(values)}
 
 
-def snapshot_row(cache: dict, row: jax.Array, length: int) -> dict:
+def snapshot_row(cache: dict, row: jax.Array, length: int, paged: tuple[bool, ...] | None = None) -> dict:
     """Row ``row`` of every layer's cache, the first ``length`` slots of each cache longer than that (ring caches
-    whole): what ``restore_row`` writes back into any row to continue from the same tokens."""
+    whole; a paged layer: the pages holding them): what ``restore_row`` writes back into any row to continue from
+    the same tokens. ``paged``: ``paged_entries`` of the cache (None: none)."""
     keys, values = [], []
-    for k, v in zip(cache["k"], cache["v"]):
+    paged = paged or (False,) * len(cache["k"])
+    if any(paged):
+        table = jax.lax.dynamic_index_in_dim(cache["pages"], row, 0, keepdims=False)[:-(-length // PAGE)]
+    for k, v, p in zip(cache["k"], cache["v"], paged):
+        if p:
+            keys.append(jnp.take(k, table, axis=0))
+            values.append(jnp.take(v, table, axis=0))
+            continue
         n = min(length, k.shape[-1])
         keys.append(jax.lax.dynamic_slice_in_dim(k, row, 1, axis=0)[..., :n])
         values.append(jax.lax.dynamic_slice_in_dim(v, row, 1, axis=0)[:, :, :n])
     return {"k": tuple(keys), "v": tuple(values)}
 
 
-def restore_row(cache: dict, row: jax.Array, saved: dict, length: jax.Array) -> dict:
-    """``cache`` with row ``row`` holding a ``snapshot_row`` of ``length`` tokens."""
+def restore_row(cache: dict, row: jax.Array, saved: dict, length: jax.Array,
+                paged: tuple[bool, ...] | None = None) -> dict:
+    """``cache`` with row ``row`` holding a ``snapshot_row`` of ``length`` tokens (a paged layer's saved pages into
+    the pages the row's table names: pages past what the row holds are its scratch page's)."""
     zero = jnp.zeros((), jnp.int32)
-    keys = tuple(jax.lax.dynamic_update_slice(k, s, (row, zero, zero, zero)) for k, s in zip(cache["k"], saved["k"]))
-    values = tuple(jax.lax.dynamic_update_slice(v, s, (row, zero, zero, zero))
-                   for v, s in zip(cache["v"], saved["v"]))
-    return {"length": cache["length"].at[row].set(length), "k": keys, "v": values}
+    paged = paged or (False,) * len(cache["k"])
+    keys, values = [], []
+    for k, v, sk, sv, p in zip(cache["k"], cache["v"], saved["k"], saved["v"], paged):
+        if p:
+            table = jax.lax.dynamic_index_in_dim(cache["pages"], row, 0, keepdims=False)[:sk.shape[0]]
+            keys.append(k.at[table].set(sk))
+            values.append(v.at[table].set(sv))
+            continue
+        keys.append(jax.lax.dynamic_update_slice(k, sk, (row, zero, zero, zero)))
+        values.append(jax.lax.dynamic_update_slice(v, sv, (row, zero, zero, zero)))
+    return {**cache, "length": cache["length"].at[row].set(length), "k": tuple(keys), "v": tuple(values)}

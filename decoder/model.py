@@ -24,7 +24,8 @@ from omnijax.decoder.attention import BatchContext, GroupContext, PromptContext
 from omnijax.decoder.attention_op import PromptMeta
 from omnijax.decoder.blocks import take_rows
 from omnijax.decoder.embed import Embedder, add_at_placeholders, merge_media
-from omnijax.decoder.kv_cache import LayerCache, cache_index, cache_slots, fill_from_prompt, slot_positions, write_tokens
+from omnijax.decoder.kv_cache import (PAGE, LayerCache, cache_index, cache_slots, fill_from_prompt, paged_entries,
+                                      slot_positions, write_paged, write_tokens)
 from omnijax.decoder.packing import Packing
 from omnijax.decoder.parts import BUILTIN_PARTS, DecoderParts
 from omnijax.decoder.rope import rope_tables
@@ -269,14 +270,22 @@ class DecoderModel(nnx.Module):
         batches = (batch,) if isinstance(batch, TokenBatch) else tuple(batch)
         packing = Packing(tuple(b.tokens.shape for b in batches))
         x = constrain(packing.join([self._embed_batch(b) for b in batches]), ("batch", "length", "embed"))
-        ring_sizes = sorted({k.shape[-1] for k in cache["k"]})
+        paged = paged_entries(spec, cache)
+        ring_sizes = sorted({k.shape[-1] for k, p in zip(cache["k"], paged) if not p})
         groups = []
         for b in batches:
             idx = jnp.arange(b.tokens.shape[1], dtype=jnp.int32)[None]
             pos = jnp.where(idx < b.count[:, None], b.start[:, None] + idx, -1)
             block = None if b.bidirectional is None else block_ids(b.bidirectional & (pos >= 0))
             held = jnp.max(jnp.where(b.count > 0, b.start, 0))
-            groups.append(GroupContext(b.rows, pos, block, {n: slot_positions(b.start, n) for n in ring_sizes}, held))
+            pages = paged_pos = None
+            if any(paged):
+                s = b.tokens.shape[0]
+                pages = cache["pages"][:s] if b.rows is None else jnp.take(cache["pages"], b.rows, axis=0, mode="clip")
+                slot = jnp.arange(pages.shape[1] * PAGE, dtype=jnp.int32)[None]
+                paged_pos = jnp.where(slot < b.start[:, None], slot, -1)
+            groups.append(GroupContext(b.rows, pos, block, {n: slot_positions(b.start, n) for n in ring_sizes}, held,
+                                       pages, paged_pos))
         ctx = BatchContext(tuple(groups), packing, packing.join([g.pos for g in groups]),
                            self.rope_tables(packing.join([b.rope_pos for b in batches], axis=1)), attention)
         per_layer = self._layer_inputs(packing.join([b.tokens for b in batches]), x)
@@ -285,8 +294,8 @@ class DecoderModel(nnx.Module):
         new_kv: dict[int, tuple] = {}  # owner layer -> the batch's keys and values, for sharing layers
         for i, layer in enumerate(self.layers):
             j = index[spec.kv_layer(i)]
-            x, kv = layer.forward(x, ctx, LayerCache(cache["k"][j], cache["v"][j]), new_kv.get(spec.kv_layer(i)),
-                                  None if per_layer is None else per_layer[:, :, i])
+            x, kv = layer.forward(x, ctx, LayerCache(cache["k"][j], cache["v"][j], paged[j]),
+                                  new_kv.get(spec.kv_layer(i)), None if per_layer is None else per_layer[:, :, i])
             if kv is not None:
                 new_kv[i] = kv
             if deepstack is not None and i < deepstack.shape[0]:
@@ -294,8 +303,11 @@ class DecoderModel(nnx.Module):
         keys, values = list(cache["k"]), list(cache["v"])
         for i, (k, v) in new_kv.items():
             j = index[i]
-            for b, kg, vg in zip(batches, packing.split(k), packing.split(v)):
-                keys[j], values[j] = write_tokens(keys[j], values[j], b.rows, kg, vg, b.start, b.count, after_x=x)
+            for b, g, kg, vg in zip(batches, groups, packing.split(k), packing.split(v)):
+                if paged[j]:
+                    keys[j], values[j] = write_paged(keys[j], values[j], g.pages, kg, vg, b.start, b.count, after_x=x)
+                else:
+                    keys[j], values[j] = write_tokens(keys[j], values[j], b.rows, kg, vg, b.start, b.count, after_x=x)
         length = cache["length"]
         for b in batches:
             grown = b.start + b.count
@@ -306,7 +318,7 @@ class DecoderModel(nnx.Module):
             else:
                 length = jax.lax.dynamic_update_slice_in_dim(length, grown, 0, 0)
         out = x if packing.single else tuple(packing.split(x))
-        return out, {"length": length, "k": tuple(keys), "v": tuple(values)}
+        return out, {**cache, "length": length, "k": tuple(keys), "v": tuple(values)}
 
     def _embed_batch(self, batch: TokenBatch) -> jax.Array:
         """A group's input embeddings [S, T, D]: its ``embeds``, or its tokens' embeddings with the media rows."""

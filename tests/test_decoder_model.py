@@ -238,3 +238,49 @@ def test_a_packed_forward_equals_its_groups_run_one_after_another(model):
     for a, b in zip(packed["k"] + packed["v"], one_by_one["k"] + one_by_one["v"]):
         np.testing.assert_allclose(np.asarray(a), np.asarray(b), rtol=0,
                                    atol=PACKED_BOUND * np.abs(np.asarray(b)).max())
+
+
+@pytest.mark.parametrize("context", [256, 640])  # a cache read whole, and one read a page at a time
+def test_a_paged_cache_gives_the_outputs_of_a_cache_of_rows(model, context):
+    """The serving engine's paged cache (the layers that keep the whole context in a pool of pages, each row's in
+    the pages its table names, in any order) gives the same outputs and lengths as a cache of rows: prompt chunks
+    of two rows that cross a page boundary, then decode steps of three rows, one of them idle (its table names only
+    the scratch page, which it writes while nothing reads it)."""
+    from omnijax.decoder.kv_cache import PAGE, init_cache, paged_entries
+    from omnijax.decoder.model import TokenBatch
+
+    graphdef, state = model
+    rows_cache = init_cache(SPEC, 3, context)
+    paged_cache = init_cache(SPEC, 3, context, pages=12)
+    assert paged_entries(SPEC, paged_cache) == (False, False, True, True)  # ring 5, ring 6, full, full
+    assert paged_cache["k"][2].shape == (12, 4, 8, PAGE) and paged_cache["pages"].shape == (3, context // PAGE)
+    table = np.full((3, context // PAGE), 11, np.int32)
+    table[0, :2], table[1, :2] = [7, 2], [0, 9]  # row 2 holds no page
+    paged_cache["pages"] = jnp.asarray(table)
+    rng = np.random.default_rng(6)
+    tokens = rng.integers(8, VOCAB, (2, 160)).astype(np.int32)
+    tokens[1, 30:34] = 7  # a media block
+    count = np.asarray([150, 70], np.int32)
+    chunk = TokenBatch(jnp.asarray(tokens), jnp.asarray(count), jnp.zeros(2, jnp.int32), jnp.asarray([0, 1]),
+                       jnp.broadcast_to(jnp.arange(160, dtype=jnp.float32), (1, 2, 160)),
+                       bidirectional=jnp.asarray(tokens == 7))
+    nxt = jnp.asarray(rng.integers(8, VOCAB, (4, 3)).astype(np.int32))
+    active = jnp.asarray([True, True, False])
+
+    @jax.jit
+    def run(state, cache):
+        m = nnx.merge(graphdef, state)
+        h, cache = m.forward(chunk, cache)
+        outs = [m.last_logits(h, chunk.count)]
+        for i in range(4):
+            batch = one_token_batch(nxt[i], cache["length"][None].astype(jnp.float32), cache, active)
+            h, cache = m.forward(batch, cache)
+            outs.append(m.last_logits(h, batch.count)[:2])
+        return outs, cache["length"]
+
+    want, want_len = run(state, rows_cache)
+    got, got_len = run(state, paged_cache)
+    assert np.asarray(got_len).tolist() == np.asarray(want_len).tolist() == [154, 74, 0]
+    for g, w in zip(got, want):  # the same products over other layouts: float32 summation order only
+        g, w = np.asarray(g), np.asarray(w)
+        np.testing.assert_allclose(g, w, rtol=0, atol=PACKED_BOUND * np.abs(w).max())

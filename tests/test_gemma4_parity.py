@@ -10,6 +10,7 @@ Folders: ``small`` (per-layer embeddings, KV sharing, global head dim, image + a
 from __future__ import annotations
 
 import json
+import math
 
 import numpy as np
 import pytest
@@ -265,32 +266,34 @@ def test_batch_of_mixed_prompts_equals_each_alone(models, generated, kind, cases
 
 
 def test_kv_shared_layers_allocate_no_cache(models, prepared):
-    from omnijax.decoder.kv_cache import cache_index
+    from omnijax.decoder.kv_cache import PAGE, cache_index
 
     pipe = models["small"][0]
     spec = pipe.config.decoder
     owners = [i for i in range(spec.num_layers) if spec.owns_kv(i)]
     assert owners == [0, 1, 2] and [spec.kv_layer(i) for i in (3, 4, 5)] == [1, 1, 2]
     assert cache_index(spec) == (0, 1, 2, None, None, None)
-    slots = pipe.scheduler.slots  # the serving engine's cache: one row per slot
+    slots = pipe.scheduler.slots  # the serving engine's cache: a ring per slot, or a pool of pages (full layers)
     slots.ensure_allocated()
     k, v = slots.cache["k"], slots.cache["v"]
     assert len(k) == len(v) == len(owners)
+    pool = slots.pages.pages + 1  # and the scratch page
 
-    def held(i):  # cache positions of layer i: its window on sliding layers, the context on full ones
+    def shapes(i):  # keys and values of layer i: its window per slot on sliding layers, pages on full ones
         att = spec.layers[i].attention
-        return min(att.mask.size, slots.context) if att.mask.local else slots.context
+        if att.mask.local and att.mask.size < slots.cache_len:
+            w = att.mask.size
+            return (slots.slots, att.kv_heads, att.head_dim, w), (slots.slots, att.kv_heads, w, att.head_dim)
+        return (pool, att.kv_heads, att.head_dim, PAGE), (pool, att.kv_heads, PAGE, att.head_dim)
 
+    assert {len(shapes(i)[0]) and shapes(i)[0][-1] == PAGE for i in owners} == {True, False}  # both kinds
     expected = 0
     for entry, i in enumerate(owners):
-        att = spec.layers[i].attention
-        assert k[entry].shape == (slots.slots, att.kv_heads, att.head_dim, held(i))
-        assert v[entry].shape == (slots.slots, att.kv_heads, held(i), att.head_dim)
-        expected += 2 * slots.slots * att.kv_heads * att.head_dim * held(i) * 4
+        assert (k[entry].shape, v[entry].shape) == shapes(i)
+        expected += 2 * math.prod(shapes(i)[0]) * 4
     assert sum(a.nbytes for a in k + v) == expected
     # what one cache per layer would hold: the three sharing layers would add more than a third again
-    every = expected + sum(2 * slots.slots * spec.layers[i].attention.kv_heads * spec.layers[i].attention.head_dim
-                           * held(i) * 4 for i in (3, 4, 5))
+    every = expected + sum(2 * math.prod(shapes(i)[0]) * 4 for i in (3, 4, 5))
     assert every > 1.3 * expected
 
 

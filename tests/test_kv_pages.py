@@ -1,0 +1,43 @@
+"""The host's page table of the paged KV cache (app/kv_pages.py): pages taken and given back, the scratch page
+everywhere else."""
+
+import numpy as np
+import pytest
+
+from omnijax.app.kv_pages import PageTable, pages_for
+from omnijax.decoder.kv_cache import PAGE
+
+
+def test_pages_for_rounds_up_to_whole_pages():
+    assert [pages_for(n) for n in (1, PAGE, PAGE + 1, 3 * PAGE)] == [1, 1, 2, 3]
+
+
+def test_a_slot_takes_free_pages_and_gives_them_back():
+    t = PageTable(slots=3, per_row=4, pages=5)
+    assert (t.table == 5).all() and t.free == 5
+    t.take(1, 2 * PAGE + 1)
+    assert t.table[1].tolist() == [0, 1, 2, 5] and t.free == 2
+    assert t.fits(2 * PAGE) and not t.fits(2 * PAGE + 1)
+    t.take(0, PAGE)
+    assert t.table[0].tolist() == [3, 5, 5, 5]
+    version = t.version
+    t.give_back(1)
+    assert (t.table[1] == 5).all() and t.free == 4 and t.version > version
+    t.take(2, 4 * PAGE)  # the pages another slot gave back
+    assert sorted(t.table[2].tolist()) == [0, 1, 2, 4]
+    t.give_back(1)  # holds none: nothing changes
+    assert t.free == 0
+    t.reset()
+    assert (t.table == 5).all() and t.free == 5
+
+
+def test_a_slot_cannot_take_more_than_is_free_or_twice():
+    t = PageTable(slots=2, per_row=3, pages=4)
+    with pytest.raises(ValueError, match="pages asked"):
+        t.take(0, 4 * PAGE)  # more than a row's table holds
+    t.take(0, 3 * PAGE)
+    with pytest.raises(ValueError, match="pages asked"):
+        t.take(1, 2 * PAGE)  # one page is free
+    with pytest.raises(ValueError, match="holds pages"):
+        t.take(0, 1)
+    assert np.count_nonzero(t.table != 4) == 3
