@@ -1,11 +1,12 @@
 """Which pages of the serving engine's paged KV cache (decoder/kv_cache.py) each slot holds: the host's copy of the
-page table, and the free pages.
+page tables, and the free pages.
 
-A request takes the pages its prompt and its answer can fill (``pages_for(prompt + max_new_tokens)``) when it takes
-a slot, and gives them back when it ends; a request that needs more pages than are free waits for others to end
-(oldest first). So the KV memory is a budget (``Slots``: ``kv_cache_mb``) shared by what the requests hold, not a
-whole context per slot: a slot is cheap, and many short requests run side by side. Every entry of the table that
-names no page of the slot's names the pool's scratch page (the last one).
+A request takes the pages its prompt and its answer can fill (``pages_for(prompt + max_new_tokens)``, at most a
+ring's in a ring's pool) when it takes a slot, and gives them back when it ends; a request that needs more pages
+than are free waits for others to end (oldest first). So the KV memory is a budget (``Slots``: ``kv_cache_mb``)
+shared by what the requests hold, not a whole context and window per slot: a slot is cheap, and many short requests
+run side by side. Every entry of a table that names no page of the slot's names the pool's scratch page (the last
+one).
 """
 
 from __future__ import annotations
@@ -64,3 +65,46 @@ class PageTable:
         self.table[:] = self.pages
         self._free = list(range(self.pages - 1, -1, -1))
         self.version += 1
+
+
+class KVPages:
+    """The page tables of a paged cache, one per span of ``paged_spans`` (the context, then the local layers' rings
+    that are whole pages), each over its own pool: a request takes, in each, the pages of ``min(tokens, span)``
+    slots. ``pools``: the pages of each pool (its scratch page not counted)."""
+
+    def __init__(self, slots: int, spans: tuple[int, ...], pools: tuple[int, ...]):
+        self.spans = spans
+        self.tables = tuple(PageTable(slots, span // PAGE, n) for span, n in zip(spans, pools))
+
+    def _each(self, tokens: int):
+        return ((t, min(int(tokens), span)) for t, span in zip(self.tables, self.spans))
+
+    def fits(self, tokens: int) -> bool:
+        """Whether a request of ``tokens`` positions can take its pages now."""
+        return all(t.fits(n) for t, n in self._each(tokens))
+
+    def take(self, slot: int, tokens: int) -> None:
+        for t, n in self._each(tokens):
+            t.take(slot, n)
+
+    def give_back(self, slot: int) -> None:
+        for t in self.tables:
+            t.give_back(slot)
+
+    def reset(self) -> None:
+        for t in self.tables:
+            t.reset()
+
+    @property
+    def version(self) -> int:
+        return sum(t.version for t in self.tables)
+
+    @property
+    def pages(self) -> int:
+        """Pages of all pools."""
+        return sum(t.pages for t in self.tables)
+
+    @property
+    def free(self) -> int:
+        """Pages of all pools that no request holds."""
+        return sum(t.free for t in self.tables)

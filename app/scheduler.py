@@ -46,7 +46,6 @@ from omnijax.app.chunk_media import chunk_media, prompt_media
 from omnijax.app.chunks import plan_chunks, prefix_points
 from omnijax.app.generation import bucket_for
 from omnijax.app.grammar import Grammars
-from omnijax.app.kv_pages import pages_for
 from omnijax.app.media_cache import EncodedItem, MediaCache
 from omnijax.app.prefix_cache import PrefixCache, PrefixEntry, key_ids
 from omnijax.app.prompt_scores import PromptScores
@@ -55,7 +54,6 @@ from omnijax.app.slots import DEFAULT_KV_CACHE_MB, DEFAULT_MAX_BATCHED_TOKENS, D
 from omnijax.app.token_logprobs import MODES, RAW, host_rows
 from omnijax.common.errors import OmnijaxError, PromptError
 from omnijax.common.sharding import host_array
-from omnijax.decoder.kv_cache import PAGE
 from omnijax.preprocess.buckets import length_bucket
 
 log = logging.getLogger(__name__)
@@ -156,7 +154,8 @@ class Scheduler:
         return self.slots.context
 
     def check_fits(self, prompt_tokens: int, max_new_tokens: int) -> None:
-        """PromptError unless a prompt of this length and this many new tokens fits a slot and the KV memory."""
+        """PromptError unless a prompt of this length and this many new tokens fits a slot (the KV cache's pools
+        hold at least one whole context: such a request runs, at the latest once the others have ended)."""
         if prompt_tokens == 0:
             raise PromptError("the prompt is empty")
         if prompt_tokens >= self.context:
@@ -166,11 +165,6 @@ class Scheduler:
             raise PromptError(f"the prompt has {prompt_tokens} tokens and max_new_tokens is {max_new_tokens}: "
                               f"{prompt_tokens + max_new_tokens} exceeds the context budget of {self.context} "
                               f"tokens")
-        pages = self.slots.pages
-        if pages_for(prompt_tokens + max_new_tokens) > pages.pages:
-            raise PromptError(f"the prompt has {prompt_tokens} tokens and max_new_tokens is {max_new_tokens}: their "
-                              f"keys and values need {pages_for(prompt_tokens + max_new_tokens)} pages of "
-                              f"{PAGE} tokens; the KV cache holds {pages.pages} (kv_cache_mb)")
 
     def submit(self, request: Request, listener=None) -> RequestHandle:
         """Queue ``request``; its handle streams the tokens (``listener``: see RequestHandle). PromptError when it

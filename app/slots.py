@@ -43,8 +43,9 @@ from omnijax.app.sampling import SamplingParams, apply_bitmask, choose_rows, row
 from omnijax.app.token_logprobs import TOP, token_logprobs
 from omnijax.common.matmul_policy import narrow_products, products_setting
 from omnijax.common.sharding import named_sharding, use_mesh
-from omnijax.app.kv_pages import PageTable, pages_for
-from omnijax.decoder.kv_cache import PAGE, cache_axes, cache_slots, init_cache, paged_entries, restore_row, snapshot_row
+from omnijax.app.kv_pages import KVPages, pages_for
+from omnijax.decoder.kv_cache import (PAGE, cache_axes, cache_slots, init_cache, paged_entries, paged_spans,
+                                      restore_row, snapshot_row)
 from omnijax.decoder.model import TokenBatch, one_token_batch
 
 DEFAULT_MAX_BATCHED_TOKENS = 512  # prompt tokens of one step, unless a media block needs more (it is never split)
@@ -142,10 +143,11 @@ class Slots:
     """The slots of one loaded model (``engine``: app/generation.py's Engine, for its parameters, mesh and model).
 
     slots: how many requests decode together. context: the longest prompt plus answer a slot holds. kv_cache_mb:
-    the memory of the paged layers' pool (decoder/kv_cache.py; at most what every slot holding a whole context
-    needs), shared by the requests in the slots, each holding the pages of its prompt and answer (``pages``,
-    app/kv_pages.py); local layers keep a ring of their window per slot. With the rows split over a data axis,
-    every layer keeps a row per slot instead (``paged`` False). The cache is allocated on first use."""
+    the memory of the paged cache's pools (decoder/kv_cache.py: the context's, and each ring's that is whole pages;
+    each at most what every slot holding a whole context / ring needs, the rings together at most half the budget
+    unless that is too little for one whole ring each), shared by the requests in the slots, each holding the pages
+    of its prompt and answer (``pages``, app/kv_pages.py). With the rows split over a data axis every layer keeps a
+    row per slot instead (``paged`` False). The cache is allocated on first use."""
 
     def __init__(self, engine, *, slots: int = DEFAULT_SLOTS, context: int | None = None,
                  kv_cache_mb: float = DEFAULT_KV_CACHE_MB):
@@ -161,7 +163,8 @@ class Slots:
         # with the rows split over a data axis every layer keeps a row per slot: one pool of pages would be
         # replicated, and each step would gather every row's new keys and values into it
         self.paged = engine.mesh.shape["data"] == 1
-        self.pages = PageTable(slots, self.cache_len // PAGE, self._pool_pages(kv_cache_mb))
+        self.spans = paged_spans(self.cfg.decoder, self.cache_len)
+        self.pages = KVPages(slots, self.spans, self._pool_pages(kv_cache_mb))
         self._pages_version = None  # the table version the device cache holds
         # the shapes a step may take: its decode row counts, and the row counts of its chunk group (fewer of either:
         # fewer programs to compile, more padding or more steps)
@@ -194,7 +197,8 @@ class Slots:
                                 donate_argnames=("state",), out_shardings=None if state_sharding is None
                                 else state_sharding)
         paged = paged_entries(self.cfg.decoder, jax.eval_shape(
-            lambda: init_cache(self.cfg.decoder, 1, self.cache_len, self.engine.dtype, 2 if self.paged else None)))
+            lambda: init_cache(self.cfg.decoder, 1, self.cache_len, self.engine.dtype,
+                               (2,) * len(self.spans) if self.paged else None)))
         self._snapshot = jax.jit(lambda cache, row, *, length: snapshot_row(cache, row, length, paged),
                                  static_argnames=("length",))
         self._restore = jax.jit(lambda cache, row, saved, length: restore_row(cache, row, saved, length, paged),
@@ -268,25 +272,40 @@ class Slots:
         return state, token, token_logprobs(logits_1V, token[None], row, drawn) if logprobs else None
 
     # ---- host side -----------------------------------------------------------------------------------------
-    def page_bytes(self) -> int:
-        """Bytes of one page of every paged layer (keys and values; 0 when no layer keeps the whole context)."""
+    def page_bytes(self) -> tuple[int, ...]:
+        """Bytes of one page of each pool (``spans``): keys and values of every layer of that span (0: none)."""
         spec, itemsize = self.cfg.decoder, jnp.dtype(self.engine.dtype).itemsize
-        return sum(2 * layer.attention.kv_heads * layer.attention.head_dim * PAGE * itemsize
-                   for layer, n in zip(spec.layers, cache_slots(spec, self.cache_len)) if n == self.cache_len)
+        per = dict.fromkeys(self.spans, 0)
+        for layer, n in zip(spec.layers, cache_slots(spec, self.cache_len)):
+            if n in per:
+                per[n] += 2 * layer.attention.kv_heads * layer.attention.head_dim * PAGE * itemsize
+        return tuple(per.values())
 
-    def _pool_pages(self, kv_cache_mb: float) -> int:
-        """Pages of the pool: what ``kv_cache_mb`` holds, at most a whole context per slot, at least one context."""
-        whole, per_page = self.slots * (self.cache_len // PAGE), self.page_bytes()
-        if not per_page or not self.paged:
-            return whole
-        return max(min(whole, int(kv_cache_mb * 2**20) // per_page), 1)
+    def _pool_pages(self, kv_cache_mb: float) -> tuple[int, ...]:
+        """Pages of each pool: every slot's whole context / ring where ``kv_cache_mb`` holds them; else the rings
+        share up to half the budget (in proportion to what their whole rings would take; at least one whole ring
+        each) and the context's pool the rest (at least one whole context), so a request of any length fits alone."""
+        whole = [self.slots * (span // PAGE) for span in self.spans]
+        per_page = self.page_bytes()
+        budget = int(kv_cache_mb * 2**20)
+        if not self.paged or sum(w * b for w, b in zip(whole, per_page)) <= budget:
+            return tuple(whole)
+        rings_whole = sum(w * b for w, b in zip(whole[1:], per_page[1:]))
+        pools = [0] * len(self.spans)
+        for i in range(1, len(self.spans)):
+            share = budget / 2 * whole[i] * per_page[i] / rings_whole if rings_whole else 0
+            pools[i] = whole[i] if not per_page[i] else min(whole[i], max(int(share // per_page[i]),
+                                                                          self.spans[i] // PAGE))
+        rest = budget - sum(n * b for n, b in zip(pools[1:], per_page[1:]))
+        pools[0] = whole[0] if not per_page[0] else min(whole[0], max(rest // per_page[0], self.spans[0] // PAGE))
+        return tuple(pools)
 
     def ensure_allocated(self) -> None:
         if self.cache is not None:
             return
         spec, dtype, mesh = self.cfg.decoder, self.engine.dtype, self.engine.mesh
-        shapes = jax.eval_shape(lambda: init_cache(spec, self.slots, self.cache_len, dtype,
-                                                   self.pages.pages + 1 if self.paged else None))
+        pools = tuple(t.pages + 1 for t in self.pages.tables) if self.paged else None  # and each scratch page
+        shapes = jax.eval_shape(lambda: init_cache(spec, self.slots, self.cache_len, dtype, pools))
 
         def zeros(a, axes):  # one buffer per array (a jitted init may hand several outputs one buffer)
             return jnp.zeros(a.shape, a.dtype, device=named_sharding(axes, a.shape, mesh))
@@ -312,8 +331,8 @@ class Slots:
         that reads or writes the cache after pages were taken or given back."""
         if self.cache is None or "pages" not in self.cache or self._pages_version == self.pages.version:
             return
-        sharding = self.cache["pages"].sharding
-        self.cache = {**self.cache, "pages": jax.device_put(self.pages.table.copy(), sharding)}
+        tables = zip(self.pages.tables, self.cache["pages"])
+        self.cache = {**self.cache, "pages": tuple(jax.device_put(t.table.copy(), a.sharding) for t, a in tables)}
         self._pages_version = self.pages.version
 
     def cache_bytes(self) -> int:

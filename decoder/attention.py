@@ -48,16 +48,16 @@ class GroupContext(NamedTuple):
     pos [S, T]: the tokens' sequence positions (-1: padding, or a row that takes no token); block [S, T]: their
     media block ids (-1 text; None: no media in the group); slot_pos {slots: [S, slots]}: the position each slot of
     the rows' caches holds before the batch (-1 empty); held: the most slots any row holds (a long cache is read
-    only that far). A paged cache (decoder/kv_cache.py): pages [S, M], the rows' page tables, and paged_pos
-    [S, M * PAGE], the position each slot of them holds (None: not paged)."""
+    only that far). A paged cache (decoder/kv_cache.py): pages, for each of its page tables the rows' rows of it
+    [S, M], and paged_pos, the position each of their slots holds [S, M * PAGE] (empty: not paged)."""
 
     rows: jax.Array | None
     pos: jax.Array
     block: jax.Array | None
     slot_pos: dict
     held: jax.Array
-    pages: jax.Array | None = None
-    paged_pos: jax.Array | None = None
+    pages: tuple = ()
+    paged_pos: tuple = ()
 
 
 class BatchContext(NamedTuple):
@@ -199,9 +199,10 @@ class Attention(nnx.Module):
         own = None if k is None else (k, v)
         k, v = own if own is not None else shared
         split = ctx.packing.split
+        paged = cache.table is not None
         outs = [cache_attention(qg, cache.k, cache.v, g.rows,
-                                g.paged_pos if cache.paged else g.slot_pos[cache.k.shape[-1]], kg, vg, g.pos, g.block,
-                                spec.mask, scale=spec.q_scale, softcap=spec.softcap, held=g.held,
-                                backend=ctx.backend, pages_SM=g.pages if cache.paged else None)
+                                g.paged_pos[cache.table] if paged else g.slot_pos[cache.k.shape[-1]], kg, vg, g.pos,
+                                g.block, spec.mask, scale=spec.q_scale, softcap=spec.softcap, held=g.held,
+                                backend=ctx.backend, pages_SM=g.pages[cache.table] if paged else None)
                 for g, qg, kg, vg in zip(ctx.groups, split(q), split(k), split(v))]
         return self._output(ctx.packing.join(outs)), own

@@ -16,13 +16,15 @@ values (``write_tokens``). The write is ordered after the last layer's output, s
 first and the compiler updates the cache in place (with the write placed first and the reads after it, XLA on CPU
 fuses a copy of the write into each reader and copies every cache on every step).
 
-The serving engine's cache is paged (``init_cache(pages=N)``): every layer that would keep the whole context (a full
-layer, or a local one whose window is at least the context) keeps instead a pool of N pages of ``PAGE`` positions
-shared by all rows, keys [N, K, H, PAGE] and values [N, K, PAGE, H], and ``pages`` [batch, context / PAGE] says
-which page holds each row's positions j * PAGE .. (j + 1) * PAGE - 1. The host owns that table
-(app/kv_pages.py): a request holds the pages its prompt and answer need, so the memory follows what requests use,
-not rows x context. The pool's last page is scratch: every unused entry of the table names it, so a row without
-pages (an idle slot, whose decode step still writes its token) writes there and nothing reads it.
+The serving engine's cache is paged (``init_cache(pages=...)``): a layer whose cache spans a multiple of ``PAGE``
+slots (the context on a full layer, or on a local one whose window is at least the context; the window on a
+local layer whose window is a multiple of ``PAGE``) keeps instead a pool of pages of ``PAGE`` slots shared by all
+rows, keys [N, K, H, PAGE] and values [N, K, PAGE, H]. The layers of one span share a page table ``pages[i]``
+[batch, span / PAGE] (``paged_spans``: the context's table first) saying which page holds each row's slots
+j * PAGE .. (j + 1) * PAGE - 1 (a ring's slot p % span, as above). The host owns the tables (app/kv_pages.py): a
+request holds the pages its prompt and answer can fill, so the memory follows what requests use, not rows x
+context. A pool's last page is scratch: every unused entry of a table names it, so a row without pages writes
+there and nothing reads it. A span that is not a multiple of ``PAGE`` (small test windows) keeps a row per slot.
 """
 
 from __future__ import annotations
@@ -43,12 +45,13 @@ PAGE = 128  # positions per page of a paged cache (the attention reads a long ca
 
 
 class LayerCache(NamedTuple):
-    """One layer's cache: keys [B, K, H, slots] (transposed) and values [B, K, slots, H]; ``paged``: a pool of
-    pages instead, keys [N, K, H, PAGE] and values [N, K, PAGE, H] (see the module docstring)."""
+    """One layer's cache: keys [B, K, H, slots] (transposed) and values [B, K, slots, H]; ``table``: not None for a
+    pool of pages instead, keys [N, K, H, PAGE] and values [N, K, PAGE, H], whose page table is ``pages[table]``
+    (see the module docstring)."""
 
     k: jax.Array
     v: jax.Array
-    paged: bool = False
+    table: int | None = None
 
 
 def cache_slots(spec: DecoderSpec, cache_len: int) -> tuple[int | None, ...]:
@@ -77,46 +80,57 @@ def cache_index(spec: DecoderSpec) -> tuple[int | None, ...]:
     return tuple(index)
 
 
-def paged_entries(spec: DecoderSpec, cache: dict) -> tuple[bool, ...]:
-    """For each entry of the cache's ``k`` / ``v`` tuples: whether it is a pool of pages (a cache made with
-    ``init_cache(pages=...)``: the layers that keep the whole context)."""
+def paged_spans(spec: DecoderSpec, cache_len: int) -> tuple[int, ...]:
+    """The spans of a paged cache's page tables: ``cache_len`` first (the table that also names the context), then
+    the local layers' rings that are a multiple of ``PAGE``, in increasing order."""
+    rings = {n for n in cache_slots(spec, cache_len) if n is not None and n != cache_len and n % PAGE == 0}
+    return (cache_len,) + tuple(sorted(rings))
+
+
+def paged_entries(spec: DecoderSpec, cache: dict) -> tuple[int | None, ...]:
+    """For each entry of the cache's ``k`` / ``v`` tuples: the index of its page table in ``cache["pages"]`` (a
+    pool of pages), or None (a row per slot; every entry of a cache made without ``pages``)."""
     if "pages" not in cache:
-        return (False,) * len(cache["k"])
-    cache_len = cache["pages"].shape[1] * PAGE
-    return tuple(s == cache_len for s in cache_slots(spec, cache_len) if s is not None)
+        return (None,) * len(cache["k"])
+    cache_len = cache["pages"][0].shape[1] * PAGE
+    spans = paged_spans(spec, cache_len)
+    return tuple(spans.index(n) if n in spans else None for n in cache_slots(spec, cache_len) if n is not None)
 
 
-def init_cache(spec: DecoderSpec, batch: int, cache_len: int, dtype=jnp.float32, pages: int | None = None) -> dict:
-    """A zeroed cache of ``batch`` rows of ``cache_len`` positions; with ``pages``, paged (the module docstring):
-    ``cache_len`` a multiple of ``PAGE``, a pool of ``pages`` pages (the last one scratch) for each layer that
-    keeps the whole context, and a table naming the scratch page everywhere."""
-    if pages is not None and (cache_len % PAGE or pages < 1):
-        raise ValueError(f"a paged cache needs a context that is a multiple of {PAGE} and a page, got {cache_len} "
-                         f"and {pages}")
+def init_cache(spec: DecoderSpec, batch: int, cache_len: int, dtype=jnp.float32,
+               pages: tuple[int, ...] | None = None) -> dict:
+    """A zeroed cache of ``batch`` rows of ``cache_len`` positions; with ``pages`` (a pool size for each of
+    ``paged_spans``, its scratch page included), paged (the module docstring): ``cache_len`` a multiple of ``PAGE``,
+    tables naming the scratch pages everywhere."""
+    spans = paged_spans(spec, cache_len)
+    if pages is not None and (cache_len % PAGE or len(pages) != len(spans) or min(pages) < 1):
+        raise ValueError(f"a paged cache needs a context that is a multiple of {PAGE} and a pool for each span of "
+                         f"{spans}, got {cache_len} and {pages}")
     keys, values = [], []
     for layer, slots in zip(spec.layers, cache_slots(spec, cache_len)):
         if slots is None:
             continue
         att = layer.attention
-        if pages is not None and slots == cache_len:
-            keys.append(constrain(jnp.zeros((pages, att.kv_heads, att.head_dim, PAGE), dtype), PAGE_KEY_AXES))
-            values.append(constrain(jnp.zeros((pages, att.kv_heads, PAGE, att.head_dim), dtype), PAGE_VALUE_AXES))
+        if pages is not None and slots in spans:
+            n = pages[spans.index(slots)]
+            keys.append(constrain(jnp.zeros((n, att.kv_heads, att.head_dim, PAGE), dtype), PAGE_KEY_AXES))
+            values.append(constrain(jnp.zeros((n, att.kv_heads, PAGE, att.head_dim), dtype), PAGE_VALUE_AXES))
             continue
         keys.append(constrain(jnp.zeros((batch, att.kv_heads, att.head_dim, slots), dtype), KEY_AXES))
         values.append(constrain(jnp.zeros((batch, att.kv_heads, slots, att.head_dim), dtype), VALUE_AXES))
     cache = {"length": jnp.zeros((batch,), jnp.int32), "k": tuple(keys), "v": tuple(values)}
     if pages is not None:
-        cache["pages"] = jnp.full((batch, cache_len // PAGE), pages - 1, jnp.int32)
+        cache["pages"] = tuple(jnp.full((batch, span // PAGE), n - 1, jnp.int32) for span, n in zip(spans, pages))
     return cache
 
 
 def cache_axes(spec: DecoderSpec, cache: dict) -> dict:
     """The logical axes of each array of ``cache`` (a pytree like it)."""
     paged = paged_entries(spec, cache)
-    out = {"length": ("batch",), "k": tuple(PAGE_KEY_AXES if p else KEY_AXES for p in paged),
-           "v": tuple(PAGE_VALUE_AXES if p else VALUE_AXES for p in paged)}
+    out = {"length": ("batch",), "k": tuple(KEY_AXES if p is None else PAGE_KEY_AXES for p in paged),
+           "v": tuple(VALUE_AXES if p is None else PAGE_VALUE_AXES for p in paged)}
     if "pages" in cache:
-        out["pages"] = ("batch", None)
+        out["pages"] = tuple(("batch", None) for _ in cache["pages"])
     return out
 
 
@@ -196,20 +210,23 @@ def write_paged(pool_k_NKHP: jax.Array, pool_v_NKPH: jax.Array, pages_SM: jax.Ar
                 v_STKH: jax.Array, start_S: jax.Array, count_S: jax.Array,
                 after_x: jax.Array | None = None) -> tuple[jax.Array, jax.Array]:
     """A paged layer's pools with S sequences' new keys/values written: token i of sequence s (position
-    start[s] + i) at its offset in page ``pages_SM[s, position // PAGE]`` (``pages_SM``: each sequence's row of the
-    page table). One scatter, in place: tokens past a sequence's count (padding, and the token of a decode row that
-    takes none) are dropped. ``after_x``: as ``write_tokens``."""
+    p = start[s] + i) in slot p % span of its row, at its offset in page ``pages_SM[s, slot // PAGE]`` (``pages_SM``:
+    each sequence's row of the layer's page table, span = M * PAGE). One scatter, in place: tokens past a sequence's
+    count (padding, and the token of a decode row that takes none) and those a ring does not keep are dropped.
+    ``after_x``: as ``write_tokens``."""
     s, t = k_STKH.shape[:2]
-    n = pool_k_NKHP.shape[0]
+    n, span = pool_k_NKHP.shape[0], pages_SM.shape[1] * PAGE
     k_new = k_STKH.astype(pool_k_NKHP.dtype)
     v_new = v_STKH.astype(pool_v_NKPH.dtype)
     if after_x is not None:
         dep = after_x[:, :1, :1, None]
         k_new, v_new = after(k_new, dep), after(v_new, dep)
-    pos_ST = start_S[:, None] + jnp.arange(t, dtype=jnp.int32)[None]
-    page_ST = jnp.take_along_axis(pages_SM, jnp.clip(pos_ST // PAGE, 0, pages_SM.shape[1] - 1), axis=1)
-    page_ST = jnp.where(jnp.arange(t)[None] < count_S[:, None], page_ST, n)  # n: out of range, dropped
-    page, offset = page_ST.reshape(-1), (pos_ST % PAGE).reshape(-1)
+    i = jnp.arange(t, dtype=jnp.int32)[None]
+    slot_ST = (start_S[:, None] + i) % span
+    page_ST = jnp.take_along_axis(pages_SM, slot_ST // PAGE, axis=1)
+    keep = (i < count_S[:, None]) & (i >= count_S[:, None] - span)
+    page_ST = jnp.where(keep, page_ST, n)  # n: out of range, dropped
+    page, offset = page_ST.reshape(-1), (slot_ST % PAGE).reshape(-1)
     k = pool_k_NKHP.at[page, :, :, offset].set(k_new.reshape(s * t, *k_new.shape[2:]), mode="drop")
     v = pool_v_NKPH.at[page, :, offset, :].set(v_new.reshape(s * t, *v_new.shape[2:]), mode="drop")
     return constrain(k, PAGE_KEY_AXES), constrain(v, PAGE_VALUE_AXES)
@@ -239,16 +256,14 @@ def extend_cache(spec: DecoderSpec, cache: dict, cache_len: int) -> dict:
     return {"length": cache["length"], "k": tuple(keys), "v": tuple(values)}
 
 
-def snapshot_row(cache: dict, row: jax.Array, length: int, paged: tuple[bool, ...] | None = None) -> dict:
+def snapshot_row(cache: dict, row: jax.Array, length: int, paged: tuple[int | None, ...] | None = None) -> dict:
     """Row ``row`` of every layer's cache, the first ``length`` slots of each cache longer than that (ring caches
     whole; a paged layer: the pages holding them): what ``restore_row`` writes back into any row to continue from
-    the same tokens. ``paged``: ``paged_entries`` of the cache (None: none)."""
+    the same tokens. ``paged``: ``paged_entries`` of the cache (None: none is paged)."""
     keys, values = [], []
-    paged = paged or (False,) * len(cache["k"])
-    if any(paged):
-        table = jax.lax.dynamic_index_in_dim(cache["pages"], row, 0, keepdims=False)[:-(-length // PAGE)]
-    for k, v, p in zip(cache["k"], cache["v"], paged):
-        if p:
+    for k, v, p in zip(cache["k"], cache["v"], paged or (None,) * len(cache["k"])):
+        if p is not None:
+            table = jax.lax.dynamic_index_in_dim(cache["pages"][p], row, 0, keepdims=False)[:-(-length // PAGE)]
             keys.append(jnp.take(k, table, axis=0))
             values.append(jnp.take(v, table, axis=0))
             continue
@@ -259,15 +274,14 @@ def snapshot_row(cache: dict, row: jax.Array, length: int, paged: tuple[bool, ..
 
 
 def restore_row(cache: dict, row: jax.Array, saved: dict, length: jax.Array,
-                paged: tuple[bool, ...] | None = None) -> dict:
+                paged: tuple[int | None, ...] | None = None) -> dict:
     """``cache`` with row ``row`` holding a ``snapshot_row`` of ``length`` tokens (a paged layer's saved pages into
     the pages the row's table names: pages past what the row holds are its scratch page's)."""
     zero = jnp.zeros((), jnp.int32)
-    paged = paged or (False,) * len(cache["k"])
     keys, values = [], []
-    for k, v, sk, sv, p in zip(cache["k"], cache["v"], saved["k"], saved["v"], paged):
-        if p:
-            table = jax.lax.dynamic_index_in_dim(cache["pages"], row, 0, keepdims=False)[:sk.shape[0]]
+    for k, v, sk, sv, p in zip(cache["k"], cache["v"], saved["k"], saved["v"], paged or (None,) * len(cache["k"])):
+        if p is not None:
+            table = jax.lax.dynamic_index_in_dim(cache["pages"][p], row, 0, keepdims=False)[:sk.shape[0]]
             keys.append(k.at[table].set(sk))
             values.append(v.at[table].set(sv))
             continue

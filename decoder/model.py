@@ -271,19 +271,16 @@ class DecoderModel(nnx.Module):
         packing = Packing(tuple(b.tokens.shape for b in batches))
         x = constrain(packing.join([self._embed_batch(b) for b in batches]), ("batch", "length", "embed"))
         paged = paged_entries(spec, cache)
-        ring_sizes = sorted({k.shape[-1] for k, p in zip(cache["k"], paged) if not p})
+        ring_sizes = sorted({k.shape[-1] for k, p in zip(cache["k"], paged) if p is None})
         groups = []
         for b in batches:
             idx = jnp.arange(b.tokens.shape[1], dtype=jnp.int32)[None]
             pos = jnp.where(idx < b.count[:, None], b.start[:, None] + idx, -1)
             block = None if b.bidirectional is None else block_ids(b.bidirectional & (pos >= 0))
             held = jnp.max(jnp.where(b.count > 0, b.start, 0))
-            pages = paged_pos = None
-            if any(paged):
-                s = b.tokens.shape[0]
-                pages = cache["pages"][:s] if b.rows is None else jnp.take(cache["pages"], b.rows, axis=0, mode="clip")
-                slot = jnp.arange(pages.shape[1] * PAGE, dtype=jnp.int32)[None]
-                paged_pos = jnp.where(slot < b.start[:, None], slot, -1)
+            pages = tuple(table[:b.tokens.shape[0]] if b.rows is None else jnp.take(table, b.rows, axis=0, mode="clip")
+                          for table in cache.get("pages", ()))
+            paged_pos = tuple(slot_positions(b.start, table.shape[1] * PAGE) for table in pages)
             groups.append(GroupContext(b.rows, pos, block, {n: slot_positions(b.start, n) for n in ring_sizes}, held,
                                        pages, paged_pos))
         ctx = BatchContext(tuple(groups), packing, packing.join([g.pos for g in groups]),
@@ -304,8 +301,9 @@ class DecoderModel(nnx.Module):
         for i, (k, v) in new_kv.items():
             j = index[i]
             for b, g, kg, vg in zip(batches, groups, packing.split(k), packing.split(v)):
-                if paged[j]:
-                    keys[j], values[j] = write_paged(keys[j], values[j], g.pages, kg, vg, b.start, b.count, after_x=x)
+                if paged[j] is not None:
+                    keys[j], values[j] = write_paged(keys[j], values[j], g.pages[paged[j]], kg, vg, b.start, b.count,
+                                                     after_x=x)
                 else:
                     keys[j], values[j] = write_tokens(keys[j], values[j], b.rows, kg, vg, b.start, b.count, after_x=x)
         length = cache["length"]

@@ -41,9 +41,9 @@ class EngineCollector:
         yield gauge("requests_waiting", "Requests queued for a slot", s.queue_depth)
         yield gauge("slots", "Slots of the engine (requests decoded together)", s.slots.slots)
         yield gauge("requests_running_peak", "The most requests that held a slot at once", st.peak_running)
-        yield gauge("kv_cache_pages", "Pages of the KV cache's pool (requests hold the pages of their prompt and "
+        yield gauge("kv_cache_pages", "Pages of the KV cache's pools (requests hold the pages of their prompt and "
                     "answer)", s.slots.pages.pages)
-        yield gauge("kv_cache_pages_free", "Pages of the KV cache's pool that no request holds", s.slots.pages.free)
+        yield gauge("kv_cache_pages_free", "Pages of the KV cache's pools that no request holds", s.slots.pages.free)
         yield counter("prompt_tokens", "Prompt tokens of finished requests", st.prompt_tokens)
         yield counter("prompt_tokens_cached", "Prompt tokens taken from the prefix cache", st.cached_tokens)
         yield counter("generation_tokens", "Generated tokens of finished requests", st.generated_tokens)

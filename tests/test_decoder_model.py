@@ -240,23 +240,45 @@ def test_a_packed_forward_equals_its_groups_run_one_after_another(model):
                                    atol=PACKED_BOUND * np.abs(np.asarray(b)).max())
 
 
-@pytest.mark.parametrize("context", [256, 640])  # a cache read whole, and one read a page at a time
-def test_a_paged_cache_gives_the_outputs_of_a_cache_of_rows(model, context):
-    """The serving engine's paged cache (the layers that keep the whole context in a pool of pages, each row's in
-    the pages its table names, in any order) gives the same outputs and lengths as a cache of rows: prompt chunks
-    of two rows that cross a page boundary, then decode steps of three rows, one of them idle (its table names only
-    the scratch page, which it writes while nothing reads it)."""
-    from omnijax.decoder.kv_cache import PAGE, init_cache, paged_entries
+RING_SPEC = DecoderSpec(VOCAB, HIDDEN, (  # a sliding window of whole pages: a paged ring that wraps
+    LayerSpec(AttentionSpec(4, 2, 8, mask=MaskSpec("sliding", 128, media_bidirectional=True), qk_norm="rms"), DENSE),
+    LayerSpec(WIDE, DENSE),
+    LayerSpec(AttentionSpec(4, 2, 8, mask=MaskSpec("sliding", 128, media_bidirectional=True), qk_norm="rms",
+                            kv_source=0), DENSE),
+), norm_plus_one=True, final_logit_softcap=8.0)
+
+
+@pytest.mark.parametrize("which, context", [("mixed", 256), ("mixed", 640), ("ring", 384)])
+def test_a_paged_cache_gives_the_outputs_of_a_cache_of_rows(model, which, context):
+    """The serving engine's paged cache (each layer whose cache spans whole pages holds a pool of pages, each row's
+    slots in the pages its table names, in any order; the layers of a span share a table) gives the same outputs
+    and lengths as a cache of rows: prompt chunks of two rows that cross a page boundary (and wrap a ring of one
+    page), then decode steps of three rows, one of them idle (its tables name only the scratch pages, which it
+    writes while nothing reads them). A cache of 256 slots is read whole, one of 640 a page at a time."""
+    from omnijax.decoder.kv_cache import PAGE, init_cache, paged_entries, paged_spans
     from omnijax.decoder.model import TokenBatch
 
-    graphdef, state = model
-    rows_cache = init_cache(SPEC, 3, context)
-    paged_cache = init_cache(SPEC, 3, context, pages=12)
-    assert paged_entries(SPEC, paged_cache) == (False, False, True, True)  # ring 5, ring 6, full, full
-    assert paged_cache["k"][2].shape == (12, 4, 8, PAGE) and paged_cache["pages"].shape == (3, context // PAGE)
-    table = np.full((3, context // PAGE), 11, np.int32)
-    table[0, :2], table[1, :2] = [7, 2], [0, 9]  # row 2 holds no page
-    paged_cache["pages"] = jnp.asarray(table)
+    if which == "mixed":
+        spec, (graphdef, state) = SPEC, model
+    else:
+        spec = RING_SPEC
+        graphdef, state = nnx.split(nnx.eval_shape(lambda: DecoderModel(spec, rngs=nnx.Rngs(0))))
+        rng = np.random.default_rng(1)
+        state = jax.tree.map(lambda x: jnp.asarray(rng.normal(0, 0.3, x.shape), x.dtype), state)
+    spans = paged_spans(spec, context)
+    rows_cache = init_cache(spec, 3, context)
+    paged_cache = init_cache(spec, 3, context, pages=(12,) * len(spans))
+    if which == "mixed":  # ring 5, ring 6 (not whole pages: rows), full, full
+        assert spans == (context,) and paged_entries(spec, paged_cache) == (None, None, 0, 0)
+    else:
+        assert spans == (context, PAGE) and paged_entries(spec, paged_cache) == (1, 0)
+    assert paged_cache["k"][-1].shape == (12, 1, 16, PAGE)
+    tables = []
+    for span in spans:
+        table = np.full((3, span // PAGE), 11, np.int32)
+        table[0, :2], table[1, :2] = ([7, 2], [0, 9]) if span > PAGE else ([4], [8])  # row 2 holds no page
+        tables.append(jnp.asarray(table))
+    paged_cache["pages"] = tuple(tables)
     rng = np.random.default_rng(6)
     tokens = rng.integers(8, VOCAB, (2, 160)).astype(np.int32)
     tokens[1, 30:34] = 7  # a media block

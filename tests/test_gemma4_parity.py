@@ -277,7 +277,8 @@ def test_kv_shared_layers_allocate_no_cache(models, prepared):
     slots.ensure_allocated()
     k, v = slots.cache["k"], slots.cache["v"]
     assert len(k) == len(v) == len(owners)
-    pool = slots.pages.pages + 1  # and the scratch page
+    assert slots.spans == (slots.cache_len,)  # the windows are not whole pages: rows
+    pool = slots.pages.tables[0].pages + 1  # and the scratch page
 
     def shapes(i):  # keys and values of layer i: its window per slot on sliding layers, pages on full ones
         att = spec.layers[i].attention

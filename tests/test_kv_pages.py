@@ -41,3 +41,18 @@ def test_a_slot_cannot_take_more_than_is_free_or_twice():
     with pytest.raises(ValueError, match="holds pages"):
         t.take(0, 1)
     assert np.count_nonzero(t.table != 4) == 3
+
+
+def test_a_request_takes_pages_in_every_pool_up_to_its_span():
+    """The context's pool and a ring's: a request of more positions than the ring holds takes the whole ring."""
+    from omnijax.app.kv_pages import KVPages
+
+    p = KVPages(slots=2, spans=(4 * PAGE, PAGE), pools=(5, 2))
+    p.take(0, 3 * PAGE)
+    assert [t.free for t in p.tables] == [2, 1] and p.free == 3 and p.pages == 7
+    assert p.fits(2 * PAGE) and not p.fits(3 * PAGE)
+    p.take(1, 10)
+    assert not p.fits(1)  # the ring's pool is spent
+    version = p.version
+    p.give_back(0)
+    assert [t.free for t in p.tables] == [4, 1] and p.version > version
