@@ -268,7 +268,8 @@ def cache_attention(q_STNH: jax.Array, cache_k_RKHC: jax.Array, cache_v_RKCH: ja
 
     ``pages_SM``: the cache is a pool of pages, keys [N, K, H, P] and values [N, K, P, H] (decoder/kv_cache.py),
     and these are the sequences' rows of its page table (``rows_S`` is then not used): the rows' caches are
-    M * P slots long, page j holding positions j * P ..; read as above, a page per block."""
+    M * P slots long, page j holding slots j * P ..; read a page per block (each block's pages gathered from the
+    pool), as far as held, whatever the cache's length."""
     s, t, n, h = q_STNH.shape
     r, kv, _, c = cache_k_RKHC.shape
     if pages_SM is not None:
@@ -286,7 +287,7 @@ def cache_attention(q_STNH: jax.Array, cache_k_RKHC: jax.Array, cache_v_RKCH: ja
         vis = jnp.concatenate([visible(q_pos_ST, slot_pos_SC, mask), vis_new], axis=-1)
         return jax.nn.dot_product_attention(q_STNH, keys.astype(q_STNH.dtype), values.astype(q_STNH.dtype),
                                             mask=vis[:, None], scale=scale)
-    kb = _history_block(c)
+    kb = _history_block(c) if pages_SM is None else cache_k_RKHC.shape[-1]  # a pool of pages: a page per block
     if kb == c:
         return dot_attention(q_STNH, [(read_k(0, c), read_v(0, c), visible(q_pos_ST, slot_pos_SC, mask)),
                                       (k_new, v_new, vis_new)],
