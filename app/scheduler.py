@@ -433,9 +433,11 @@ class Scheduler:
         if decoding or (planned and self.slots.decode_rows_with_chunks):
             # the rows up to the highest occupied slot, prefilling ones included (inactive: the step leaves them
             # be), so a burst of requests decodes at one row count from its first step and compiles one program,
-            # not each bucket on the way up; every slot beside prompt chunks (one program per chunk shape)
-            rows = self.slots.decode_rows_with_chunks if planned and self.slots.decode_rows_with_chunks else \
-                self.slots.rows_for(max(i for i, x in enumerate(self._slot_of) if x is not None))
+            # not each bucket on the way up; beside prompt chunks the first 8 slots or every slot (at most two
+            # programs per chunk shape)
+            highest = max(i for i, x in enumerate(self._slot_of) if x is not None)
+            rows = self.slots.rows_beside_chunks(highest) if planned and self.slots.decode_rows_with_chunks else \
+                self.slots.rows_for(highest)
         lives = list(self._slot_of[:rows])
         # log probabilities only in a step where some request asks for them (another program: compiled at first use)
         wanted = any(x is not None and x.decoding and x.request.logprobs is not None for x in lives)

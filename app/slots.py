@@ -8,7 +8,8 @@ generated, whether it is active, its sampling settings). The model runs through 
 
 - a decode group: one token for every active slot of the first ``rows`` slots (rows: a power of two, so a lone
   request decodes at batch 1) with each slot's own settings; a slot turns inactive on an end id or its last token;
-- beside it, prompt chunks of up to ``MAX_CHUNK_ROWS`` requests (``ChunkGroup``: C rows of a bucketed length T,
+- beside it (the decode group then of ``chunk_tiers`` rows: the first 8 slots, or every slot once a later one is
+  taken), prompt chunks of up to ``MAX_CHUNK_ROWS`` requests (``ChunkGroup``: C rows of a bucketed length T,
   each continuing its slot; their media come as one feature row per token, so a shape is one program whatever
   media the chunks hold): their logits at each chunk's last token, and their last layer's output at every token,
   which ``head`` turns into the logits at every token for ``Pipeline.prompt_logits``, and ``logprobs`` into each
@@ -33,6 +34,7 @@ Requests coming and going change only array contents: nothing compiles again onc
 
 from __future__ import annotations
 
+import itertools
 from typing import NamedTuple
 
 import jax
@@ -52,6 +54,7 @@ DEFAULT_MAX_BATCHED_TOKENS = 512  # prompt tokens of one step, unless a media bl
 DEFAULT_SLOTS = 32
 DEFAULT_KV_CACHE_MB = 1024  # the paged layers' pool (keys and values of the layers that keep the whole context)
 MAX_CHUNK_ROWS = 4  # prompt chunks of different requests in one step: 1, 2 or 4 rows
+CHUNK_TIER = 8  # decode rows beside prompt chunks while no later slot is taken (then every slot)
 
 
 class ChunkMedia(NamedTuple):
@@ -474,10 +477,10 @@ class Slots:
         compile at first use), and insert and release (nothing stays active)."""
         self.ensure_allocated()
         logits = None
-        for c, t in shapes:
+        for (c, t), rows in itertools.product(shapes, self.chunk_tiers or (0,)):
             chunk = Chunk(np.array([self.cfg.pad_id]), 0, 0, np.zeros((self.cfg.decoder.rope_axes, 1), np.float32),
                           np.zeros(1, bool), None)
-            _, _, logits, _, _ = self.step(self.decode_rows_with_chunks, self.chunk_group([chunk] * c, t))
+            _, _, logits, _, _ = self.step(rows, self.chunk_group([chunk] * c, t))
         if logits is not None:
             self.insert(0, logits[:1], SamplingParams(), 2, 0, True)
             self.release(0)
@@ -486,9 +489,21 @@ class Slots:
 
     @property
     def decode_rows_with_chunks(self) -> int:
-        """The decode rows of a step with prompt chunks: every slot, in the same program (0 when the batch axis is
-        split over devices: a chunk then runs in a program of its own, beside the decode step)."""
+        """The most decode rows of a step with prompt chunks: every slot, in the same program (0 when the batch axis
+        is split over devices: a chunk then runs in a program of its own, beside the decode step)."""
         return self.slots if self.engine.mesh.shape["data"] == 1 else 0
+
+    @property
+    def chunk_tiers(self) -> tuple[int, ...]:
+        """The decode row counts a step with prompt chunks takes: the first ``CHUNK_TIER`` slots while no later one
+        is taken, else every slot (two programs per chunk shape at most: a chunk step beside a few requests does
+        not compute every slot's row, e.g. their logits); none when the batch axis is split over devices."""
+        most = self.decode_rows_with_chunks
+        return tuple(sorted({min(most, CHUNK_TIER), most})) if most else ()
+
+    def rows_beside_chunks(self, highest_slot: int) -> int:
+        """The decode row count of a step with prompt chunks when ``highest_slot`` is the highest slot taken."""
+        return next(r for r in self.chunk_tiers if r > highest_slot)
 
     def compilations(self) -> int:
         return sum(f._cache_size() for f in (self._step, self._sample, self._head, self._logprobs, self._insert,

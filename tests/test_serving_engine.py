@@ -116,6 +116,19 @@ def test_a_chunk_group_takes_the_smallest_row_count_that_holds_its_chunks():
     assert [rows((1,), n) for n in (1, 3)] == [1, 1] and rows((1, 4), 2) == 4
 
 
+def test_a_chunk_step_decodes_the_first_eight_slots_until_a_later_one_is_taken():
+    """Beside prompt chunks the decode group is the first 8 slots, or every slot once a later one is taken: two
+    programs per chunk shape at most, and a few requests do not pay for every slot's row."""
+    from types import SimpleNamespace
+
+    from omnijax.app.slots import Slots
+
+    tiers = lambda most: Slots.chunk_tiers.fget(SimpleNamespace(decode_rows_with_chunks=most))  # noqa: E731
+    assert tiers(32) == (8, 32) and tiers(4) == (4,) and tiers(8) == (8,) and tiers(0) == ()
+    beside = lambda highest: Slots.rows_beside_chunks(SimpleNamespace(chunk_tiers=(8, 32)), highest)  # noqa: E731
+    assert [beside(h) for h in (0, 7, 8, 31)] == [8, 8, 32, 32]
+
+
 def test_requests_wait_for_kv_pages_and_give_their_tokens_alone(gemma3_pipeline, alone):
     """A KV budget of four pages (decoder/kv_cache.py: one context of 512 tokens) for four slots: requests of two
     pages each run two at a time while the others wait for pages, none holds a page another holds, and every answer
