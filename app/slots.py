@@ -41,18 +41,18 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from omnijax.app.kv_pages import KVPages, pages_for
 from omnijax.app.sampling import SamplingParams, apply_bitmask, choose_rows, row_settings
 from omnijax.app.token_logprobs import TOP, token_logprobs
 from omnijax.common.matmul_policy import narrow_products, products_setting
 from omnijax.common.sharding import named_sharding, use_mesh
-from omnijax.app.kv_pages import KVPages, pages_for
 from omnijax.decoder.kv_cache import (PAGE, cache_axes, cache_slots, init_cache, paged_entries, paged_spans,
                                       restore_row, snapshot_row)
 from omnijax.decoder.model import TokenBatch, one_token_batch
 
 DEFAULT_MAX_BATCHED_TOKENS = 512  # prompt tokens of one step, unless a media block needs more (it is never split)
 DEFAULT_SLOTS = 32
-DEFAULT_KV_CACHE_MB = 1024  # the paged layers' pool (keys and values of the layers that keep the whole context)
+DEFAULT_KV_CACHE_MB = 1024  # the paged cache's pools (keys and values of every layer whose cache spans whole pages)
 MAX_CHUNK_ROWS = 4  # prompt chunks of different requests in one step: 1, 2 or 4 rows
 CHUNK_TIER = 8  # decode rows beside prompt chunks while no later slot is taken (then every slot)
 
@@ -287,7 +287,8 @@ class Slots:
     def _pool_pages(self, kv_cache_mb: float) -> tuple[int, ...]:
         """Pages of each pool: every slot's whole context / ring where ``kv_cache_mb`` holds them; else the rings
         share up to half the budget (in proportion to what their whole rings would take; at least one whole ring
-        each) and the context's pool the rest (at least one whole context), so a request of any length fits alone."""
+        each) and the context's pool the rest (at least one whole context), so any request within the context runs,
+        alone if need be."""
         whole = [self.slots * (span // PAGE) for span in self.spans]
         per_page = self.page_bytes()
         budget = int(kv_cache_mb * 2**20)
