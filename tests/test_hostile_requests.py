@@ -30,6 +30,8 @@ EXPECTED = {
     "messages_100000": ("PromptError", "100000 messages; at most 4096"),
     "batch_of_2000_conversations": ("SettingError", "a batch holds at most 1024 conversations, got 2000"),
     "engine_of_ten_million_slots": ("SettingError", r"max_batch must be an integer in \[1, 1024\], got 10000000"),
+    "kv_cache_of_an_exabyte": ("SettingError", r"kv_cache_mb must be a number of MB in \(0, 1048576\], got "
+                                               r"1099511627776.0"),
     "prepared_batch_of_2000": ("SettingError", "generate takes 1 to 1024 prompts at once, got 2000"),
     "audio_rate_0_01_hz": ("MediaError", r"sampling rate 0.01 Hz is outside \[1000, 384000\] Hz"),
 }

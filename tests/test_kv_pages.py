@@ -56,3 +56,23 @@ def test_a_request_takes_pages_in_every_pool_up_to_its_span():
     version = p.version
     p.give_back(0)
     assert [t.free for t in p.tables] == [4, 1] and p.version > version
+
+
+def test_the_budget_gives_the_rings_up_to_half_and_every_pool_one_whole_row():
+    """``Slots._pool_pages``: every slot's whole context and ring where the budget holds them; else the rings share
+    up to half of it and the context's pool the rest, each pool at least one whole context / ring."""
+    from types import SimpleNamespace
+
+    from omnijax.app.slots import Slots
+
+    mb = 2**20
+
+    def pools(budget_bytes, slots=4, page_bytes=(mb, mb), paged=True):
+        ns = SimpleNamespace(slots=slots, spans=(8 * PAGE, 2 * PAGE), paged=paged, page_bytes=lambda: page_bytes)
+        return Slots._pool_pages(ns, budget_bytes / mb)
+
+    assert pools(40 * mb) == (32, 8)  # 4 slots x (8 + 2) pages of 1 MB: all of it
+    assert pools(20 * mb) == (12, 8)  # the rings (8 MB) within half: whole; the context's pool the rest
+    assert pools(10 * mb) == (8, 5)  # rings: half of 10 MB; the context's pool: what is left, at least one context
+    assert pools(1 * mb) == (8, 2)  # below one row of each: one row of each
+    assert pools(1 * mb, paged=False) == (32, 8)  # rows per slot: the budget does not apply
