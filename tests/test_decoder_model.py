@@ -286,7 +286,7 @@ def test_a_paged_cache_gives_the_outputs_of_a_cache_of_rows(model, which, contex
     chunk = TokenBatch(jnp.asarray(tokens), jnp.asarray(count), jnp.zeros(2, jnp.int32), jnp.asarray([0, 1]),
                        jnp.broadcast_to(jnp.arange(160, dtype=jnp.float32), (1, 2, 160)),
                        bidirectional=jnp.asarray(tokens == 7))
-    nxt = jnp.asarray(rng.integers(8, VOCAB, (4, 3)).astype(np.int32))
+    nxt = jnp.asarray(rng.integers(8, VOCAB, (2, 3)).astype(np.int32))
     active = jnp.asarray([True, True, False])
 
     @jax.jit
@@ -294,7 +294,7 @@ def test_a_paged_cache_gives_the_outputs_of_a_cache_of_rows(model, which, contex
         m = nnx.merge(graphdef, state)
         h, cache = m.forward(chunk, cache)
         outs = [m.last_logits(h, chunk.count)]
-        for i in range(4):
+        for i in range(2):
             batch = one_token_batch(nxt[i], cache["length"][None].astype(jnp.float32), cache, active)
             h, cache = m.forward(batch, cache)
             outs.append(m.last_logits(h, batch.count)[:2])
@@ -302,7 +302,7 @@ def test_a_paged_cache_gives_the_outputs_of_a_cache_of_rows(model, which, contex
 
     want, want_len = run(state, rows_cache)
     got, got_len = run(state, paged_cache)
-    assert np.asarray(got_len).tolist() == np.asarray(want_len).tolist() == [154, 74, 0]
+    assert np.asarray(got_len).tolist() == np.asarray(want_len).tolist() == [152, 72, 0]
     for g, w in zip(got, want):  # the same products over other layouts: float32 summation order only
         g, w = np.asarray(g), np.asarray(w)
         np.testing.assert_allclose(g, w, rtol=0, atol=PACKED_BOUND * np.abs(w).max())
