@@ -12,9 +12,10 @@ position p lives in slot p % slots, so the position a slot holds follows from th
 
 A forward over new tokens (decode: one per row; a prompt chunk: a row's next tokens) reads each row's cache as it
 was, the new tokens attend to each other directly, and once every layer has run each cache takes the new keys and
-values (``write_tokens``; ``write_paged`` for a pool of pages). The write is ordered after the last layer's output, so every read of the cache comes
-first and the compiler updates the cache in place (with the write placed first and the reads after it, XLA on CPU
-fuses a copy of the write into each reader and copies every cache on every step).
+values (``write_tokens``; ``write_paged`` for a pool of pages). The write is ordered after the last layer's
+output, so every read of the cache comes first and the compiler updates the cache in place (with the write placed
+first and the reads after it, XLA on CPU fuses a copy of the write into each reader and copies every cache on every
+step).
 
 The serving engine's cache is paged (``init_cache(pages=...)``): a layer whose cache spans a multiple of ``PAGE``
 slots (the context on a full layer, or on a local one whose window is at least the context; the window on a
@@ -24,7 +25,8 @@ rows, keys [N, K, H, PAGE] and values [N, K, PAGE, H]. The layers of one span sh
 j * PAGE .. (j + 1) * PAGE - 1 (a ring's slot p % span, as above). The host owns the tables (app/kv_pages.py): a
 request holds the pages its prompt and answer can fill, so the memory follows what requests use, not rows x
 context. A pool's last page is scratch: every unused entry of a table names it, so what lands past the pages a
-row holds (a restored snapshot's last pages) lands there and nothing reads it. A span that is not a multiple of ``PAGE`` (small test windows) keeps a row per slot.
+row holds (a restored snapshot's last pages) lands there and nothing reads it. A span that is not a multiple of
+``PAGE`` (small test windows) keeps a row per slot.
 """
 
 from __future__ import annotations
