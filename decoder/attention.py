@@ -47,9 +47,9 @@ class GroupContext(NamedTuple):
 
     pos [S, T]: the tokens' sequence positions (-1: padding, or a row that takes no token); block [S, T]: their
     media block ids (-1 text; None: no media in the group); slot_pos {slots: [S, slots]}: the position each slot of
-    the rows' caches holds before the batch (-1 empty); held: the most slots any row holds (a long cache is read
-    only that far). A paged cache (decoder/kv_cache.py): pages, for each of its page tables the rows' rows of it
-    [S, M], and paged_pos, the position each of their slots holds [S, M * PAGE] (empty: not paged)."""
+    the rows' caches holds before the batch (-1 empty; a paged layer's slots are its table's M * PAGE); held: the
+    most slots any row holds (a long cache is read only that far); pages: for each page table of a paged cache
+    (decoder/kv_cache.py) the rows' rows of it [S, M] (empty: not paged)."""
 
     rows: jax.Array | None
     pos: jax.Array
@@ -57,7 +57,6 @@ class GroupContext(NamedTuple):
     slot_pos: dict
     held: jax.Array
     pages: tuple = ()
-    paged_pos: tuple = ()
 
 
 class BatchContext(NamedTuple):
@@ -199,10 +198,11 @@ class Attention(nnx.Module):
         own = None if k is None else (k, v)
         k, v = own if own is not None else shared
         split = ctx.packing.split
-        paged = cache.table is not None
-        outs = [cache_attention(qg, cache.k, cache.v, g.rows,
-                                g.paged_pos[cache.table] if paged else g.slot_pos[cache.k.shape[-1]], kg, vg, g.pos,
-                                g.block, spec.mask, scale=spec.q_scale, softcap=spec.softcap, held=g.held,
-                                backend=ctx.backend, pages_SM=g.pages[cache.table] if paged else None)
-                for g, qg, kg, vg in zip(ctx.groups, split(q), split(k), split(v))]
+        outs = []
+        for g, qg, kg, vg in zip(ctx.groups, split(q), split(k), split(v)):
+            pages = None if cache.table is None else g.pages[cache.table]
+            slots = cache.k.shape[-1] if pages is None else pages.shape[1] * cache.k.shape[-1]
+            outs.append(cache_attention(qg, cache.k, cache.v, g.rows, g.slot_pos[slots], kg, vg, g.pos, g.block,
+                                        spec.mask, scale=spec.q_scale, softcap=spec.softcap, held=g.held,
+                                        backend=ctx.backend, pages_SM=pages))
         return self._output(ctx.packing.join(outs)), own

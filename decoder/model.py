@@ -271,7 +271,8 @@ class DecoderModel(nnx.Module):
         packing = Packing(tuple(b.tokens.shape for b in batches))
         x = constrain(packing.join([self._embed_batch(b) for b in batches]), ("batch", "length", "embed"))
         paged = paged_entries(spec, cache)
-        ring_sizes = sorted({k.shape[-1] for k, p in zip(cache["k"], paged) if p is None})
+        tables = cache.get("pages", ())
+        spans = {k.shape[-1] for k, p in zip(cache["k"], paged) if p is None} | {t.shape[1] * PAGE for t in tables}
         groups = []
         for b in batches:
             idx = jnp.arange(b.tokens.shape[1], dtype=jnp.int32)[None]
@@ -279,10 +280,9 @@ class DecoderModel(nnx.Module):
             block = None if b.bidirectional is None else block_ids(b.bidirectional & (pos >= 0))
             held = jnp.max(jnp.where(b.count > 0, b.start, 0))
             pages = tuple(table[:b.tokens.shape[0]] if b.rows is None else jnp.take(table, b.rows, axis=0, mode="clip")
-                          for table in cache.get("pages", ()))
-            paged_pos = tuple(slot_positions(b.start, table.shape[1] * PAGE) for table in pages)
-            groups.append(GroupContext(b.rows, pos, block, {n: slot_positions(b.start, n) for n in ring_sizes}, held,
-                                       pages, paged_pos))
+                          for table in tables)
+            groups.append(GroupContext(b.rows, pos, block, {n: slot_positions(b.start, n) for n in sorted(spans)},
+                                       held, pages))
         ctx = BatchContext(tuple(groups), packing, packing.join([g.pos for g in groups]),
                            self.rope_tables(packing.join([b.rope_pos for b in batches], axis=1)), attention)
         per_layer = self._layer_inputs(packing.join([b.tokens for b in batches]), x)
